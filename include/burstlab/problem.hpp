@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
 #include "burstlab/tensor.hpp"
 
