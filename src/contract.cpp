@@ -70,9 +70,10 @@ std::string describe(const MaskSpec& m) {
     }
   }
   if (has_document(m)) {
-    int64_t docs = 0;
-    for (size_t i = 0; i < m.q_segment.size(); ++i)
-      if (i == 0 || m.q_segment[i] != m.q_segment[i - 1]) ++docs;
+    std::vector<int32_t> ids(m.q_segment);  // documents seen on either side
+    ids.insert(ids.end(), m.k_segment.begin(), m.k_segment.end());
+    std::sort(ids.begin(), ids.end());
+    const int64_t docs = std::unique(ids.begin(), ids.end()) - ids.begin();
     parts.push_back("doc(" + std::to_string(docs) + ")");
   }
   if (has_block(m)) {

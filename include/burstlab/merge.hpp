@@ -17,6 +17,8 @@ namespace burstlab {
 // Weights of the merge (eq. 4.5): L = logaddexp(L_a, L_b), w_a = e^(L_a - L), w_b = e^(L_b - L).
 template <class A>
 BURSTLAB_HD void merge_weights(A L_a, A L_b, A* w_a, A* w_b, A* L) {
+  using std::exp;
+  using std::log;
   const A ninf = -std::numeric_limits<A>::infinity();
   if (L_b == ninf) { *w_a = L_a == ninf ? A(0) : A(1); *w_b = A(0); *L = L_a; return; }
   if (L_a == ninf) { *w_a = A(0); *w_b = A(1); *L = L_b; return; }
@@ -31,10 +33,17 @@ BURSTLAB_HD void merge_weights(A L_a, A L_b, A* w_a, A* w_b, A* L) {
 // One row: (o_a, L_a) <- (o_a, L_a) (+) (o_b, L_b). o_a, o_b: (d) with element strides.
 template <class T, class A>
 BURSTLAB_HD void merge_row(T* o_a, int64_t sa, A* L_a, const T* o_b, int64_t sb, A L_b, int64_t d) {
+  using std::fma;
   A w_a, w_b, L;
   merge_weights(*L_a, L_b, &w_a, &w_b, &L);
-  for (int64_t k = 0; k < d; ++k)
-    o_a[k * sa] = static_cast<T>(w_a * static_cast<A>(o_a[k * sa]) + w_b * static_cast<A>(o_b[k * sb]));
+  for (int64_t k = 0; k < d; ++k) {
+    const A x = static_cast<A>(o_a[k * sa]), y = static_cast<A>(o_b[k * sb]);
+    // An explicit FMA in a canonical order (larger weight first, ties by value) keeps the merge
+    // bitwise commutative whatever the compiler contracts (-march=native and nvcc fuse
+    // w_a x + w_b y into an FMA, which is not symmetric in its operands).
+    const bool a_first = w_a > w_b || (w_a == w_b && x >= y);
+    o_a[k * sa] = static_cast<T>(a_first ? fma(w_a, x, w_b * y) : fma(w_b, y, w_a * x));
+  }
   *L_a = L;
 }
 

@@ -1,0 +1,44 @@
+// tests/util/testutil.hpp — small helpers shared by the test folders.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "burstlab/problem.hpp"
+#include "harness.hpp"
+#include "tolerance.hpp"
+
+namespace burstlab::testutil {
+
+// A Problem in one call; mask from make_mask(mask_spec, N_q, N_k, mask_seed) ("none" = full).
+Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d,
+                     const std::string& mask_spec = "none", uint64_t mask_seed = 1);
+
+// One line per Metrics, fixed-width columns: tensor, max_abs, max_rel, err/bound, #wrong/#checked,
+// first_wrong.
+std::string metrics_header();
+std::string format(const Metrics& m);
+std::string format(const std::vector<Metrics>& ms);  // header + one line each
+void PrintTo(const Metrics& m, std::ostream* os);     // gtest printer
+
+// gtest assertions: every Metrics passes (wrong == 0 and checked > 0); on failure the whole
+// table is printed, with `context` (shape, mask, dtype...) first.
+::testing::AssertionResult all_pass(const std::vector<Metrics>& ms, const std::string& context = "");
+void expect_pass(const std::vector<Metrics>& ms, const std::string& context = "");
+
+// The worst err/bound over ms (for printing typical values).
+double worst_err_bound(const std::vector<Metrics>& ms);
+
+// Concatenation helper: cat(a, b) = a followed by b.
+std::vector<Metrics> cat(std::vector<Metrics> a, const std::vector<Metrics>& b);
+
+}  // namespace burstlab::testutil
+
+namespace burstlab {
+// So EXPECT_* prints Metrics readably (found by ADL).
+void PrintTo(const Metrics& m, std::ostream* os);
+}  // namespace burstlab
