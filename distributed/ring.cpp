@@ -1,0 +1,193 @@
+// distributed/ring.cpp — spec §7.3.
+#include "ring.hpp"
+
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::dist {
+
+namespace {
+
+template <class T>
+View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
+  return view4(data, Layout::BHSD, B, H, n, d);
+}
+// Rows [off, off + n) of a (B, H, N, d) view.
+template <class T>
+View4<T> rows(View4<T> v, int64_t off, int64_t n) {
+  v.data += off * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+template <class T>
+View3<T> rows(View3<T> v, int64_t off, int64_t n) {
+  v.data += off * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+
+template <class T>
+class RingRun {
+ public:
+  RingRun(const Schedule& s, Communicator& c, Engine<T>& e, const Problem& p, const MaskData& m,
+          const Partition& qp, const Partition& kp, Shard<T>& x)
+      : s_(s), c_(c), e_(e), p_(p), m_(m), qp_(qp), kp_(kp), x_(x), items_(travelling_items(s.algo, s.phase)) {
+    r_ = c.rank();
+    if (c.size() != s.G) fail("communicator size (", c.size(), ") must equal the schedule's G (", s.G, ")");
+    if (r_ < 0 || r_ >= s.G) fail("rank (", r_, ") outside [0, ", s.G, ")");
+    x_.n_q = qp.local_size(r_);
+    x_.n_k = kp.local_size(r_);
+  }
+
+  void forward() {
+    ensure(x_.O, q_elems(x_.n_q, false));
+    ensure(x_.LSE, q_elems(x_.n_q, true));
+    e_.fill(x_.O.data, x_.O.n, T(0));  // the merge identity (O = 0, LSE = -inf), §4.3
+    e_.fill(x_.LSE.data, x_.LSE.n, -std::numeric_limits<T>::infinity());
+    const int64_t mc = qp_.max_chunk_size();
+    O_part_ = e_.alloc(p_.B * p_.H_q * mc * p_.d);
+    LSE_part_ = e_.alloc(p_.B * p_.H_q * mc);
+    home_ = {{"Q", x_.Q.data}, {"K", x_.K.data}, {"V", x_.V.data}, {"O", x_.O.data}, {"LSE", x_.LSE.data}};
+    run();
+  }
+
+  void backward() {
+    ensure(x_.dQ, q_elems(x_.n_q, false));
+    ensure(x_.dK, kv_elems(x_.n_k));
+    ensure(x_.dV, kv_elems(x_.n_k));
+    e_.fill(x_.dQ.data, x_.dQ.n, T(0));
+    e_.fill(x_.dK.data, x_.dK.n, T(0));
+    e_.fill(x_.dV.data, x_.dV.n, T(0));
+    D_ = e_.alloc(q_elems(x_.n_q, true));
+    const int64_t B = p_.B, Hq = p_.H_q, d = p_.d, n = x_.n_q;
+    e_.compute_D(bhsd<const T>(x_.O.data, B, Hq, n, d), bhsd<const T>(x_.dO.data, B, Hq, n, d),
+                 view3(D_.data, B, Hq, n));  // eq. (5.1), once, at home
+    home_ = {{"Q", x_.Q.data},   {"K", x_.K.data},   {"V", x_.V.data},   {"dO", x_.dO.data},
+             {"LSE", x_.LSE.data}, {"D", D_.data},   {"dQ", x_.dQ.data}, {"dK", x_.dK.data},
+             {"dV", x_.dV.data}};
+    run();
+  }
+
+ private:
+  int64_t q_elems(int64_t n, bool per_row) const { return p_.B * p_.H_q * n * (per_row ? 1 : p_.d); }
+  int64_t kv_elems(int64_t n) const { return p_.B * p_.H_kv * n * p_.d; }
+  void ensure(Buffer<T>& b, int64_t n) {
+    if (!b.data || b.n != n) b = e_.alloc(n);
+  }
+  int item_index(const char* name) const {
+    for (int i = 0; i < static_cast<int>(items_.size()); ++i)
+      if (std::strcmp(items_[i].name, name) == 0) return i;
+    return -1;
+  }
+  // The buffer holding tensor `name` for the shard in use at step t.
+  T* at(const char* name, int t) {
+    const int i = item_index(name);
+    if (i < 0 || t == 0) return home_.at(name);
+    return slots_[i][t % 2].data;
+  }
+
+  void run() {
+    const int G = s_.G;
+    // Two slots per travelling tensor, each big enough for the largest shard.
+    slots_.clear();
+    for (const Item& it : items_) {
+      const int64_t n = it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size());
+      slots_.push_back({e_.alloc(n), e_.alloc(n)});
+    }
+    const int64_t eb = static_cast<int64_t>(sizeof(T));
+    for (int t = 0; t < G; ++t) {
+      c_.set_context(s_.phase, t);
+      const RankStep& st = s_.steps[r_][t];
+      std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
+      for (const Message& m : st.recvs) {
+        // The last hop of an accumulated tensor lands in the home output.
+        T* dst = (t == G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
+        reqs.push_back(c_.irecv(dst, m.elems * eb, m.peer, m.tag, m.tensor.c_str()));
+      }
+      auto send = [&](bool after) {
+        for (const Message& m : st.sends) {
+          if (m.after_compute != after) continue;
+          // Home read-only inputs stay valid; everything else is rewritten before its next read.
+          const bool consume = t > 0 || items_[m.item].accumulated;
+          reqs.push_back(c_.isend(at(m.tensor.c_str(), t), m.elems * eb, m.peer, m.tag, m.tensor.c_str(), consume));
+        }
+      };
+      send(false);  // prefetch: overlaps with the compute below
+      for (const BlockTask& b : st.blocks) compute(st, b, t);
+      e_.synchronize();
+      send(true);  // gradients, after the compute that produced them
+      wait_all(reqs);
+    }
+  }
+
+  void compute(const RankStep& st, const BlockTask& b, int t) {
+    const int64_t B = p_.B, Hq = p_.H_q, Hkv = p_.H_kv, d = p_.d;
+    const Chunk& qc = qp_.chunks[b.q_chunk];
+    const Chunk& kc = kp_.chunks[b.k_chunk];
+    const int64_t nq = qp_.local_size(st.q_shard), nk = kp_.local_size(st.k_shard);
+    auto qv = [&](const char* name) { return rows(bhsd<T>(at(name, t), B, Hq, nq, d), qc.local_start, qc.n); };
+    auto qr = [&](const char* name) { return rows(view3<T>(at(name, t), B, Hq, nq), qc.local_start, qc.n); };
+    auto kv = [&](const char* name) { return rows(bhsd<T>(at(name, t), B, Hkv, nk, d), kc.local_start, kc.n); };
+    const Positions qpos = qp_.chunk_positions(b.q_chunk), kpos = kp_.chunk_positions(b.k_chunk);
+    if (s_.phase == Phase::Forward) {
+      View4<T> Op = bhsd<T>(O_part_.data, B, Hq, qc.n, d);
+      View3<T> Lp = view3<T>(LSE_part_.data, B, Hq, qc.n);
+      e_.forward_block(p_, m_, qpos, kpos, as_const(qv("Q")), as_const(kv("K")), as_const(kv("V")), Op, Lp);
+      e_.merge(qv("O"), qr("LSE"), as_const(Op), as_const(Lp));  // eq. (4.5), step order
+    } else {
+      e_.backward_block(p_, m_, qpos, kpos, as_const(qv("Q")), as_const(kv("K")), as_const(kv("V")),
+                        as_const(qv("dO")), as_const(qr("LSE")), as_const(qr("D")), qv("dQ"), kv("dK"),
+                        kv("dV"));
+    }
+  }
+
+  const Schedule& s_;
+  Communicator& c_;
+  Engine<T>& e_;
+  const Problem& p_;
+  const MaskData& m_;
+  const Partition& qp_;
+  const Partition& kp_;
+  Shard<T>& x_;
+  const std::vector<Item>& items_;
+  int r_ = 0;
+  Buffer<T> O_part_, LSE_part_, D_;
+  std::map<std::string, T*> home_;
+  std::vector<std::vector<Buffer<T>>> slots_;
+};
+
+void check_schedule(const Schedule& s, Phase want) {
+  if (s.phase != want)
+    fail("schedule phase (", to_string(s.phase), ") must be ", to_string(want), " for this executor");
+}
+
+}  // namespace
+
+template <class T>
+void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
+                 const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
+  check_schedule(s, Phase::Forward);
+  RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).forward();
+}
+
+template <class T>
+void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
+                  const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
+  check_schedule(s, Phase::Backward);
+  RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).backward();
+}
+
+template void run_forward<float>(const Schedule&, Communicator&, Engine<float>&, const Problem&,
+                                 const MaskData&, const Partition&, const Partition&, Shard<float>&);
+template void run_forward<double>(const Schedule&, Communicator&, Engine<double>&, const Problem&,
+                                  const MaskData&, const Partition&, const Partition&, Shard<double>&);
+template void run_backward<float>(const Schedule&, Communicator&, Engine<float>&, const Problem&,
+                                  const MaskData&, const Partition&, const Partition&, Shard<float>&);
+template void run_backward<double>(const Schedule&, Communicator&, Engine<double>&, const Problem&,
+                                   const MaskData&, const Partition&, const Partition&, Shard<double>&);
+
+}  // namespace burstlab::dist

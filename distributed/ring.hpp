@@ -1,0 +1,44 @@
+// distributed/ring.hpp — the executors: run a ring schedule (schedule.hpp) on one rank, with an
+// Engine for compute and a Communicator for transfers (spec §7.3). Written once for every
+// engine and transport.
+//
+// Double buffering (§7.3): every travelling tensor has two slots. At step t the rank computes on
+// slot t % 2 (at t = 0 on its home tensors); the receives for step t + 1 (into slot (t+1) % 2)
+// and the sends of read-only tensors are posted BEFORE the compute of step t, so on SimComm the
+// transfer threads copy while the rank computes. Accumulated tensors (dK, dV or dQ) are sent
+// after the compute that updates them. A step ends by waiting on all its requests.
+#pragma once
+
+#include <cstdint>
+
+#include "burstlab/mask.hpp"
+#include "burstlab/problem.hpp"
+#include "comm.hpp"
+#include "engine.hpp"
+#include "partition.hpp"
+#include "schedule.hpp"
+
+namespace burstlab::dist {
+
+// One rank's local tensors in engine memory, BHSD over its local length:
+// Q, dO, O, dQ (B, H_q, n_q, d); LSE (B, H_q, n_q); K, V, dK, dV (B, H_kv, n_k, d).
+template <class T>
+struct Shard {
+  int64_t n_q = 0, n_k = 0;
+  Buffer<T> Q, K, V, dO;   // inputs (dO for the backward only)
+  Buffer<T> O, LSE;        // forward outputs; backward inputs
+  Buffer<T> dQ, dK, dV;    // backward outputs
+};
+
+// Forward (§7.2, either algorithm): fills shard.O, shard.LSE. Allocates them if empty.
+template <class T>
+void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
+                 const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+
+// Backward (§7.2): RingAttention or BurstAttention per s.algo. Needs Q, K, V, dO and the
+// forward's O, LSE; fills (allocating if empty) shard.dQ, dK, dV.
+template <class T>
+void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
+                  const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+
+}  // namespace burstlab::dist

@@ -1,0 +1,95 @@
+// distributed/schedule.hpp — schedules as data (spec §7.2, §7.5).
+// A schedule says, for every rank and every step, which (q-chunk, kv-chunk) blocks the rank
+// computes and which messages it sends and receives. It is built before anything runs, so it can
+// be printed (a teaching trace), checked (every visible pair computed exactly once, work per
+// rank) and its bytes compared with the closed forms of §7.5. The executors (ring.hpp) follow it.
+//
+// Both algorithms are rings over G steps; at step t rank r works on shard s_t = (r - t) mod G of
+// the travelling tensors and sends to r+1, receives from r-1 (indices mod G):
+//   forward (ring = burst)  travelling K, V;            home Q, O, LSE   (O, LSE merged, eq. 4.5)
+//   ring backward           travelling K, V, dK, dV;    home Q, dO, LSE, D, dQ
+//   burst backward (GAO)    travelling Q, dO, D, LSE, dQ; home K, V, dK, dV
+// Read-only travelling tensors move G-1 times; accumulated ones (dK, dV or dQ) move G times: the
+// last hop brings them home.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "burstlab/mask.hpp"
+#include "burstlab/problem.hpp"
+#include "comm.hpp"
+#include "partition.hpp"
+
+namespace burstlab::dist {
+
+enum class Algo { Ring, Burst };
+std::string to_string(Algo a);
+Algo parse_algo(const std::string& s);  // "ring|burst"
+
+// A travelling tensor of one schedule (§7.2): which side it lives on and its row width.
+struct Item {
+  const char* name;  // "K", "dQ", ...
+  bool q_side;       // rows are queries (B, H_q, n, .) vs keys (B, H_kv, n, .)
+  bool per_row;      // one value per row (LSE, D) instead of d
+  bool accumulated;  // updated by the compute, so it is sent after computing
+};
+const std::vector<Item>& travelling_items(Algo a, Phase phase);
+
+struct BlockTask {
+  int q_chunk = 0, k_chunk = 0;  // chunk ids of the q and the kv partition
+  int64_t visible = 0;           // visible (i, j) pairs in the block (exact)
+};
+
+struct Message {
+  std::string tensor;        // item name
+  int item = 0;              // index in travelling_items
+  int shard = 0;             // whose rows these are
+  int peer = 0;              // destination (send) or source (recv)
+  int tag = 0;               // step * 16 + item
+  int64_t elems = 0;         // elements (bytes = elems * sizeof(T))
+  bool after_compute = false;  // sends only: posted after the step's compute (gradients)
+};
+
+struct RankStep {
+  int q_shard = 0, k_shard = 0;     // whose queries / whose keys this step uses
+  std::vector<BlockTask> blocks;    // visible blocks, in execution order
+  std::vector<BlockTask> skipped;   // blocks the mask hides entirely
+  std::vector<Message> sends, recvs;
+};
+
+struct Schedule {
+  Algo algo = Algo::Ring;
+  Phase phase = Phase::Forward;
+  int G = 1;
+  std::vector<std::vector<RankStep>> steps;  // [rank][step], G steps each
+};
+
+// Visible (i, j) pairs between the positions of two chunks; exact for strided chunks too.
+int64_t visible_in(const MaskParams& m, const Chunk& q, const Chunk& k);
+
+Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData& mask,
+                       const Partition& qp, const Partition& kp);
+
+// Per-rank work of a schedule: blocks computed and visible pairs in them.
+struct Work {
+  int64_t blocks = 0, pairs = 0;
+};
+Work work(const Schedule& s, int rank);
+
+// Bytes rank r moves according to the schedule (step < 0: all steps).
+int64_t schedule_bytes(const Schedule& s, int rank, bool sent, int64_t elem_bytes, int step = -1);
+
+// The closed forms of spec §7.5 (eq. 7.1-7.6), written from the formulas, not from a schedule.
+// step < 0: the phase total. elem_bytes = sizeof(T).
+int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partition& qp,
+                          const Partition& kp, int rank, bool sent, int64_t elem_bytes,
+                          int step = -1);
+
+// A step-by-step teaching trace and the per-rank work totals.
+std::string trace(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
+                  int64_t elem_bytes);
+std::string chunk_name(const Chunk& c);  // "[0,16)" or "{1,5,9,..}"
+
+}  // namespace burstlab::dist

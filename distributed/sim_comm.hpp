@@ -1,0 +1,63 @@
+// distributed/sim_comm.hpp — SimComm: G ranks as threads of one process (spec §7.4).
+// How every schedule is proven on a CPU, in CI. Point-to-point messages match on
+// (src, dst, tag) in posting order; a matched pair is copied by transfer worker threads, so a
+// transfer really proceeds while the posting rank computes (double buffering overlaps for real).
+// Options:
+//   poison     recv buffers are NaN-filled when posted, and a send buffer posted with
+//              consume = true is NaN-filled once its send completed: stale reads become NaN.
+//   reorder    matched transfers complete in a seeded random order after random delays.
+//   fail_rank  that rank throws at its fail_at_op-th communicator call (0 = the first); every
+//              other rank then fails with an error naming the failed rank and its operation.
+//   timeout_s  bounds every wait; a timeout fails the whole world (nothing hangs).
+//   gpus_per_node  link class: ranks r, s are on one node iff r / gpus_per_node == s / gpus_per_node
+//              (0 = one node).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.hpp"
+
+namespace burstlab::dist {
+
+struct SimOptions {
+  bool poison = false;
+  bool reorder = false;
+  uint64_t seed = 1;
+  int fail_rank = -1;
+  int fail_at_op = 0;
+  double timeout_s = 60.0;
+  int gpus_per_node = 0;
+  int workers = 2;           // transfer threads
+  int threads_per_rank = 1;  // OpenMP threads each rank's engine may use
+};
+
+struct SimState;  // shared by the ranks of one world (sim_comm.cpp)
+
+class SimWorld {
+ public:
+  explicit SimWorld(int G, SimOptions options = {});
+  ~SimWorld();
+  SimWorld(const SimWorld&) = delete;
+  SimWorld& operator=(const SimWorld&) = delete;
+
+  int size() const { return G_; }
+  const SimOptions& options() const { return options_; }
+
+  // Runs fn(comm) for every rank on its own thread and joins them. When any rank failed, every
+  // rank's outcome is in errors() and run() throws Error naming the first failure.
+  void run(const std::function<void(Communicator&)>& fn);
+  const std::vector<std::string>& errors() const { return errors_; }  // per rank, "" = ok
+  const std::vector<std::vector<Transfer>>& logs() const { return logs_; }  // per rank
+
+ private:
+  int G_;
+  SimOptions options_;
+  std::vector<std::string> errors_;
+  std::vector<std::vector<Transfer>> logs_;
+};
+
+}  // namespace burstlab::dist

@@ -1,0 +1,195 @@
+// distributed/sim_run.cpp — spec §7.
+#include "sim_run.hpp"
+
+#include <algorithm>
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::dist {
+
+template <class U, class T>
+Tensor4<U> slice(View4<const T> g, const Partition& part, int r) {
+  const int64_t n = part.local_size(r);
+  Tensor4<U> out = make_tensor4<U>(Layout::BHSD, g.dim[0], g.dim[1], n, g.dim[3]);
+  View4<U> v = out.view();
+  for (int64_t b = 0; b < g.dim[0]; ++b)
+    for (int64_t h = 0; h < g.dim[1]; ++h)
+      for (int64_t l = 0; l < n; ++l)
+        for (int64_t k = 0; k < g.dim[3]; ++k) v(b, h, l, k) = static_cast<U>(g(b, h, part.positions[r][l], k));
+  return out;
+}
+template <class U, class T>
+Tensor3<U> slice(View3<const T> g, const Partition& part, int r) {
+  const int64_t n = part.local_size(r);
+  Tensor3<U> out = make_tensor3<U>(g.dim[0], g.dim[1], n);
+  View3<U> v = out.view();
+  for (int64_t b = 0; b < g.dim[0]; ++b)
+    for (int64_t h = 0; h < g.dim[1]; ++h)
+      for (int64_t l = 0; l < n; ++l) v(b, h, l) = static_cast<U>(g(b, h, part.positions[r][l]));
+  return out;
+}
+template <class T>
+Tensor4<T> gather(const std::vector<Tensor4<T>>& locals, const Partition& part) {
+  if (static_cast<int>(locals.size()) != part.G) fail("gather: ", locals.size(), " locals for G = ", part.G);
+  const Tensor4<T>& f = locals[0];
+  Tensor4<T> out = make_tensor4<T>(Layout::BHSD, f.B, f.H, part.N, f.d);
+  View4<T> v = out.view();
+  for (int r = 0; r < part.G; ++r) {
+    View4<const T> l = locals[r].view();
+    for (int64_t b = 0; b < f.B; ++b)
+      for (int64_t h = 0; h < f.H; ++h)
+        for (int64_t i = 0; i < part.local_size(r); ++i)
+          for (int64_t k = 0; k < f.d; ++k) v(b, h, part.positions[r][i], k) = l(b, h, i, k);
+  }
+  return out;
+}
+template <class T>
+Tensor3<T> gather(const std::vector<Tensor3<T>>& locals, const Partition& part) {
+  if (static_cast<int>(locals.size()) != part.G) fail("gather: ", locals.size(), " locals for G = ", part.G);
+  const Tensor3<T>& f = locals[0];
+  Tensor3<T> out = make_tensor3<T>(f.B, f.H, part.N);
+  View3<T> v = out.view();
+  for (int r = 0; r < part.G; ++r) {
+    View3<const T> l = locals[r].view();
+    for (int64_t b = 0; b < f.B; ++b)
+      for (int64_t h = 0; h < f.H; ++h)
+        for (int64_t i = 0; i < part.local_size(r); ++i) v(b, h, part.positions[r][i]) = l(b, h, i);
+  }
+  return out;
+}
+
+namespace {
+template <class T>
+Buffer<T> upload(Engine<T>& e, const std::vector<T>& host) {
+  Buffer<T> b = e.alloc(static_cast<int64_t>(host.size()));
+  e.upload(b.data, host.data(), b.n);
+  return b;
+}
+template <class T>
+void download(Engine<T>& e, const Buffer<T>& b, std::vector<T>& host) {
+  if (static_cast<int64_t>(host.size()) != b.n) fail("download: buffer of ", b.n, " for ", host.size(), " elements");
+  e.download(host.data(), b.data, b.n);
+}
+}  // namespace
+
+template <class T>
+SimSession<T>::SimSession(const Problem& p, View4<const double> Q, View4<const double> K,
+                          View4<const double> V, View4<const double> dO, const DistOptions& o,
+                          Engine<T>& engine)
+    : p_(p), o_(o), e_(engine) {
+  validate_views(p, Q, K, V);
+  if (o.backward) validate_q_side(p, "dO", dO);
+  res_.qp = make_partition(o.partition, p.N_q, o.world, "N_q");
+  res_.kp = make_partition(o.partition, p.N_k, o.world, "N_k");
+  mask_ = compile_mask(p);
+  res_.fwd = make_schedule(o.algo, Phase::Forward, p, mask_, res_.qp, res_.kp);
+  if (o.backward) res_.bwd = make_schedule(o.algo, Phase::Backward, p, mask_, res_.qp, res_.kp);
+  const int G = o.world;
+  shards_.resize(G);
+  res_.logs.assign(G, {});
+  for (int r = 0; r < G; ++r) {  // each rank's slice, rounded to T, in engine memory
+    Shard<T>& x = shards_[r];
+    x.Q = upload(engine, slice<T>(Q, res_.qp, r).data);
+    x.K = upload(engine, slice<T>(K, res_.kp, r).data);
+    x.V = upload(engine, slice<T>(V, res_.kp, r).data);
+    if (o.backward) x.dO = upload(engine, slice<T>(dO, res_.qp, r).data);
+  }
+}
+
+template <class T>
+void SimSession<T>::run(Phase phase) {
+  for (auto& log : res_.logs)  // keep only the latest run of each phase
+    log.erase(std::remove_if(log.begin(), log.end(),
+                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
+              log.end());
+  SimWorld world(o_.world, o_.sim);
+  struct Keep {  // the per-rank outcome and logs, also when run() throws
+    SimWorld& w;
+    SimSession& s;
+    ~Keep() {
+      s.errors_ = w.errors();
+      for (size_t r = 0; r < w.logs().size(); ++r)
+        s.res_.logs[r].insert(s.res_.logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
+    }
+  } keep{world, *this};
+  world.run([&](Communicator& comm) {
+    Shard<T>& x = shards_[comm.rank()];
+    if (phase == Phase::Forward) run_forward(res_.fwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+    else run_backward(res_.bwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+    comm.set_context(Phase::Other, 0);
+    comm.barrier();  // every rank observes a failure of any other rank
+  });
+}
+
+template <class T>
+void SimSession<T>::forward() {
+  have_forward_ = false;
+  run(Phase::Forward);
+  have_forward_ = true;
+}
+
+template <class T>
+void SimSession<T>::backward() {
+  if (!o_.backward) fail("SimSession::backward: the session was built with backward = false");
+  if (!have_forward_) fail("SimSession::backward: run forward() first (the backward uses its O and LSE)");
+  run(Phase::Backward);
+}
+
+template <class T>
+DistResult<T> SimSession<T>::result() const {
+  DistResult<T> res = res_;
+  const int G = o_.world;
+  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {
+    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p_.B, H, n, p_.d);
+    if (b.data) download(e_, b, t.data);
+    return t;
+  };
+  for (int r = 0; r < G; ++r) {
+    const Shard<T>& x = shards_[r];
+    const int64_t nq = res_.qp.local_size(r), nk = res_.kp.local_size(r);
+    res.O.push_back(down4(x.O, p_.H_q, nq));
+    Tensor3<T> L = make_tensor3<T>(p_.B, p_.H_q, nq);
+    if (x.LSE.data) download(e_, x.LSE, L.data);
+    res.LSE.push_back(std::move(L));
+    if (o_.backward) {
+      res.dQ.push_back(down4(x.dQ, p_.H_q, nq));
+      res.dK.push_back(down4(x.dK, p_.H_kv, nk));
+      res.dV.push_back(down4(x.dV, p_.H_kv, nk));
+    }
+  }
+  return res;
+}
+
+template <class T>
+DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
+                      View4<const double> V, View4<const double> dO, const DistOptions& o,
+                      Engine<T>& engine, std::vector<std::string>* rank_errors) {
+  SimSession<T> s(p, Q, K, V, dO, o, engine);
+  try {
+    s.forward();
+    if (o.backward) s.backward();
+  } catch (...) {
+    if (rank_errors) *rank_errors = s.errors();
+    throw;
+  }
+  if (rank_errors) *rank_errors = s.errors();
+  return s.result();
+}
+
+#define BURSTLAB_DIST_INST(T)                                                                        \
+  template DistResult<T> run_sim<T>(const Problem&, View4<const double>, View4<const double>,       \
+                                    View4<const double>, View4<const double>, const DistOptions&, \
+                                    Engine<T>&, std::vector<std::string>*);                                              \
+  template Tensor4<T> slice<T, double>(View4<const double>, const Partition&, int);                \
+  template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \
+  template Tensor4<T> gather<T>(const std::vector<Tensor4<T>>&, const Partition&);                 \
+  template Tensor3<T> gather<T>(const std::vector<Tensor3<T>>&, const Partition&);
+BURSTLAB_DIST_INST(float)
+BURSTLAB_DIST_INST(double)
+template class SimSession<float>;
+template class SimSession<double>;
+template Tensor4<double> slice<double, float>(View4<const float>, const Partition&, int);
+template Tensor3<double> slice<double, float>(View3<const float>, const Partition&, int);
+#undef BURSTLAB_DIST_INST
+
+}  // namespace burstlab::dist

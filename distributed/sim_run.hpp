@@ -1,0 +1,90 @@
+// distributed/sim_run.hpp — run a distributed attention end to end on SimComm (spec §7):
+// partition the global inputs, run the forward (and backward) schedule on G rank threads, and
+// return every rank's local outputs plus the schedules and transfer logs. Tests and
+// `burstlab run --algo ...` share it. Plus host helpers to slice global tensors by a partition
+// (for the oracle's slice of each rank) and to gather local results back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "burstlab/problem.hpp"
+#include "burstlab/tensor.hpp"
+#include "comm.hpp"
+#include "engine.hpp"
+#include "partition.hpp"
+#include "ring.hpp"
+#include "schedule.hpp"
+#include "sim_comm.hpp"
+
+namespace burstlab::dist {
+
+struct DistOptions {
+  Algo algo = Algo::Burst;
+  PartitionKind partition = PartitionKind::Contiguous;
+  int world = 1;
+  bool backward = true;
+  SimOptions sim;
+};
+
+template <class T>
+struct DistResult {
+  Partition qp, kp;
+  Schedule fwd, bwd;  // bwd empty (G = 0 steps) when !backward
+  // [rank] local outputs, BHSD over the rank's local length (partition order).
+  std::vector<Tensor4<T>> O, dQ, dK, dV;
+  std::vector<Tensor3<T>> LSE;
+  std::vector<std::vector<Transfer>> logs;  // [rank]
+};
+
+// Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when
+// !backward), any layout, in double: each rank receives its slice rounded to T. The engine is
+// shared by the rank threads, so it must be thread-safe (the CPU engine is).
+// Throws Error when any rank failed (SimWorld::run); each rank's error ("" = ok) goes to
+// *rank_errors when given, also when it throws.
+template <class T>
+DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
+                      View4<const double> V, View4<const double> dO, const DistOptions& o,
+                      Engine<T>& engine, std::vector<std::string>* rank_errors = nullptr);
+
+// The same, one pass at a time, keeping each rank's shard between passes (so a backward uses
+// the forward's own O and LSE, spec §9): `burstlab run` times forward() and backward() apart.
+// forward() and backward() each run one SimWorld (a barrier ends each); the logs keep the
+// latest run of each phase.
+template <class T>
+class SimSession {
+ public:
+  SimSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+             View4<const double> dO, const DistOptions& o, Engine<T>& engine);
+  void forward();   // throws Error when a rank failed; see errors()
+  void backward();  // after forward(); needs dO and o.backward
+  DistResult<T> result() const;  // downloads every rank's outputs (and the logs so far)
+  const std::vector<std::string>& errors() const { return errors_; }
+  const Partition& qp() const { return res_.qp; }
+  const Partition& kp() const { return res_.kp; }
+
+ private:
+  void run(Phase phase);
+  Problem p_;
+  DistOptions o_;
+  Engine<T>& e_;
+  MaskData mask_;
+  DistResult<T> res_;  // partitions, schedules, logs (outputs filled by result())
+  std::vector<Shard<T>> shards_;
+  std::vector<std::string> errors_;
+  bool have_forward_ = false;
+};
+
+// Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).
+template <class U, class T>
+Tensor4<U> slice(View4<const T> global, const Partition& part, int rank);
+template <class U, class T>
+Tensor3<U> slice(View3<const T> global, const Partition& part, int rank);
+// gather: the inverse; locals[r] are BHSD over rank r's local length. Result BHSD (B, H, N, d).
+template <class T>
+Tensor4<T> gather(const std::vector<Tensor4<T>>& locals, const Partition& part);
+template <class T>
+Tensor3<T> gather(const std::vector<Tensor3<T>>& locals, const Partition& part);
+
+}  // namespace burstlab::dist

@@ -1,0 +1,186 @@
+// tests/tools/test_cli.cpp — runs the built `burstlab` binary (BURSTLAB_EXE) as a user would and
+// checks exit codes, messages and output. Exit codes: 0 pass, 1 a check failed, 2 bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Output {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs `burstlab <args>` with stdout and stderr captured separately; env is a prefix such as
+// "BURSTLAB_TEST_BROKEN_IMPL=1".
+Output burstlab(const std::string& args, const std::string& env = "") {
+  static int counter = 0;
+  const std::string base = ::testing::TempDir() + "burstlab_cli_" + std::to_string(getpid()) + "_" +
+                           std::to_string(counter++);
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + "'" BURSTLAB_EXE "' " + args + " >" + base +
+                          ".out 2>" + base + ".err </dev/null";
+  const int status = std::system(cmd.c_str());
+  Output o;
+  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.out = slurp(base + ".out");
+  o.err = slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return o;
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+// ---------------------------------------------------------------- bad input: exit 2, one line
+struct BadCase {
+  const char* args;
+  const char* message;  // must appear on stderr
+};
+std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << "burstlab " << c.args; }
+
+class BadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadInput, ExitsTwoNamesTheFieldPrintsNoTable) {
+  const BadCase& c = GetParam();
+  const Output o = burstlab(c.args);
+  EXPECT_EQ(o.rc, 2) << "stderr: " << o.err;
+  EXPECT_NE(o.err.find(c.message), std::string::npos) << "stderr: " << o.err;
+  EXPECT_NE(o.err.find("--help"), std::string::npos) << "no hint on stderr: " << o.err;
+  EXPECT_EQ(o.out, "") << "something was printed on stdout";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Run, BadInput,
+    ::testing::Values(BadCase{"run --hq 6 --hkv 4", "H_q (6) must be a multiple of H_kv (4)"},
+                      BadCase{"run -d 0", "d (0) must be >= 1"},
+                      BadCase{"run --nq 0", "N_q (0) must be >= 1"},
+                      BadCase{"run --nk -5", "N_k (-5) must be >= 1"},
+                      BadCase{"run -B 0", "B (0) must be >= 1"},
+                      BadCase{"run --mask window:-3,0", "window"},
+                      BadCase{"run --mask causl", "unknown part 'causl'"},
+                      BadCase{"run --mask block:0x4", "block"},
+                      BadCase{"run --impl foo", "impl (foo) is not built"},
+                      BadCase{"run --impl cpu,,reference", "empty entry"},
+                      BadCase{"run --impl reference,cpu --dtype bf16", "does not run dtype bf16"},
+                      BadCase{"run --dtype fp8", "dtype (fp8)"},
+                      BadCase{"run --layout XYZ", "layout (XYZ)"},
+                      BadCase{"run --values huge", "values (huge)"},
+                      BadCase{"run --pass sideways", "pass (sideways)"},
+                      BadCase{"run --impl cpu --br -1", "br (-1)"},
+                      BadCase{"run --threads -1", "threads (-1)"},
+                      BadCase{"run --repeat 0", "repeat (0)"},
+                      BadCase{"run --scale inf", "scale (inf) must be finite"},
+                      BadCase{"run --hq abc", "--hq"},
+                      BadCase{"run --bogus", "--bogus"},
+                      BadCase{"bench -d 0", "d (0) must be >= 1"},
+                      BadCase{"bench --verify maybe", "verify (maybe)"},
+                      BadCase{"bench --reps 0", "reps (0)"},
+                      BadCase{"suite --impl foo", "impl (foo)"},
+                      BadCase{"nosuch", "nosuch"},
+                      BadCase{"", "subcommand"}));
+
+// ---------------------------------------------------------------- valid input
+TEST(Run, ReferenceAndCpuPassFp32) {
+  const Output o = burstlab("run --impl reference,cpu --dtype fp32 --mask causal --hq 4 --hkv 2 --nq 113 --nk 203");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, "PASS"), 4) << o.out;  // 2 impls x (fwd, bwd)
+  EXPECT_EQ(count(o.out, "FAIL"), 0) << o.out;
+  EXPECT_NE(o.out.find("err/bound"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "4 passed, 0 failed");
+}
+
+TEST(Run, CpuFp64BshdVerboseHasOneRowPerTensor) {
+  const Output o = burstlab("run --impl cpu --dtype fp64 --layout BSHD --mask causal+document:3 -v --br 7 --bc 5");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  // summary rows (fwd, bwd) + O, LSE + dQ, dK, dV
+  EXPECT_EQ(count(o.out, "PASS"), 7) << o.out;
+  EXPECT_EQ(last_line(o.out), "2 passed, 0 failed");
+}
+
+TEST(Run, JsonParses) {
+  const Output o = burstlab("run --json --mask window:16,0 --values large --pass both");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  const auto j = nlohmann::json::parse(o.out);  // throws (test fails) if it is not JSON
+  EXPECT_EQ(j.at("command"), "run");
+  ASSERT_EQ(j.at("rows").size(), 4u);
+  for (const auto& row : j.at("rows")) {
+    EXPECT_EQ(row.at("result"), "PASS") << row.dump();
+    EXPECT_EQ(row.at("all").at("wrong"), 0);
+    EXPECT_GT(row.at("all").at("checked").get<int64_t>(), 0);
+  }
+  EXPECT_EQ(j.at("passed"), 4);
+  EXPECT_EQ(j.at("failed"), 0);
+}
+
+TEST(Help, EveryCommandTeachesWithExamples) {
+  for (const char* args : {"--help", "run --help", "suite --help", "bench --help"}) {
+    const Output o = burstlab(args);
+    EXPECT_EQ(o.rc, 0) << args;
+    EXPECT_NE(o.out.find("Examples"), std::string::npos) << args << "\n" << o.out;
+  }
+}
+
+// ---------------------------------------------------------------- a wrong implementation fails
+TEST(Broken, RunPrintsFailAndExitsOne) {
+  const Output o = burstlab("run --impl cpu,broken", "BURSTLAB_TEST_BROKEN_IMPL=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  EXPECT_EQ(count(o.out, "FAIL"), 4) << o.out;  // 2 rows + 2 notes naming the first wrong element
+  EXPECT_NE(o.out.find("first (b=0"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "2 passed, 2 failed");
+}
+
+TEST(Broken, BenchRefusesToTimeIt) {
+  const Output o = burstlab("bench --impl reference,broken --nq 128 --nk 128 -d 64 --reps 1 --gemm-n 64",
+                            "BURSTLAB_TEST_BROKEN_IMPL=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("FAILED"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("eigen-sgemm"), std::string::npos) << "speed printed for a failing impl:\n" << o.out;
+}
+
+// ---------------------------------------------------------------- bench and suite
+TEST(Bench, SmallJsonVerifiesThenTimes) {
+  const Output o = burstlab("bench --nq 256 --nk 200 -d 64 --mask causal --reps 1 --gemm-n 128 --json");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j.at("verified"), true);
+  for (const auto& row : j.at("verify")) EXPECT_EQ(row.at("result"), "PASS") << row.dump();
+  EXPECT_GE(j.at("rows").size(), 4u);  // reference, cpu x fwd, bwd (x thread settings)
+  EXPECT_GE(j.at("sgemm").size(), 1u);
+}
+
+TEST(Suite, PassesEverything) {
+  const Output o = burstlab("suite");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  const std::string last = last_line(o.out);
+  EXPECT_NE(last.find(" passed, 0 failed"), std::string::npos) << last;
+  EXPECT_EQ(count(o.out, "FAIL") + count(o.out, "ERROR"), 0) << o.out;
+  EXPECT_GT(count(o.out, "PASS"), 50) << o.out;
+}
+
+}  // namespace

@@ -1,0 +1,273 @@
+// tools/cmd_bench.cpp — `burstlab bench`: forward and backward FLOP rates (spec §8 convention)
+// of reference and cpu in fp32, on one thread and on all threads, next to an Eigen SGEMM rate
+// measured in the same run, with the performance goals of the cpu layer as columns. Verify
+// before you time: each implementation is first checked against the fp64 oracle; a failing one
+// gets no speed printed and the exit code is 1.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include <Eigen/Core>
+
+#include "burstlab/error.hpp"
+#include "common.hpp"
+#include "memcount.hpp"
+
+namespace burstlab::tools {
+namespace {
+
+// The cpu layer's goals (one thread, fp32): forward >= 1.8x reference and >= 0.55x SGEMM;
+// backward >= 0.35x SGEMM.
+constexpr double kFwdVsRef = 1.8, kFwdVsGemm = 0.55, kBwdVsGemm = 0.35;
+// The fp64 oracle (and its bounds) on the full shape when B H_q visible_pairs d is at most this
+// (~1-3 s on 2 cores); above it, --verify auto checks on a reduced shape.
+constexpr double kOracleSameShapeMax = double(1 << 30);
+constexpr int64_t kReducedN = 1024;
+
+template <class F>
+double best_ms(F&& run, int reps) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < reps; ++k) best = std::min(best, run());
+  return best;
+}
+
+double sgemm_gflops(int64_t n, int reps) {
+  Eigen::MatrixXf A = Eigen::MatrixXf::Random(n, n), Bm = Eigen::MatrixXf::Random(n, n), C(n, n);
+  auto once = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    C.noalias() = A * Bm;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  once();  // warm-up
+  const double ms = best_ms(once, reps);
+  return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e9;
+}
+
+struct Row {
+  int64_t d = 0;
+  int threads = 1;
+  std::string impl, pass;
+  double ms = 0, gflops = 0;
+  double vs_ref = NAN, vs_gemm = NAN;
+  std::string goal, met;
+};
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  struct State {
+    ShapeFlags shape;
+    RunFlags run;
+    int reps = 3;
+    int64_t gemm_n = 2048;
+    std::string verify = "auto";
+  };
+  auto s = std::make_shared<State>();
+  s->shape.H_q = s->shape.H_kv = 1;
+  s->shape.N_q = s->shape.N_k = 4096;
+  s->shape.d = {64, 128};
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Measure GFLOP/s of reference and cpu (fp32, 1 and all threads) against Eigen SGEMM");
+  add_shape_flags(sub, s->shape, true);
+  add_dtype_flag(sub, s->run);
+  add_values_flag(sub, s->run);
+  add_impl_flag(sub, s->run);
+  add_tile_flags(sub, s->run);
+  sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = every core)")->capture_default_str();
+  sub->add_option("--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up")
+      ->capture_default_str();
+  sub->add_option("--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)")->capture_default_str();
+  sub->add_option("--verify", s->verify,
+                  "auto | same | reduced: check on the timed shape, or on N <= 1024 (auto: same when "
+                  "B*H_q*visible_pairs*d <= 2^30)")
+      ->capture_default_str();
+  add_json_flag(sub, s->run);
+  sub->footer(
+      "Each implementation is checked against the fp64 oracle first; a failure prints no speed\n"
+      "and exits 1. Then forward and backward are timed (best of --reps after a warm-up) on one\n"
+      "thread and on all threads, next to an Eigen SGEMM measured in the same run, with the ratios\n"
+      "cpu/reference and cpu/SGEMM, the cpu layer's goals (one thread: fwd >= 1.8x reference and\n"
+      ">= 0.55x SGEMM, bwd >= 0.35x SGEMM) and the peak extra heap of the cpu forward.\n\n"
+      "Examples:\n"
+      "  burstlab bench                               N = 4096, d = 64 and 128, no mask\n"
+      "  burstlab bench -d 128 --mask causal --reps 5\n"
+      "  burstlab bench --nq 2048 --nk 2048 --threads 2 --json\n"
+      "Goals are judged on one thread; 'met'/'NOT met' is informational (exit 0). A failed check\n"
+      "exits 1 and prints no speed.");
+
+  Command c;
+  c.app = sub;
+  c.run = [s]() -> int {
+    const ShapeFlags& f = s->shape;
+    const RunFlags& r = s->run;
+    // ---- validate everything first
+    const double* scale = *f.scale_opt ? &f.scale : nullptr;
+    if (f.d.empty()) fail("d (none) needs at least one value");
+    std::vector<Problem> problems;
+    for (int64_t d : f.d) problems.push_back(make_problem(f.B, f.H_q, f.H_kv, f.N_q, f.N_k, d, f.mask, f.seed, scale));
+    const Dtype dtype = parse_dtype(r.dtype);
+    const Values values = parse_values(r.values);
+    if (s->reps < 1) fail("reps (", s->reps, ") must be >= 1");
+    if (s->gemm_n < 1) fail("gemm-n (", s->gemm_n, ") must be >= 1");
+    if (s->verify != "auto" && s->verify != "same" && s->verify != "reduced")
+      fail("verify (", s->verify, ") must be auto, same or reduced");
+    if (r.Br < 0) fail("br (", r.Br, ") must be >= 1, or 0 for the implementation's default");
+    if (r.Bc < 0) fail("bc (", r.Bc, ") must be >= 1, or 0 for the implementation's default");
+    if (r.threads < 0) fail("threads (", r.threads, ") must be >= 1, or 0 for all");
+    const ImplOptions opt{r.Br, r.Bc};
+    const std::vector<const Impl*> impls = find_impls(r.impl);
+    for (const Problem& p : problems)
+      for (const Impl* m : impls) check_impl(*m, p, dtype, opt, true);
+    const int all_threads = r.threads > 0 ? r.threads : max_threads();
+    std::vector<int> thread_settings = {1};
+    if (all_threads > 1) thread_settings.push_back(all_threads);
+
+    // ---- verify before timing (all threads, the same tiles as timed)
+    apply_threads(all_threads);
+    std::vector<Result> checked;
+    std::vector<std::string> verify_shape;
+    Progress progress(static_cast<int>(problems.size() + thread_settings.size()));
+    for (const Problem& full : problems) {
+      const bool same = s->verify == "same" ||
+                        (s->verify == "auto" &&
+                         double(full.B) * full.H_q * double(visible_pairs(full)) * full.d <= kOracleSameShapeMax);
+      Case cs;
+      cs.p = same ? full
+                  : make_problem(full.B, full.H_q, full.H_kv, std::min(full.N_q, kReducedN),
+                                 std::min(full.N_k, kReducedN), full.d, f.mask, f.seed, scale);
+      cs.mask_spec = f.mask;
+      cs.dtype = dtype;
+      cs.values = values;
+      cs.seed = f.seed;
+      cs.opt = opt;
+      progress.step("verify " + shape_string(cs.p));
+      verify_shape.push_back(same ? "same shape" : "reduced shape " + shape_string(cs.p));
+      const auto part = run_case(cs, impls, 1);
+      checked.insert(checked.end(), part.begin(), part.end());
+    }
+    bool all_pass = true;
+    for (const Result& x : checked) all_pass = all_pass && x.pass_ok();
+    if (!all_pass) {
+      progress.done();
+      RunFlags rf = r;
+      Json header = {{"command", "bench"}, {"verified", false},
+                     {"error", "an implementation failed its check; no speed is reported"}};
+      if (!r.json) std::printf("verification against the fp64 oracle FAILED: no speed is reported\n");
+      report(checked, rf, false, header);
+      return kExitFail;
+    }
+
+    // ---- time
+    std::vector<Row> rows;
+    std::vector<std::pair<int, double>> gemm;  // (threads, GFLOP/s)
+    Json memory = Json::array();
+    std::vector<std::string> memory_lines;
+    const bool counting = heap_counting();
+    for (int threads : thread_settings) {
+      apply_threads(threads);
+      progress.step("time SGEMM " + std::to_string(s->gemm_n) + "^3 and " + std::to_string(problems.size()) +
+                    " problem(s), threads=" + std::to_string(threads));
+      const double g = sgemm_gflops(s->gemm_n, s->reps);
+      gemm.push_back({threads, g});
+      for (const Problem& p : problems) {
+        const Inputs in = make_inputs(p, Layout::BHSD, dtype, f.seed, values);
+        double ref_rate[2] = {NAN, NAN};
+        for (const Impl* m : impls) {
+          Runner run = m->prepare(p, in, opt);
+          run.forward();  // warm-up
+          const double fwd_ms = best_ms(run.forward, s->reps);
+          if (m->name == "cpu" && counting) {
+            heap_reset_peak();
+            const int64_t base = heap_live();
+            run.forward();
+            const int64_t extra = heap_peak() - base;
+            const double nd = double(p.B) * p.H_q * p.N_q * p.d * sizeof(float);
+            const double nn = double(p.N_q) * p.N_k * sizeof(float);
+            memory.push_back({{"impl", m->name}, {"d", p.d}, {"threads", threads}, {"peak_extra_bytes", extra},
+                              {"q_tensor_bytes", nd}, {"one_nxn_fp32_bytes", nn}});
+            memory_lines.push_back(format(
+                "cpu forward peak extra heap, d=%lld threads=%d: %.1f KiB = %.3f x the Q tensor (%.1f KiB); "
+                "one N_q x N_k fp32 buffer would be %.1f KiB",
+                static_cast<long long>(p.d), threads, extra / 1024.0, extra / nd, nd / 1024.0, nn / 1024.0));
+          }
+          run.backward();  // warm-up
+          const double bwd_ms = best_ms(run.backward, s->reps);
+          const double rates[2] = {forward_flops(p) / (fwd_ms * 1e-3) / 1e9,
+                                   backward_flops(p) / (bwd_ms * 1e-3) / 1e9};
+          for (int k = 0; k < 2; ++k) {
+            Row row;
+            row.d = p.d;
+            row.threads = threads;
+            row.impl = m->name;
+            row.pass = k ? "bwd" : "fwd";
+            row.ms = k ? bwd_ms : fwd_ms;
+            row.gflops = rates[k];
+            row.vs_gemm = rates[k] / g;
+            if (m->name == "reference") ref_rate[k] = rates[k];
+            row.vs_ref = rates[k] / ref_rate[k];  // NaN until reference ran (list it first)
+            if (m->name == "cpu" && threads == 1) {
+              if (k == 0) {
+                row.goal = format(">=%.2gx ref, >=%.2gx SGEMM", kFwdVsRef, kFwdVsGemm);
+                const bool ok = row.vs_ref >= kFwdVsRef && row.vs_gemm >= kFwdVsGemm;
+                row.met = std::isnan(row.vs_ref) ? "n/a (no reference)" : ok ? "met" : "NOT met";
+              } else {
+                row.goal = format(">=%.2gx SGEMM", kBwdVsGemm);
+                row.met = row.vs_gemm >= kBwdVsGemm ? "met" : "NOT met";
+              }
+            }
+            rows.push_back(row);
+          }
+        }
+      }
+    }
+    progress.done();
+
+    // ---- print
+    Table vt = result_table(checked, false, false);
+    Table t;
+    t.columns = {{"d", "d", false},          {"threads", "threads", false}, {"impl", "impl", true},
+                 {"pass", "pass", true},     {"time_ms", "best(ms)", false}, {"gflops", "GFLOP/s", false},
+                 {"vs_reference", "x ref", false}, {"vs_sgemm", "x SGEMM", false}, {"goal", "goal (1 thread)", true},
+                 {"met", "status", true}};
+    for (const auto& [threads, g] : gemm)
+      t.add({missing(), integer(threads), text(format("eigen-sgemm %lld^3", static_cast<long long>(s->gemm_n))),
+             text("gemm"), missing(), number(g, "%.2f"), missing(), number(1.0, "%.2f"), text(""), text("")});
+    for (const Row& x : rows)
+      t.add({integer(x.d), integer(x.threads), text(x.impl), text(x.pass), number(x.ms, "%.2f"),
+             number(x.gflops, "%.2f"), std::isnan(x.vs_ref) ? missing() : number(x.vs_ref, "%.2f"),
+             number(x.vs_gemm, "%.2f"), x.goal.empty() ? missing() : text(x.goal),
+             x.met.empty() ? missing() : text(x.met)});
+    if (r.json) {
+      Json j = {{"command", "bench"}, {"dtype", to_string(dtype)}, {"reps", s->reps}, {"verified", true}};
+      j["problems"] = Json::array();
+      for (const Problem& p : problems) j["problems"].push_back(shape_string(p) + " mask=" + describe(p.mask));
+      j["verify_shape"] = verify_shape;
+      j["verify"] = Json::array();
+      for (const Result& x : checked) j["verify"].push_back(result_json(x));
+      j["sgemm"] = Json::array();
+      for (const auto& [threads, g] : gemm) j["sgemm"].push_back({{"threads", threads}, {"n", s->gemm_n}, {"gflops", g}});
+      j["rows"] = t.json();
+      j["memory"] = memory;
+      std::printf("%s\n", j.dump(2).c_str());
+      return kExitPass;
+    }
+    std::printf("burstlab bench: %s, mask=%s, values=%s, best of %d after one warm-up\n", to_string(dtype).c_str(),
+                describe(problems[0].mask).c_str(), to_string(values).c_str(), s->reps);
+    for (size_t k = 0; k < problems.size(); ++k)
+      std::printf("  problem %s: verified against the fp64 oracle on the %s\n", shape_string(problems[k]).c_str(),
+                  verify_shape[k].c_str());
+    vt.print(stdout);
+    std::printf("\n");
+    t.print(stdout);
+    std::printf("\n");
+    if (!counting) std::printf("peak extra heap: not measured (malloc interposition not in effect)\n");
+    for (const auto& l : memory_lines) std::printf("%s\n", l.c_str());
+    return kExitPass;
+  };
+  return c;
+}
+
+}  // namespace burstlab::tools

@@ -1,0 +1,315 @@
+// tools/common.cpp — see common.hpp.
+#include "common.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <Eigen/Core>
+#include <omp.h>
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::tools {
+
+// ---------------------------------------------------------------- flags
+void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d) {
+  app->add_option("-B,--batch", f.B, "batch size B")->capture_default_str();
+  app->add_option("--hq", f.H_q, "query heads H_q")->capture_default_str();
+  app->add_option("--hkv", f.H_kv, "key/value heads H_kv (H_q % H_kv == 0; GQA/MQA when smaller)")
+      ->capture_default_str();
+  app->add_option("--nq", f.N_q, "queries per (b, h), N_q")->capture_default_str();
+  app->add_option("--nk", f.N_k, "keys per (b, h), N_k")->capture_default_str();
+  CLI::Option* d = app->add_option("-d,--head-dim", f.d,
+                                   multi_d ? "head dimension(s) d, e.g. -d 64,128" : "head dimension d")
+                       ->capture_default_str()
+                       ->delimiter(',');
+  if (!multi_d) d->expected(1);
+  app->add_option("--mask", f.mask,
+                  "mask spec, '+'-joined parts: none | causal | window:L,R (-1 = unbounded) | "
+                  "document[:n_docs] | block[:BQxBK[@density]]")
+      ->capture_default_str();
+  f.scale_opt = app->add_option("--scale", f.scale, "softmax scale (default 1/sqrt(d))");
+  app->add_option("--seed", f.seed, "seed of inputs and generated masks")->capture_default_str();
+}
+void add_dtype_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--dtype", f.dtype, "storage dtype: fp64 | fp32 | bf16 | fp16")->capture_default_str();
+}
+void add_layout_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--layout", f.layout, "memory layout: BHSD (SDPA) | BSHD (flash-attn)")->capture_default_str();
+}
+void add_values_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--values", f.values,
+                  "input values: normal | large (logits ~1e3+) | ties | widev (V, dO over 1e-6..1e6)")
+      ->capture_default_str();
+}
+void add_impl_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--impl", f.impl, "implementations, comma-separated; built here: " + registry_names())
+      ->capture_default_str();
+}
+void add_pass_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--pass", f.pass, "fwd | bwd | both")->capture_default_str();
+}
+void add_tile_flags(CLI::App* app, RunFlags& f) {
+  app->add_option("--br", f.Br, "query rows per tile Br (0 = the implementation's default)")->capture_default_str();
+  app->add_option("--bc", f.Bc, "keys per tile Bc (0 = the implementation's default)")->capture_default_str();
+}
+void add_threads_flag(CLI::App* app, RunFlags& f) {
+  app->add_option("--threads", f.threads, "OpenMP threads (0 = all, OMP_NUM_THREADS or every core)")
+      ->capture_default_str();
+}
+void add_json_flag(CLI::App* app, RunFlags& f) {
+  app->add_flag("--json", f.json, "print JSON on stdout instead of the table");
+}
+
+// ---------------------------------------------------------------- problem
+Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d,
+                     const std::string& mask_spec, uint64_t seed, const double* scale) {
+  Problem p;
+  p.B = B; p.H_q = H_q; p.H_kv = H_kv; p.N_q = N_q; p.N_k = N_k; p.d = d;
+  if (scale) p.scale = *scale;
+  validate(p);  // the shape first: make_mask needs sane lengths
+  p.mask = make_mask(mask_spec, N_q, N_k, seed);
+  validate(p);
+  return p;
+}
+
+Passes parse_pass(const std::string& s) {
+  if (s == "fwd") return {true, false};
+  if (s == "bwd") return {false, true};
+  if (s == "both") return {true, true};
+  fail("pass (", s, ") must be fwd, bwd or both");
+}
+
+int max_threads() { return omp_get_max_threads(); }
+
+void apply_threads(int threads) {
+  if (threads < 0) fail("threads (", threads, ") must be >= 1, or 0 for all");
+  if (threads == 0) return;
+  omp_set_num_threads(threads);
+  Eigen::setNbThreads(threads);
+}
+
+// ---------------------------------------------------------------- checking
+namespace {
+Result row_of(const Case& c, const Impl& impl, const char* pass) {
+  Result r;
+  r.impl = impl.name;
+  r.dtype = c.dtype;
+  r.shape = shape_string(c.p);
+  r.mask = describe(c.p.mask);
+  r.values = to_string(c.values);
+  r.layout = to_string(c.layout);
+  r.pass = pass;
+  r.flops = pass[0] == 'f' ? forward_flops(c.p) : backward_flops(c.p);
+  return r;
+}
+double best_of(const std::function<double()>& run, int repeat) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < repeat; ++k) best = std::min(best, run());
+  return best;
+}
+}  // namespace
+
+std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impls, int repeat) {
+  repeat = std::max(repeat, 1);
+  const Inputs in = make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
+  const Oracle want = run_oracle(c.p, in, c.pass.bwd);
+  std::vector<Result> out;
+  for (const Impl* impl : impls) {
+    Result fwd = row_of(c, *impl, "fwd"), bwd = row_of(c, *impl, "bwd");
+    Result* current = c.pass.fwd ? &fwd : &bwd;
+    try {
+      Runner run = impl->prepare(c.p, in, c.opt);
+      if (c.pass.fwd) {
+        fwd.ms = best_of(run.forward, repeat);
+        Tensor4<double> O;
+        Tensor3<double> LSE;
+        run.fetch_forward(O, LSE);
+        fwd.tensors = check_forward(want, O, LSE);
+        fwd.all = combine(fwd.tensors.data(), static_cast<int>(fwd.tensors.size()));
+        out.push_back(fwd);
+      } else {
+        run.forward();  // the backward needs this implementation's own O and LSE
+      }
+      if (c.pass.bwd) {
+        current = &bwd;
+        bwd.ms = best_of(run.backward, repeat);
+        Tensor4<double> dQ, dK, dV;
+        run.fetch_backward(dQ, dK, dV);
+        bwd.tensors = check_backward(want, dQ, dK, dV);
+        bwd.all = combine(bwd.tensors.data(), static_cast<int>(bwd.tensors.size()));
+        out.push_back(bwd);
+      }
+    } catch (const std::exception& e) {
+      // A throw while running is a failure of that row (and of the backward, which needs it).
+      current->error = e.what();
+      current->all.err_bound = std::numeric_limits<double>::infinity();
+      out.push_back(*current);
+      if (current == &fwd && c.pass.bwd) {
+        bwd.error = "not run: the forward failed";
+        bwd.all.err_bound = std::numeric_limits<double>::infinity();
+        out.push_back(bwd);
+      }
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- tables
+std::string pick_rate_unit(const std::vector<Result>& rs) {
+  double best = 0;
+  for (const Result& r : rs)
+    if (r.ms > 0) best = std::max(best, r.flops / (r.ms * 1e-3));
+  return best >= 1e12 ? "TFLOP/s" : "GFLOP/s";
+}
+
+Table result_table(const std::vector<Result>& rs, bool verbose, bool numbered) {
+  const std::string unit = pick_rate_unit(rs);
+  const double div = unit == "TFLOP/s" ? 1e12 : 1e9;
+  Table t;
+  if (numbered) t.columns.push_back({"case", "#", false});
+  t.columns.insert(t.columns.end(), {{"impl", "impl", true},
+                                     {"dtype", "dtype", true},
+                                     {"shape", "shape (layout)", true},
+                                     {"mask", "mask", true},
+                                     {"values", "values", true},
+                                     {"pass", "pass", true}});
+  if (verbose) t.columns.push_back({"tensor", "tensor", true});
+  t.columns.insert(t.columns.end(), {{"time_ms", "time(ms)", false},
+                                     {unit == "TFLOP/s" ? "tflops" : "gflops", unit, false},
+                                     {"max_abs", "max_abs", false},
+                                     {"max_rel", "max_rel", false},
+                                     {"err_bound", "err/bound", false},
+                                     {"wrong", "#wrong", false},
+                                     {"result", "result", true}});
+  int n = 0;
+  for (const Result& r : rs) {
+    ++n;
+    auto add = [&](const Metrics& m, const std::string& tensor, bool summary) {
+      std::vector<Cell> row;
+      if (numbered) row.push_back(summary ? integer(n) : text(""));
+      row.insert(row.end(), {text(r.impl), text(to_string(r.dtype)), text(r.shape + " " + r.layout),
+                             text(r.mask), text(r.values), text(r.pass)});
+      if (verbose) row.push_back(text(tensor));
+      const bool ran = r.error.empty();
+      if (summary && ran) {
+        row.push_back(number(r.ms, "%.3f"));
+        row.push_back(number(r.ms > 0 ? r.flops / (r.ms * 1e-3) / div : 0.0, "%.2f"));
+      } else {
+        row.push_back(missing());
+        row.push_back(missing());
+      }
+      if (ran) {
+        row.insert(row.end(), {number(m.max_abs, "%.2e"), number(m.max_rel, "%.2e"),
+                               number(m.err_bound, "%.2e"), integer(m.wrong)});
+      } else {
+        row.insert(row.end(), {missing(), missing(), missing(), missing()});
+      }
+      row.push_back(text(!ran ? "ERROR" : m.pass() ? "PASS" : "FAIL"));
+      t.add(std::move(row));
+    };
+    add(r.all, "all", true);
+    if (verbose)
+      for (const Metrics& m : r.tensors) add(m, m.tensor, false);
+  }
+  return t;
+}
+
+Json result_json(const Result& r) {
+  auto metrics = [](const Metrics& m) {
+    Json j = Json::object();
+    j["tensor"] = m.tensor;
+    j["max_abs"] = json_number(m.max_abs);
+    j["max_rel"] = json_number(m.max_rel);
+    j["err_bound"] = json_number(m.err_bound);
+    j["wrong"] = m.wrong;
+    j["checked"] = m.checked;
+    j["first_wrong"] = m.first_wrong;
+    j["pass"] = m.pass();
+    return j;
+  };
+  Json j = Json::object();
+  j["impl"] = r.impl;
+  j["dtype"] = to_string(r.dtype);
+  j["shape"] = r.shape;
+  j["layout"] = r.layout;
+  j["mask"] = r.mask;
+  j["values"] = r.values;
+  j["pass"] = r.pass;
+  j["time_ms"] = r.error.empty() ? json_number(r.ms) : Json(nullptr);
+  j["flops"] = r.flops;
+  j["gflops"] = r.error.empty() && r.ms > 0 ? json_number(r.flops / (r.ms * 1e-3) / 1e9) : Json(nullptr);
+  j["all"] = metrics(r.all);
+  j["tensors"] = Json::array();
+  for (const Metrics& m : r.tensors) j["tensors"].push_back(metrics(m));
+  j["error"] = r.error;
+  j["result"] = !r.error.empty() ? "ERROR" : r.all.pass() ? "PASS" : "FAIL";
+  return j;
+}
+
+std::vector<std::string> failure_notes(const std::vector<Result>& rs) {
+  std::vector<std::string> notes;
+  for (const Result& r : rs) {
+    const std::string who = r.impl + " " + to_string(r.dtype) + " " + r.pass + " [" + r.shape +
+                            " mask=" + r.mask + " values=" + r.values + "]";
+    if (!r.error.empty()) {
+      notes.push_back("ERROR " + who + ": " + r.error);
+      continue;
+    }
+    for (const Metrics& m : r.tensors)
+      if (!m.pass())
+        notes.push_back("FAIL " + who + " " + m.tensor + ": " + std::to_string(m.wrong) + " of " +
+                        std::to_string(m.checked) + " wrong; first " + m.first_wrong);
+  }
+  return notes;
+}
+
+// ---------------------------------------------------------------- progress
+Progress::Progress(int total_) : total(total_), tty(isatty(fileno(stderr)) != 0) {}
+void Progress::step(const std::string& what) {
+  ++k;
+  if (tty)
+    std::fprintf(stderr, "\r\033[K[%d/%d] %s", k, total, what.c_str());
+  else
+    std::fprintf(stderr, "[%d/%d] %s\n", k, total, what.c_str());
+  std::fflush(stderr);
+}
+void Progress::done() {
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+}  // namespace burstlab::tools
+
+namespace burstlab::tools {
+int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json header) {
+  int passed = 0, failed = 0;
+  for (const Result& r : rs) (r.pass_ok() ? passed : failed)++;
+  if (f.json) {
+    Json j = std::move(header);
+    j["rows"] = Json::array();
+    for (const Result& r : rs) j["rows"].push_back(result_json(r));
+    j["passed"] = passed;
+    j["failed"] = failed;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    result_table(rs, f.verbose, numbered).print(stdout);
+    const auto notes = failure_notes(rs);
+    if (!notes.empty()) std::printf("\n");
+    for (const auto& n : notes) std::printf("%s\n", n.c_str());
+    int skipped = 0;  // commands that skip (suite) list {"runs": n, ...} under "skipped"
+    if (header.contains("skipped"))
+      for (const auto& k : header["skipped"]) skipped += k.value("runs", 0);
+    if (skipped)
+      std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else
+      std::printf("%d passed, %d failed\n", passed, failed);
+  }
+  std::fflush(stdout);
+  return failed == 0 && passed > 0 ? kExitPass : kExitFail;
+}
+}  // namespace burstlab::tools

@@ -1,0 +1,132 @@
+// tools/common.hpp — what the subcommands share: the flag vocabulary (DESIGN.md "Conventions
+// users expect"), building a validated Problem from it, checking implementations against the
+// oracle (verify before you time), result tables, and progress lines.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "burstlab/precision.hpp"
+#include "burstlab/problem.hpp"
+#include "harness.hpp"
+#include "impls.hpp"
+#include "table.hpp"
+
+namespace burstlab::tools {
+
+// Exit codes of every subcommand.
+constexpr int kExitPass = 0;      // every check passed
+constexpr int kExitFail = 1;      // a check failed (or an implementation threw while running)
+constexpr int kExitBadInput = 2;  // bad flags or a problem no implementation may run
+
+// The shared flags. Defaults are set by the subcommand before add_*_flags().
+struct ShapeFlags {
+  int64_t B = 1, H_q = 4, H_kv = 2, N_q = 113, N_k = 203;
+  std::vector<int64_t> d = {64};
+  std::string mask = "none";
+  double scale = 0;
+  CLI::Option* scale_opt = nullptr;  // set when --scale was declared
+  uint64_t seed = 1;
+};
+struct RunFlags {
+  std::string dtype = "fp32";
+  std::string layout = "BHSD";
+  std::string values = "normal";
+  std::string impl = "reference,cpu";
+  std::string pass = "both";
+  int64_t Br = 0, Bc = 0;
+  int threads = 0;  // 0 = OpenMP's default
+  bool json = false;
+  bool verbose = false;
+};
+
+// -B --hq --hkv --nq --nk -d --mask --scale --seed. multi_d: -d takes a list.
+void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d);
+void add_dtype_flag(CLI::App* app, RunFlags& f);
+void add_layout_flag(CLI::App* app, RunFlags& f);
+void add_values_flag(CLI::App* app, RunFlags& f);
+void add_impl_flag(CLI::App* app, RunFlags& f);
+void add_pass_flag(CLI::App* app, RunFlags& f);
+void add_tile_flags(CLI::App* app, RunFlags& f);
+void add_threads_flag(CLI::App* app, RunFlags& f);
+void add_json_flag(CLI::App* app, RunFlags& f);
+
+// Validated problem (throws Error): shape first, then the mask generated from `mask_spec`
+// (make_mask, deterministic in seed), then validate() of the whole.
+Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d,
+                     const std::string& mask_spec, uint64_t seed, const double* scale);
+struct Passes {
+  bool fwd = true, bwd = true;
+};
+Passes parse_pass(const std::string& s);  // fwd | bwd | both
+void apply_threads(int threads);          // >= 0 (0 = leave the default); OpenMP and Eigen
+int max_threads();
+
+// One checked problem: seeded inputs in `dtype`, the oracle, then each implementation
+// (prepare -> forward -> fetch -> compare; backward likewise).
+struct Case {
+  Problem p;
+  std::string mask_spec;
+  Layout layout = Layout::BHSD;
+  Dtype dtype = Dtype::F32;
+  Values values = Values::Normal;
+  uint64_t seed = 1;
+  Passes pass;
+  ImplOptions opt;
+};
+// One row: one implementation x one pass.
+struct Result {
+  std::string impl;
+  Dtype dtype = Dtype::F32;
+  std::string shape, mask, values, layout;
+  std::string pass;   // "fwd" | "bwd"
+  double ms = 0;      // best of `repeat` runs
+  double flops = 0;   // forward_flops / backward_flops (spec §8)
+  Metrics all;        // worst over the pass's tensors
+  std::vector<Metrics> tensors;  // O, LSE | dQ, dK, dV
+  std::string error;  // set when the implementation threw while running
+  bool pass_ok() const { return error.empty() && all.pass(); }
+};
+// Runs every impl (already checked with check_impl) on the case. Oracle once per case.
+// repeat >= 1: best of `repeat` timed runs; the checked outputs are those of these runs
+// (poisoned once before the first, so an element no run writes stays NaN and fails).
+std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impls, int repeat);
+
+// The result table, one row per Result (verbose: then one row per tensor too), and its JSON.
+// rate_unit: "GFLOP/s" or "TFLOP/s" (pick_rate_unit chooses from the fastest row).
+std::string pick_rate_unit(const std::vector<Result>& rs);
+Table result_table(const std::vector<Result>& rs, bool verbose, bool numbered);
+Json result_json(const Result& r);
+// "FAIL cpu fp32 bwd dK: (b=0, ...)" lines for failing rows; empty when all pass.
+std::vector<std::string> failure_notes(const std::vector<Result>& rs);
+
+// Progress on stderr: one carriage-return line on a terminal, plain lines otherwise.
+struct Progress {
+  explicit Progress(int total);
+  void step(const std::string& what);
+  void done();
+  int total, k = 0;
+  bool tty;
+};
+
+}  // namespace burstlab::tools
+
+namespace burstlab::tools {
+// Prints the results (table + failure notes + "N passed, M failed", or JSON with `header`
+// merged in) on stdout and returns kExitPass or kExitFail.
+int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json header);
+
+// A subcommand: its CLI11 app and what to do once parsing succeeded. run() returns the exit
+// code; it throws burstlab::Error on bad input, before printing anything.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+Command add_run_command(CLI::App& app, RunHooks& hooks);
+Command add_suite_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+}  // namespace burstlab::tools

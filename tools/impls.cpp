@@ -1,0 +1,348 @@
+// tools/impls.cpp — the implementations built into this binary (see impls.hpp).
+#include "impls.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+
+#include "burstlab/error.hpp"
+#include "cpu.hpp"
+#ifdef BURSTLAB_HAVE_CUDA
+#include "cuda.hpp"
+#endif
+#include "reference.hpp"
+
+namespace burstlab::tools {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Host tensors of one run in storage type T. Q, O, dO, dQ (B, H_q, N_q, d) in the inputs' layout;
+// K, V, dK, dV (B, H_kv, N_k, d); LSE (B, H_q, N_q).
+template <class T>
+struct HostState {
+  Problem p;
+  Tensor4<T> Q, K, V, dO, O, dQ, dK, dV;
+  Tensor3<T> LSE;
+};
+
+template <class T>
+Tensor4<T> poisoned_like(const Tensor4<double>& x) {
+  Tensor4<T> t = make_tensor4<T>(x.layout, x.B, x.H, x.N, x.d);
+  poison(t);
+  return t;
+}
+
+// Fwd: void(const Problem&, View4<const T> Q, K, V, View4<T> O, View3<T> LSE)
+// Bwd: void(const Problem&, Q, K, V, O, dO, View3<const T> LSE, View4<T> dQ, dK, dV)
+template <class T, class Fwd, class Bwd>
+Runner host_runner(const Problem& p, const Inputs& in, Fwd fwd, Bwd bwd) {
+  auto s = std::make_shared<HostState<T>>();
+  s->p = p;
+  s->Q = convert<T>(in.Q);
+  s->K = convert<T>(in.K);
+  s->V = convert<T>(in.V);
+  s->dO = convert<T>(in.dO);
+  s->O = poisoned_like<T>(in.Q);
+  s->dQ = poisoned_like<T>(in.Q);
+  s->dK = poisoned_like<T>(in.K);
+  s->dV = poisoned_like<T>(in.V);
+  s->LSE = make_tensor3<T>(p.B, p.H_q, p.N_q);
+  poison(s->LSE);
+  Runner r;
+  r.forward = [s, fwd] {
+    const HostState<T>& c = *s;
+    const auto t0 = std::chrono::steady_clock::now();
+    fwd(c.p, c.Q.view(), c.K.view(), c.V.view(), s->O.view(), s->LSE.view());
+    return ms_since(t0);
+  };
+  r.backward = [s, bwd] {
+    const HostState<T>& c = *s;
+    const auto t0 = std::chrono::steady_clock::now();
+    bwd(c.p, c.Q.view(), c.K.view(), c.V.view(), c.O.view(), c.dO.view(), c.LSE.view(),
+        s->dQ.view(), s->dK.view(), s->dV.view());
+    return ms_since(t0);
+  };
+  r.fetch_forward = [s](Tensor4<double>& O, Tensor3<double>& LSE) {
+    O = to_double(s->O);
+    LSE = to_double(s->LSE);
+  };
+  r.fetch_backward = [s](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
+    dQ = to_double(s->dQ);
+    dK = to_double(s->dK);
+    dV = to_double(s->dV);
+  };
+  return r;
+}
+
+// ---- reference/: naive Eigen, materializes S and P (spec §2, §5)
+template <class T>
+Runner reference_runner(const Problem& p, const Inputs& in) {
+  return host_runner<T>(
+      p, in,
+      [](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+         View3<T> LSE) { reference::forward<T>(q, Q, K, V, O, LSE); },
+      [](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V,
+         View4<const T> O, View4<const T> dO, View3<const T> LSE, View4<T> dQ, View4<T> dK,
+         View4<T> dV) { reference::backward<T>(q, Q, K, V, O, dO, LSE, dQ, dK, dV); });
+}
+
+Impl reference_impl() {
+  Impl m;
+  m.name = "reference";
+  m.about = "naive Eigen attention, materializes S and P (reference/); fp64 is the oracle";
+  m.dtypes = {Dtype::F64, Dtype::F32};
+  m.suite_dtypes = {Dtype::F32};  // fp64 IS the oracle: comparing it with itself proves nothing
+  m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions&) {
+    return in.dtype == Dtype::F64 ? reference_runner<double>(p, in) : reference_runner<float>(p, in);
+  };
+  return m;
+}
+
+// ---- cpu/: tiled online softmax, LAO on a CPU (spec §4, §5.3)
+cpu::Tiles tiles_of(const ImplOptions& o) {
+  cpu::Tiles t;
+  if (o.Br) t.Br = o.Br;
+  if (o.Bc) t.Bc = o.Bc;
+  return t;
+}
+
+template <class T>
+Runner cpu_runner(const Problem& p, const Inputs& in, cpu::Tiles t) {
+  return host_runner<T>(
+      p, in,
+      [t](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+          View3<T> LSE) { cpu::forward<T>(q, Q, K, V, O, LSE, t); },
+      [t](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V,
+          View4<const T> O, View4<const T> dO, View3<const T> LSE, View4<T> dQ, View4<T> dK,
+          View4<T> dV) { cpu::backward<T>(q, Q, K, V, O, dO, LSE, dQ, dK, dV, t); });
+}
+
+Impl cpu_impl() {
+  Impl m;
+  m.name = "cpu";
+  m.about = "tiled online softmax, FlashAttention-2 style, OpenMP (cpu/); --br/--bc set tiles";
+  m.dtypes = {Dtype::F64, Dtype::F32};
+  m.suite_dtypes = m.dtypes;
+  m.check = [](const Problem&, Dtype, const ImplOptions& o) {
+    // Tiles given as 0 mean "default"; negative ones reach validate_tiles and are refused there.
+    cpu::Tiles t = tiles_of(o);
+    if (o.Br < 0) t.Br = o.Br;
+    if (o.Bc < 0) t.Bc = o.Bc;
+    cpu::validate_tiles(t);
+  };
+  m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions& o) {
+    return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, tiles_of(o))
+                                  : cpu_runner<float>(p, in, tiles_of(o));
+  };
+  return m;
+}
+
+// A deliberately wrong implementation (cpu with one element of O and of dK off by 1), in the
+// registry only when the environment has BURSTLAB_TEST_BROKEN_IMPL=1: tests/tools uses it to show
+// that a failed check prints FAIL and exits 1, and that `bench` refuses to time it.
+Impl broken_impl() {
+  Impl m = cpu_impl();
+  m.name = "broken";
+  m.about = "TEST ONLY: cpu with O[0] and dK[0] off by 1";
+  m.suite_dtypes = {Dtype::F32};
+  m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions& o) {
+    Runner r = cpu_impl().prepare(p, in, o);
+    r.fetch_forward = [f = r.fetch_forward](Tensor4<double>& O, Tensor3<double>& LSE) {
+      f(O, LSE);
+      O.data.at(0) += 1.0;
+    };
+    r.fetch_backward = [f = r.fetch_backward](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
+      f(dQ, dK, dV);
+      dK.data.at(0) += 1.0;
+    };
+    return r;
+  };
+  return m;
+}
+
+#ifdef BURSTLAB_HAVE_CUDA
+// ---- cuda/: LAO kernels on the GPU (helper H5). Inputs and outputs live on the device; the
+// runner times each pass with a device synchronize around it (host clock).
+template <class T> T cuda_from_double(double x) { return static_cast<T>(x); }
+template <> cuda::bf16 cuda_from_double<cuda::bf16>(double x) { return __float2bfloat16(static_cast<float>(x)); }
+template <> cuda::f16 cuda_from_double<cuda::f16>(double x) { return __float2half(static_cast<float>(x)); }
+template <class T> double cuda_to_double(T x) { return static_cast<double>(x); }
+template <> double cuda_to_double<cuda::bf16>(cuda::bf16 x) { return __bfloat162float(x); }
+template <> double cuda_to_double<cuda::f16>(cuda::f16 x) { return __half2float(x); }
+
+template <class T>
+struct CudaT4 {  // device tensor in the inputs' layout
+  cuda::DeviceBuffer<T> buf;
+  Layout layout = Layout::BHSD;
+  int64_t B = 0, H = 0, N = 0, d = 0;
+  View4<T> view() const { return view4(buf.data(), layout, B, H, N, d); }
+  View4<const T> cview() const { return as_const(view()); }
+};
+template <class T>
+CudaT4<T> cuda_like(const Tensor4<double>& x, bool copy) {
+  CudaT4<T> t;
+  t.buf = cuda::DeviceBuffer<T>(x.data.size());
+  t.layout = x.layout; t.B = x.B; t.H = x.H; t.N = x.N; t.d = x.d;
+  if (copy) {
+    std::vector<T> h(x.data.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = cuda_from_double<T>(x.data[i]);
+    t.buf.upload(h.data(), h.size());
+  } else {
+    t.buf.poison();
+  }
+  return t;
+}
+template <class T>
+Tensor4<double> cuda_fetch(const CudaT4<T>& t) {
+  std::vector<T> h(t.buf.size());
+  t.buf.download(h.data(), h.size());
+  Tensor4<double> x = make_tensor4<double>(t.layout, t.B, t.H, t.N, t.d);
+  for (size_t i = 0; i < h.size(); ++i) x.data[i] = cuda_to_double<T>(h[i]);
+  return x;
+}
+
+template <class T>
+Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant variant) {
+  using A = cuda::lse_t<T>;
+  struct State {
+    Problem p;
+    CudaT4<T> Q, K, V, dO, O, dQ, dK, dV;
+    cuda::DeviceBuffer<A> LSE;
+    cuda::Options opt;
+  };
+  auto s = std::make_shared<State>();
+  s->p = p;
+  s->Q = cuda_like<T>(in.Q, true);
+  s->K = cuda_like<T>(in.K, true);
+  s->V = cuda_like<T>(in.V, true);
+  s->dO = cuda_like<T>(in.dO, true);
+  s->O = cuda_like<T>(in.Q, false);
+  s->dQ = cuda_like<T>(in.Q, false);
+  s->dK = cuda_like<T>(in.K, false);
+  s->dV = cuda_like<T>(in.V, false);
+  s->LSE = cuda::DeviceBuffer<A>(size_t(p.B * p.H_q * p.N_q));
+  s->LSE.poison();
+  s->opt.variant = variant;
+  Runner r;
+  r.forward = [s] {
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::forward<T>(s->p, s->Q.cview(), s->K.cview(), s->V.cview(), s->O.view(),
+                     view3(s->LSE.data(), s->p.B, s->p.H_q, s->p.N_q), s->opt);
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    return ms_since(t0);
+  };
+  r.backward = [s] {
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::backward<T>(s->p, s->Q.cview(), s->K.cview(), s->V.cview(), s->O.cview(), s->dO.cview(),
+                      as_const(view3(s->LSE.data(), s->p.B, s->p.H_q, s->p.N_q)), s->dQ.view(),
+                      s->dK.view(), s->dV.view(), s->opt);
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    return ms_since(t0);
+  };
+  r.fetch_forward = [s](Tensor4<double>& O, Tensor3<double>& LSE) {
+    O = cuda_fetch(s->O);
+    std::vector<A> h(s->LSE.size());
+    s->LSE.download(h.data(), h.size());
+    LSE = make_tensor3<double>(s->p.B, s->p.H_q, s->p.N_q);
+    for (size_t i = 0; i < h.size(); ++i) LSE.data[i] = static_cast<double>(h[i]);
+  };
+  r.fetch_backward = [s](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
+    dQ = cuda_fetch(s->dQ);
+    dK = cuda_fetch(s->dK);
+    dV = cuda_fetch(s->dV);
+  };
+  return r;
+}
+
+Impl cuda_impl(const char* name, cuda::Variant variant, const char* about) {
+  Impl m;
+  m.name = name;
+  m.about = about;
+  m.dtypes = {Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16};
+  m.suite_dtypes = m.dtypes;
+  m.check = [](const Problem& p, Dtype, const ImplOptions&) {
+    std::string why;
+    if (!cuda::gpu_available(&why)) fail("impl cuda needs a CUDA GPU (", why, ")");
+    if (p.d > 1024) fail("d (", p.d, ") must be <= 1024 for impl cuda");
+  };
+  m.prepare = [variant](const Problem& p, const Inputs& in, const ImplOptions&) {
+    switch (in.dtype) {
+      case Dtype::F64: return cuda_runner<double>(p, in, variant);
+      case Dtype::F32: return cuda_runner<float>(p, in, variant);
+      case Dtype::BF16: return cuda_runner<cuda::bf16>(p, in, variant);
+      case Dtype::F16: break;
+    }
+    return cuda_runner<cuda::f16>(p, in, variant);
+  };
+  return m;
+}
+#endif  // BURSTLAB_HAVE_CUDA
+
+std::vector<Impl> build_registry() {
+  std::vector<Impl> r;
+  r.push_back(reference_impl());
+  r.push_back(cpu_impl());
+  if (const char* e = std::getenv("BURSTLAB_TEST_BROKEN_IMPL"); e && std::string(e) == "1")
+    r.push_back(broken_impl());
+#ifdef BURSTLAB_HAVE_CUDA
+  r.push_back(cuda_impl("cuda", cuda::Variant::Auto,
+                        "LAO on the GPU (cuda/): v2 tensor cores for bf16/fp16 d in {64,128}, else v1"));
+  r.push_back(cuda_impl("cuda-v1", cuda::Variant::V1, "LAO on the GPU, v1 only: CUDA cores, every dtype and d"));
+#endif
+  return r;
+}
+
+}  // namespace
+
+const std::vector<Impl>& registry() {
+  static const std::vector<Impl> r = build_registry();
+  return r;
+}
+
+std::string registry_names() {
+  std::string s;
+  for (const Impl& m : registry()) s += (s.empty() ? "" : ", ") + m.name;
+  return s;
+}
+
+std::string dtype_list(const std::vector<Dtype>& ts) {
+  std::string s;
+  for (Dtype t : ts) s += (s.empty() ? "" : ", ") + to_string(t);
+  return s;
+}
+
+std::vector<const Impl*> find_impls(const std::string& list) {
+  std::vector<const Impl*> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string name = list.substr(start, end - start);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (name.empty()) fail("impl (", list, ") has an empty entry; give a comma-separated list of: ", registry_names());
+    const Impl* found = nullptr;
+    for (const Impl& m : registry())
+      if (m.name == name) found = &m;
+    if (!found) fail("impl (", name, ") is not built into this binary; known: ", registry_names());
+    if (std::find(out.begin(), out.end(), found) == out.end()) out.push_back(found);
+    start = end + 1;
+  }
+  return out;
+}
+
+void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward) {
+  if (std::find(impl.dtypes.begin(), impl.dtypes.end(), dtype) == impl.dtypes.end())
+    fail("impl ", impl.name, " does not run dtype ", to_string(dtype), "; it runs ", dtype_list(impl.dtypes));
+  if (backward && !impl.has_backward)
+    fail("impl ", impl.name, " has no backward pass; use --pass fwd");
+  if (impl.check) impl.check(p, dtype, opt);
+}
+
+}  // namespace burstlab::tools

@@ -1,0 +1,80 @@
+// tools/impls.hpp — the registry of implementations the `burstlab` tool can run and check.
+// An implementation is plain data: a name, the dtypes it runs, and a `prepare` function that
+// takes seeded inputs (harness.hpp) and returns closures that run its forward and backward.
+// A new layer plugs in by adding an entry in impls.cpp (cuda: the BURSTLAB_HAVE_CUDA block);
+// `run`, `suite` and `bench` pick it up without other changes.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "burstlab/precision.hpp"
+#include "burstlab/problem.hpp"
+#include "burstlab/tensor.hpp"
+#include "harness.hpp"
+#include "table.hpp"  // Json, for RunHooks::after_run
+
+namespace burstlab::tools {
+
+// Knobs an implementation may honour. 0 = the implementation's default.
+struct ImplOptions {
+  int64_t Br = 0;  // query rows per tile (--br)
+  int64_t Bc = 0;  // keys per tile (--bc)
+};
+
+// One prepared run: the implementation has converted the inputs to its dtype, placed them where
+// it computes (host or device) and poisoned its outputs (NaN, spec §9.3).
+//   forward()  runs the forward once and returns its time in ms (host clock on a CPU; a device
+//              timer is fine on a GPU). Synchronous: results are complete on return.
+//   backward() runs the backward once, from the impl's OWN O and LSE of the last forward()
+//              (spec §9.6: the candidate backward uses its own forward); returns ms.
+//              Empty when the implementation has no backward.
+//   fetch_*()  copy the outputs back as double (exact for every dtype).
+struct Runner {
+  std::function<double()> forward;
+  std::function<double()> backward;
+  std::function<void(Tensor4<double>& O, Tensor3<double>& LSE)> fetch_forward;
+  std::function<void(Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV)> fetch_backward;
+};
+
+struct Impl {
+  std::string name;                 // what --impl takes: "reference", "cpu", ...
+  std::string about;                // one line for --help
+  std::vector<Dtype> dtypes;        // storage dtypes it runs
+  std::vector<Dtype> suite_dtypes;  // the ones `burstlab suite` covers (subset of dtypes)
+  bool has_backward = true;
+  // Throws Error (naming the field and value) when the implementation cannot run this problem
+  // with these options, beyond validate(p); may be empty. Called before anything is printed.
+  std::function<void(const Problem& p, Dtype dtype, const ImplOptions& opt)> check;
+  // inputs.dtype is one of `dtypes`; p is valid and passed check().
+  std::function<Runner(const Problem& p, const Inputs& inputs, const ImplOptions& opt)> prepare;
+};
+
+// Every implementation built into this binary, in table order.
+const std::vector<Impl>& registry();
+std::string registry_names();  // "reference, cpu"
+
+// Looks up a comma-separated list ("reference,cpu"); throws Error naming an unknown entry.
+std::vector<const Impl*> find_impls(const std::string& list);
+// Throws Error unless `impl` runs `dtype` ("impl cpu does not run bf16; it runs fp64, fp32"),
+// then impl.check(p, dtype, opt).
+void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward);
+
+std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
+
+// ---- extension hook for distributed/ (helper H4) -------------------------------------------
+// When tools/distributed.cpp exists, tools/CMakeLists.txt compiles it and defines
+// BURSTLAB_TOOLS_DISTRIBUTED; main() then calls
+//   void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks);
+// (declared there) which may add --algo, --world, --partition, --grid, --nodes, --gpus-per-node
+// to `run`, a `schedule` subcommand to `app`, and set hooks.wrap_impls: `run` passes its
+// selected implementations through it (e.g. "cpu" -> "ring/cpu P=4") before checking them.
+struct RunHooks {
+  std::function<std::vector<Impl>(const std::vector<const Impl*>&)> wrap_impls;
+  // Called by `run` after its header line, before the result table: may add to the JSON header
+  // and print its own table (bytes per rank vs spec §7.5); false makes the exit code 1.
+  std::function<bool(Json& header, bool json)> after_run;
+};
+
+}  // namespace burstlab::tools
