@@ -1,0 +1,355 @@
+// cuda/api.cu — host entry points of the CUDA layer: validation (spec §1.4) before any launch,
+// dispatch to the numbered variants (cuda/README.md), device masks.
+#include <cstdio>
+#include <sstream>
+
+#include "detail.cuh"
+
+namespace burstlab::cuda {
+
+void check(cudaError_t e, const char* expr, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  std::ostringstream os;
+  os << expr << " failed at " << file << ":" << line << ": " << cudaGetErrorName(e) << " ("
+     << cudaGetErrorString(e) << ")";
+  throw CudaError(os.str());
+}
+
+bool gpu_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky-free error state
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+std::string device_description(int device) {
+  cudaDeviceProp p{};
+  BURSTLAB_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  int drv = 0, rt = 0;
+  BURSTLAB_CUDA_CHECK(cudaDriverGetVersion(&drv));
+  BURSTLAB_CUDA_CHECK(cudaRuntimeGetVersion(&rt));
+  std::ostringstream os;
+  os << p.name << ", sm_" << p.major << p.minor << ", " << p.multiProcessorCount << " SMs, "
+     << (p.totalGlobalMem >> 30) << " GiB, CUDA driver " << drv / 1000 << "." << (drv % 1000) / 10
+     << ", runtime " << rt / 1000 << "." << (rt % 1000) / 10;
+  return os.str();
+}
+
+std::string to_string(Variant v) {
+  switch (v) {
+    case Variant::Auto: return "auto";
+    case Variant::V1: return "v1";
+    case Variant::V2: return "v2";
+  }
+  return "?";
+}
+Variant parse_variant(const std::string& s) {
+  if (s == "auto") return Variant::Auto;
+  if (s == "v1" || s == "1") return Variant::V1;
+  if (s == "v2" || s == "2") return Variant::V2;
+  fail("variant (", s, ") must be one of auto, v1, v2");
+}
+
+DeviceMask::DeviceMask(const MaskData& m) {
+  if (!m.doc.empty()) {
+    doc_ = DeviceBuffer<RowDoc>(m.doc.size());
+    doc_.upload(m.doc.data(), m.doc.size());
+  }
+  if (!m.block.empty()) {
+    block_ = DeviceBuffer<uint8_t>(m.block.size());
+    block_.upload(m.block.data(), m.block.size());
+  }
+  params_ = m.params_with(doc_.data(), block_.data());
+}
+
+namespace detail {
+
+int max_dynamic_smem() {
+  int dev = 0, v = 0;
+  BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
+  BURSTLAB_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return v;
+}
+
+void allow_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 40 * 1024) return;  // headroom for the kernels' static shared memory
+  const int cap = max_dynamic_smem();
+  if (bytes > size_t(cap)) fail("d needs ", bytes, " bytes of shared memory; the device allows ", cap);
+  BURSTLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::BwdArgs;
+using detail::FwdArgs;
+
+constexpr int64_t kMaxD = 1024;  // v1 keeps 2-4 d-vectors per warp in shared memory
+
+void check_gpu_limits(const Problem& p) {
+  if (p.d > kMaxD) fail("d (", p.d, ") must be <= ", kMaxD, " on the CUDA layer");
+  if (p.B > 65535) fail("B (", p.B, ") must be <= 65535 on the CUDA layer (grid z)");
+  if (p.H_q > 65535) fail("H_q (", p.H_q, ") must be <= 65535 on the CUDA layer (grid y)");
+}
+
+void check_positions(const char* name, const Positions& pos, int64_t N) {
+  if (pos.n < 0) fail(name, ".n (", pos.n, ") must be >= 0");
+  if (!pos.index && (pos.start < 0 || pos.start + pos.n > N))
+    fail(name, " [", pos.start, ", ", pos.start + pos.n, ") must lie in [0, ", N, ")");
+}
+
+void check_mask_params(const Problem& p, const MaskParams& m) {
+  if (m.N_q != p.N_q) fail("mask.N_q (", m.N_q, ") must equal N_q (", p.N_q, ")");
+  if (m.N_k != p.N_k) fail("mask.N_k (", m.N_k, ") must equal N_k (", p.N_k, ")");
+  if (has_document(p.mask) != (m.doc != nullptr))
+    fail("mask.doc (", m.doc ? "set" : "null", ") must match the Problem's document mask");
+  if (has_block(p.mask) != (m.block != nullptr))
+    fail("mask.block (", m.block ? "set" : "null", ") must match the Problem's block mask");
+}
+
+// Block-side expected dims: query side (B, H_q, nq, d), key side (B, H_kv, nk, d), rows (B, H_q, nq).
+void expect4(int64_t* e, int64_t a, int64_t b, int64_t c, int64_t d) { e[0] = a; e[1] = b; e[2] = c; e[3] = d; }
+
+template <class T>
+void check_v4(const char* name, const View4<T>& v, int64_t B, int64_t H, int64_t N, int64_t d) {
+  int64_t e[4];
+  expect4(e, B, H, N, d);
+  validate_view(name, v.dim, v.data, 4, e);
+}
+template <class T>
+void check_v3(const char* name, const View3<T>& v, int64_t B, int64_t H, int64_t N) {
+  int64_t e[3] = {B, H, N};
+  validate_view(name, v.dim, v.data, 3, e);
+}
+
+template <class T>
+FwdArgs<T> fwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
+                    View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+                    View3<lse_t<T>> LSE, bool accumulate) {
+  FwdArgs<T> a;
+  a.Q = Q; a.K = K; a.V = V; a.O = O; a.LSE = LSE;
+  a.mask = mask; a.qp = qp; a.kp = kp;
+  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
+  a.nq = qp.n; a.nk = kp.n; a.d = p.d;
+  a.scale = static_cast<lse_t<T>>(scale_of(p));
+  a.accumulate = accumulate;
+  return a;
+}
+
+template <class T>
+bool v2_capable(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+                std::string* why) {
+  if (!(std::is_same<T, bf16>::value || std::is_same<T, f16>::value)) {
+    if (why) *why = "v2 is bf16/fp16 only";
+    return false;
+  }
+  if (p.N_q >= (int64_t(1) << 31) || p.N_k >= (int64_t(1) << 31)) {
+    if (why) *why = "v2 needs N_q, N_k < 2^31";
+    return false;
+  }
+  const void* ptrs[4] = {Q.data, K.data, V.data, O.data};
+  const int64_t* strides[4] = {Q.stride, K.stride, V.stride, O.stride};
+  const char* w = nullptr;
+  if (!detail::v2_forward_ok_common(p.d, ptrs, strides, 4, &w)) {
+    if (why) *why = w;
+    return false;
+  }
+  return true;
+}
+
+template <class T>
+void run_forward(const FwdArgs<T>& a, Variant v, cudaStream_t s) {
+  if (v == Variant::V2) {
+    if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
+      detail::v2_forward<T>(a, s);
+      return;
+    }
+  }
+  detail::v1_forward<T>(a, s);
+}
+
+}  // namespace
+
+template <class T>
+Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
+                        View4<T> O, Variant requested, std::string* why_not_v2) {
+  std::string why;
+  const bool ok = v2_capable<T>(p, Q, K, V, O, &why);
+  if (why_not_v2) *why_not_v2 = why;
+  if (requested == Variant::V1) return Variant::V1;
+  if (requested == Variant::V2) {
+    if (!ok) fail("variant (v2) cannot run this call: ", why);
+    return Variant::V2;
+  }
+  return ok ? Variant::V2 : Variant::V1;
+}
+
+template <class T>
+void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+             View3<lse_t<T>> LSE, const Options& opt) {
+  validate_views(p, Q, K, V);
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+  check_gpu_limits(p);
+  const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
+  const MaskData md = compile_mask(p);
+  const DeviceMask dm(md);
+  const FwdArgs<T> a = fwd_args<T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q,
+                                   K, V, O, LSE, false);
+  run_forward<T>(a, v, opt.stream);
+  // dm's device arrays are freed on return: wait for the kernel that reads them.
+  if (md.doc.size() || md.block.size()) BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));
+}
+
+template <class T>
+void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
+                   View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+                   View3<lse_t<T>> LSE, bool accumulate, const Options& opt) {
+  validate(p);
+  check_gpu_limits(p);
+  check_mask_params(p, mask);
+  check_positions("q_pos", q_pos, p.N_q);
+  check_positions("k_pos", k_pos, p.N_k);
+  check_v4("Q", Q, p.B, p.H_q, q_pos.n, p.d);
+  check_v4("K", K, p.B, p.H_kv, k_pos.n, p.d);
+  check_v4("V", V, p.B, p.H_kv, k_pos.n, p.d);
+  check_v4("O", O, p.B, p.H_q, q_pos.n, p.d);
+  check_v3("LSE", LSE, p.B, p.H_q, q_pos.n);
+  const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
+  run_forward<T>(fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate), v, opt.stream);
+}
+
+template <class T>
+void merge(View4<T> O_a, View3<lse_t<T>> LSE_a, View4<const T> O_b, View3<const lse_t<T>> LSE_b,
+           const Options& opt) {
+  validate_view("O_a", O_a.dim, O_a.data, 4, O_a.dim);
+  check_v4("O_b", O_b, O_a.dim[0], O_a.dim[1], O_a.dim[2], O_a.dim[3]);
+  check_v3("LSE_a", LSE_a, O_a.dim[0], O_a.dim[1], O_a.dim[2]);
+  check_v3("LSE_b", LSE_b, O_a.dim[0], O_a.dim[1], O_a.dim[2]);
+  if (O_a.dim[0] > 65535 || O_a.dim[1] > 65535) fail("O_a.dim[0..1] must be <= 65535");
+  detail::launch_merge<T>(O_a, LSE_a, O_b, LSE_b, opt.stream);
+}
+
+template <class T>
+void compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, const Options& opt) {
+  validate_view("O", O.dim, O.data, 4, O.dim);
+  check_v4("dO", dO, O.dim[0], O.dim[1], O.dim[2], O.dim[3]);
+  check_v3("D", D, O.dim[0], O.dim[1], O.dim[2]);
+  if (O.dim[0] > 65535 || O.dim[1] > 65535) fail("O.dim[0..1] must be <= 65535");
+  detail::launch_compute_D<T>(O, dO, D, opt.stream);
+}
+
+template <class T>
+void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
+              View4<const T> O, View4<const T> dO, View3<const lse_t<T>> LSE, View4<T> dQ,
+              View4<T> dK, View4<T> dV, const Options& opt) {
+  using A = lse_t<T>;
+  validate_views(p, Q, K, V);
+  validate_q_side(p, "O", O);
+  validate_q_side(p, "dO", dO);
+  validate_rows(p, "LSE", LSE);
+  validate_q_side(p, "dQ", dQ);
+  validate_kv_side(p, "dK", dK);
+  validate_kv_side(p, "dV", dV);
+  check_gpu_limits(p);
+  bool use_v2 = false;
+  if (opt.variant != Variant::V1) {
+    std::string why;
+    bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
+    if (ok) {
+      const void* ptrs[5] = {O.data, dO.data, dK.data, dV.data, dQ.data};
+      const int64_t* strides[5] = {O.stride, dO.stride, dK.stride, dV.stride, dQ.stride};
+      const char* w = nullptr;
+      ok = detail::v2_forward_ok_common(p.d, ptrs, strides, 5, &w);
+      if (!ok) why = w;
+    }
+    if (opt.variant == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
+    use_v2 = ok;
+  }
+  const MaskData md = compile_mask(p);
+  const DeviceMask dm(md);
+  DeviceBuffer<A> Dbuf(size_t(p.B * p.H_q * p.N_q));
+  const View3<A> D = view3(Dbuf.data(), p.B, p.H_q, p.N_q);
+  detail::launch_compute_D<T>(O, dO, D, opt.stream);  // (5.1)
+  BwdArgs<T, T> a;
+  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = as_const(D);
+  a.dQ = dQ; a.dK = dK; a.dV = dV;
+  a.mask = dm.params(); a.qp = contiguous(0, p.N_q); a.kp = contiguous(0, p.N_k);
+  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
+  a.nq = p.N_q; a.nk = p.N_k; a.d = p.d; a.scale = static_cast<A>(scale_of(p));
+  a.accumulate = false;
+  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
+    if (use_v2) detail::v2_backward<T>(a, opt.stream);  // deterministic by construction
+    else detail::v1_backward<T, T>(a, opt.stream);
+  } else {
+    detail::v1_backward<T, T>(a, opt.stream);
+  }
+  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));  // D and the mask die here
+}
+
+template <class T>
+void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
+                    View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
+                    View3<const lse_t<T>> LSE, View3<const lse_t<T>> D, View4<lse_t<T>> dQ,
+                    View4<lse_t<T>> dK, View4<lse_t<T>> dV, const Options& opt) {
+  using A = lse_t<T>;
+  validate(p);
+  check_gpu_limits(p);
+  check_mask_params(p, mask);
+  check_positions("q_pos", q_pos, p.N_q);
+  check_positions("k_pos", k_pos, p.N_k);
+  check_v4("Q", Q, p.B, p.H_q, q_pos.n, p.d);
+  check_v4("K", K, p.B, p.H_kv, k_pos.n, p.d);
+  check_v4("V", V, p.B, p.H_kv, k_pos.n, p.d);
+  check_v4("dO", dO, p.B, p.H_q, q_pos.n, p.d);
+  check_v3("LSE", LSE, p.B, p.H_q, q_pos.n);
+  check_v3("D", D, p.B, p.H_q, q_pos.n);
+  check_v4("dQ", dQ, p.B, p.H_q, q_pos.n, p.d);
+  check_v4("dK", dK, p.B, p.H_kv, k_pos.n, p.d);
+  check_v4("dV", dV, p.B, p.H_kv, k_pos.n, p.d);
+  if (opt.variant == Variant::V2) fail("variant (v2) has no backward_block; use auto or v1 (v1 runs)");
+  BwdArgs<T, A> a;
+  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = D;
+  a.dQ = dQ; a.dK = dK; a.dV = dV;
+  a.mask = mask; a.qp = q_pos; a.kp = k_pos;
+  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
+  a.nq = q_pos.n; a.nk = k_pos.n; a.d = p.d; a.scale = static_cast<A>(scale_of(p));
+  a.accumulate = true;
+  detail::v1_backward<T, A>(a, opt.stream);
+}
+
+#define BURSTLAB_API(T)                                                                          \
+  template Variant forward_variant<T>(const Problem&, View4<const T>, View4<const T>,            \
+                                      View4<const T>, View4<T>, Variant, std::string*);          \
+  template void forward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,       \
+                           View4<T>, View3<lse_t<T>>, const Options&);                           \
+  template void forward_block<T>(const Problem&, const MaskParams&, Positions, Positions,        \
+                                 View4<const T>, View4<const T>, View4<const T>, View4<T>,       \
+                                 View3<lse_t<T>>, bool, const Options&);                         \
+  template void merge<T>(View4<T>, View3<lse_t<T>>, View4<const T>, View3<const lse_t<T>>,       \
+                         const Options&);                                                        \
+  template void compute_D<T>(View4<const T>, View4<const T>, View3<lse_t<T>>, const Options&);   \
+  template void backward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,      \
+                            View4<const T>, View4<const T>, View3<const lse_t<T>>, View4<T>,     \
+                            View4<T>, View4<T>, const Options&);                                 \
+  template void backward_block<T>(const Problem&, const MaskParams&, Positions, Positions,       \
+                                  View4<const T>, View4<const T>, View4<const T>,                \
+                                  View4<const T>, View3<const lse_t<T>>, View3<const lse_t<T>>,  \
+                                  View4<lse_t<T>>, View4<lse_t<T>>, View4<lse_t<T>>, const Options&);
+BURSTLAB_API(double)
+BURSTLAB_API(float)
+BURSTLAB_API(bf16)
+BURSTLAB_API(f16)
+#undef BURSTLAB_API
+
+}  // namespace burstlab::cuda

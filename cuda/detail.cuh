@@ -1,0 +1,100 @@
+// cuda/detail.cuh — internals shared by the kernel variants: kernel arguments, dtype
+// conversions, warp reductions. Not installed; include only from cuda/*.cu.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "burstlab/merge.hpp"
+#include "cuda.hpp"
+
+namespace burstlab::cuda::detail {
+
+// Arguments of a forward launch (whole problem or block; spec §6.1). Q/K/V/O are LOCAL views
+// (n = q_pos.n / k_pos.n rows); positions and mask are global.
+template <class T>
+struct FwdArgs {
+  using A = lse_t<T>;
+  View4<const T> Q, K, V;  // (B, H_q, nq, d), (B, H_kv, nk, d) x2
+  View4<T> O;              // (B, H_q, nq, d)
+  View3<A> LSE;            // (B, H_q, nq)
+  MaskParams mask;         // device arrays
+  Positions qp, kp;        // global positions (index: device)
+  int64_t B, Hq, Hkv, group, nq, nk, d;
+  A scale;
+  bool accumulate;         // fold into the running (O, LSE) with the merge (4.5)-(4.7)
+};
+
+// Arguments of a backward launch. G: gradient storage (T for the whole backward, A for blocks).
+template <class T, class G>
+struct BwdArgs {
+  using A = lse_t<T>;
+  View4<const T> Q, K, V, dO;
+  View3<const A> LSE, D;
+  View4<G> dQ, dK, dV;
+  MaskParams mask;
+  Positions qp, kp;
+  int64_t B, Hq, Hkv, group, nq, nk, d;
+  A scale;
+  bool accumulate;         // += (backward_block) instead of =
+};
+
+// ---- dtype conversions (device)
+template <class A> __device__ __forceinline__ A to_acc(double x) { return static_cast<A>(x); }
+template <class A> __device__ __forceinline__ A to_acc(float x) { return static_cast<A>(x); }
+template <class A> __device__ __forceinline__ A to_acc(bf16 x) { return static_cast<A>(__bfloat162float(x)); }
+template <class A> __device__ __forceinline__ A to_acc(f16 x) { return static_cast<A>(__half2float(x)); }
+
+template <class T> struct Store;
+template <> struct Store<double> { __device__ static double from(double x) { return x; } };
+template <> struct Store<float> { __device__ static float from(float x) { return x; } };
+template <> struct Store<bf16> { __device__ static bf16 from(float x) { return __float2bfloat16_rn(x); } };
+template <> struct Store<f16> { __device__ static f16 from(float x) { return __float2half_rn(x); } };
+template <class T, class A> __device__ __forceinline__ T from_acc(A x) { return Store<T>::from(x); }
+
+template <class A> __device__ __forceinline__ A neg_inf() { return -static_cast<A>(INFINITY); }
+
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Visible keys of global row ig in LOCAL key indices [*lo, *hi) when k_pos is contiguous
+// (eq. 3.4 clipped to this block's keys); block bits are not included.
+__device__ __forceinline__ void local_range(const MaskParams& m, int64_t ig, const Positions& kp,
+                                            int64_t nk, int64_t* lo, int64_t* hi) {
+  int64_t a, b;
+  row_range(m, ig, &a, &b);
+  a -= kp.start;
+  b -= kp.start;
+  a = a < 0 ? 0 : (a > nk ? nk : a);
+  b = b < 0 ? 0 : (b > nk ? nk : b);
+  if (b < a) b = a;
+  *lo = a;
+  *hi = b;
+}
+__device__ __forceinline__ bool block_bit(const MaskParams& m, int64_t ig, int64_t jg) {
+  return !m.block || m.block[(ig / m.block_q) * m.n_block_k + jg / m.block_k];
+}
+
+// ---- launchers (defined in v1.cu, v2_fwd.cu, api.cu)
+template <class T> void v1_forward(const FwdArgs<T>& a, cudaStream_t s);
+template <class T, class G> void v1_backward(const BwdArgs<T, G>& a, cudaStream_t s);
+template <class T> void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D,
+                                         cudaStream_t s);
+template <class T> void launch_merge(View4<T> O_a, View3<lse_t<T>> L_a, View4<const T> O_b,
+                                     View3<const lse_t<T>> L_b, cudaStream_t s);
+// v2 exists for bf16 and fp16 with d in {64, 128}; v2_forward_ok says whether a call qualifies.
+bool v2_forward_ok_common(int64_t d, const void* const* ptrs, const int64_t* const* strides,
+                          int n, const char** why);
+template <class T> void v2_forward(const FwdArgs<T>& a, cudaStream_t s);
+template <class T> void v2_backward(const BwdArgs<T, T>& a, cudaStream_t s);
+
+// Largest dynamic shared memory a block may opt into on the current device.
+int max_dynamic_smem();
+// Raise a kernel's dynamic shared-memory limit when it needs more than 48 KB.
+void allow_smem(const void* kernel, size_t bytes);
+
+}  // namespace burstlab::cuda::detail

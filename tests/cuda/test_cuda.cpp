@@ -1,0 +1,506 @@
+// tests/cuda/ — the CUDA layer against the fp64 oracle under the spec's tolerance rule (§9):
+// every variant and dtype, ragged N, N_q != N_k, every mask kind (conjunctions and fully masked
+// rows included), GQA/MQA, adversarial values, BSHD and BHSD; forward_block over contiguous and
+// indexed positions with the fold and with the merge kernel; backward and backward_block;
+// deterministic mode bitwise repeatable. Outputs are poisoned (NaN) before every run.
+// Without a GPU every test skips with a message; with BURSTLAB_REQUIRE_GPU=1 a skip fails.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda.hpp"
+#include "harness.hpp"
+#include "testutil.hpp"
+
+namespace {
+
+using namespace burstlab;
+namespace bc = burstlab::cuda;
+using testutil::make_problem;
+
+bool require_gpu_env() {
+  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
+  return e && std::strcmp(e, "0") != 0 && *e;
+}
+
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    std::string why_;                                                                          \
+    if (!bc::gpu_available(&why_)) {                                                           \
+      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
+      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
+                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
+    }                                                                                          \
+  } while (0)
+
+// ---------------------------------------------------------------- host <-> device helpers
+template <class T> T from_double(double x) { return static_cast<T>(x); }
+template <> bc::bf16 from_double<bc::bf16>(double x) { return __float2bfloat16(static_cast<float>(x)); }
+template <> bc::f16 from_double<bc::f16>(double x) { return __float2half(static_cast<float>(x)); }
+template <class T> double to_dbl(T x) { return static_cast<double>(x); }
+template <> double to_dbl<bc::bf16>(bc::bf16 x) { return __bfloat162float(x); }
+template <> double to_dbl<bc::f16>(bc::f16 x) { return __half2float(x); }
+
+template <class T> Dtype dtype_of();
+template <> Dtype dtype_of<double>() { return Dtype::F64; }
+template <> Dtype dtype_of<float>() { return Dtype::F32; }
+template <> Dtype dtype_of<bc::bf16>() { return Dtype::BF16; }
+template <> Dtype dtype_of<bc::f16>() { return Dtype::F16; }
+
+template <class T>
+struct DT4 {  // device tensor in a layout
+  bc::DeviceBuffer<T> buf;
+  Layout layout = Layout::BHSD;
+  int64_t B = 0, H = 0, N = 0, d = 0;
+  View4<T> view() const { return view4(buf.data(), layout, B, H, N, d); }
+  View4<const T> cview() const { return as_const(view()); }
+};
+template <class T>
+DT4<T> dev_empty(Layout layout, int64_t B, int64_t H, int64_t N, int64_t d) {
+  DT4<T> t;
+  t.buf = bc::DeviceBuffer<T>(size_t(B * H * N * d));
+  t.layout = layout; t.B = B; t.H = H; t.N = N; t.d = d;
+  t.buf.poison();
+  return t;
+}
+template <class T>
+DT4<T> to_device(const Tensor4<double>& x) {
+  DT4<T> t = dev_empty<T>(x.layout, x.B, x.H, x.N, x.d);
+  std::vector<T> h(x.data.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = from_double<T>(x.data[i]);
+  t.buf.upload(h.data(), h.size());
+  return t;
+}
+template <class T>
+Tensor4<double> to_host(const DT4<T>& t) {
+  std::vector<T> h(t.buf.size());
+  t.buf.download(h.data(), h.size());
+  Tensor4<double> x = make_tensor4<double>(t.layout, t.B, t.H, t.N, t.d);
+  for (size_t i = 0; i < h.size(); ++i) x.data[i] = to_dbl<T>(h[i]);
+  return x;
+}
+template <class A>
+struct DT3 {
+  bc::DeviceBuffer<A> buf;
+  int64_t B = 0, H = 0, N = 0;
+  View3<A> view() const { return view3(buf.data(), B, H, N); }
+  View3<const A> cview() const { return as_const(view()); }
+};
+template <class A>
+DT3<A> dev_rows(int64_t B, int64_t H, int64_t N) {
+  DT3<A> t;
+  t.buf = bc::DeviceBuffer<A>(size_t(B * H * N));
+  t.B = B; t.H = H; t.N = N;
+  t.buf.poison();
+  return t;
+}
+template <class A>
+Tensor3<double> to_host(const DT3<A>& t) {
+  std::vector<A> h(t.buf.size());
+  t.buf.download(h.data(), h.size());
+  Tensor3<double> x = make_tensor3<double>(t.B, t.H, t.N);
+  for (size_t i = 0; i < h.size(); ++i) x.data[i] = static_cast<double>(h[i]);
+  return x;
+}
+
+// Rows idx of x (every b, h) as a new tensor of N = idx.size(), same layout.
+Tensor4<double> gather(const Tensor4<double>& x, const std::vector<int64_t>& idx) {
+  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, int64_t(idx.size()), x.d);
+  const auto vx = x.view();
+  auto vy = y.view();
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (size_t n = 0; n < idx.size(); ++n)
+        for (int64_t k = 0; k < x.d; ++k) vy(b, h, int64_t(n), k) = vx(b, h, idx[n], k);
+  return y;
+}
+void scatter(Tensor4<double>& x, const Tensor4<double>& y, const std::vector<int64_t>& idx) {
+  auto vx = x.view();
+  const auto vy = y.view();
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (size_t n = 0; n < idx.size(); ++n)
+        for (int64_t k = 0; k < x.d; ++k) vx(b, h, idx[n], k) = vy(b, h, int64_t(n), k);
+}
+void scatter(Tensor3<double>& x, const Tensor3<double>& y, const std::vector<int64_t>& idx) {
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (size_t n = 0; n < idx.size(); ++n) x.view()(b, h, idx[n]) = y.view()(b, h, int64_t(n));
+}
+
+struct Shape {
+  int64_t B, Hq, Hkv, Nq, Nk, d;
+};
+std::string str(const Shape& s) {
+  std::ostringstream os;
+  os << "B" << s.B << "_Hq" << s.Hq << "_Hkv" << s.Hkv << "_Nq" << s.Nq << "_Nk" << s.Nk << "_d" << s.d;
+  return os.str();
+}
+
+// ---------------------------------------------------------------- forward sweep
+struct FwdCase {
+  std::string dtype;  // f64 f32 bf16 f16
+  bc::Variant variant;
+  Shape shape;
+  std::string mask;
+  Layout layout;
+  Values values;
+  uint64_t seed;
+};
+std::string name_of(const FwdCase& c) {
+  std::string m = c.mask;
+  for (char& ch : m)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return c.dtype + "_" + bc::to_string(c.variant) + "_" + str(c.shape) + "_" + m + "_" +
+         to_string(c.layout) + "_" + to_string(c.values);
+}
+
+const std::vector<std::string> kMasks = {
+    "none", "causal", "window:16,0", "window:7,5", "document:4", "block:32x16@0.5",
+    "causal+document:3", "window:40,8+block:16x64@0.6", "document:5+block:8x8@0.7"};
+const std::vector<Values> kValues = {Values::Normal, Values::Large, Values::Ties, Values::WideV};
+
+std::vector<Shape> fwd_shapes(bool fast_path) {
+  std::vector<Shape> s = {{1, 1, 1, 1, 1, 64},      {2, 4, 2, 113, 203, 64},
+                          {1, 2, 2, 203, 113, 128}, {1, 4, 1, 1023, 1023, 64},
+                          {2, 2, 2, 65, 300, 128},  {1, 3, 3, 257, 129, 128}};
+  if (!fast_path) {
+    s.push_back({1, 2, 1, 129, 77, 3});
+    s.push_back({2, 1, 1, 33, 47, 1});
+    s.push_back({1, 2, 2, 70, 90, 100});
+  }
+  return s;
+}
+
+std::vector<FwdCase> fwd_cases() {
+  std::vector<FwdCase> out;
+  struct DV { const char* dt; bc::Variant v; };
+  const DV dvs[] = {{"f64", bc::Variant::V1}, {"f32", bc::Variant::V1}, {"bf16", bc::Variant::V1},
+                    {"bf16", bc::Variant::V2}, {"f16", bc::Variant::V2}, {"f16", bc::Variant::Auto}};
+  uint64_t seed = 100;
+  int k = 0;
+  for (const DV& dv : dvs) {
+    const bool fast = dv.v == bc::Variant::V2;
+    for (const Shape& s : fwd_shapes(fast)) {
+      for (size_t mi = 0; mi < kMasks.size(); ++mi) {
+        // Auto runs a thinner sweep (it is v1 or v2 underneath, each swept on its own).
+        if (dv.v == bc::Variant::Auto && mi % 3 != 0) continue;
+        FwdCase c{dv.dt, dv.v, s, kMasks[mi], (k % 2) ? Layout::BSHD : Layout::BHSD,
+                  kValues[k % kValues.size()], seed++};
+        ++k;
+        out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
+template <class T>
+void run_fwd_case(const FwdCase& c) {
+  using A = bc::lse_t<T>;
+  const Shape& s = c.shape;
+  Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
+  const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
+  const Oracle want = run_oracle(p, in, false);
+  DT4<T> Q = to_device<T>(in.Q), K = to_device<T>(in.K), V = to_device<T>(in.V);
+  DT4<T> O = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);  // poisoned
+  DT3<A> L = dev_rows<A>(s.B, s.Hq, s.Nq);                  // poisoned
+  bc::Options opt;
+  opt.variant = c.variant;
+  bc::forward<T>(p, Q.cview(), K.cview(), V.cview(), O.view(), L.view(), opt);
+  BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ms = check_forward<double>(want, to_host(O), to_host(L));
+  testutil::expect_pass(ms, name_of(c) + " " + shape_string(p) + " mask=" + describe(p.mask));
+}
+
+class CudaForward : public ::testing::TestWithParam<FwdCase> {};
+TEST_P(CudaForward, MatchesOracle) {
+  REQUIRE_GPU();
+  const FwdCase& c = GetParam();
+  if (c.dtype == "f64") run_fwd_case<double>(c);
+  else if (c.dtype == "f32") run_fwd_case<float>(c);
+  else if (c.dtype == "bf16") run_fwd_case<bc::bf16>(c);
+  else run_fwd_case<bc::f16>(c);
+}
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaForward, ::testing::ValuesIn(fwd_cases()),
+                         [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
+
+// ---------------------------------------------------------------- backward sweep (v1)
+std::vector<FwdCase> bwd_cases() {
+  std::vector<FwdCase> out;
+  const char* dts[] = {"f64", "f32", "bf16", "f16"};
+  const std::vector<Shape> shapes = {{1, 1, 1, 1, 1, 64},     {2, 4, 2, 113, 203, 64},
+                                     {1, 2, 2, 203, 113, 128}, {1, 4, 1, 97, 150, 3},
+                                     {1, 2, 1, 300, 300, 128}};
+  uint64_t seed = 500;
+  int k = 0;
+  for (const char* dt : dts)
+    for (const Shape& s : shapes)
+      for (const std::string& m : kMasks) {
+        out.push_back({dt, bc::Variant::Auto, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD,
+                       kValues[k % kValues.size()], seed++});
+        ++k;
+      }
+  out.push_back({"bf16", bc::Variant::Auto, {1, 2, 2, 1023, 1023, 64}, "causal", Layout::BSHD, Values::Normal, 777});
+  out.push_back({"f32", bc::Variant::Auto, {1, 4, 2, 1023, 511, 128}, "window:100,20", Layout::BHSD, Values::Normal, 778});
+  return out;
+}
+
+template <class T>
+void run_bwd_case(const FwdCase& c, bool deterministic) {
+  using A = bc::lse_t<T>;
+  const Shape& s = c.shape;
+  Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
+  const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
+  const Oracle want = run_oracle(p, in, true);
+  DT4<T> Q = to_device<T>(in.Q), K = to_device<T>(in.K), V = to_device<T>(in.V),
+         dO = to_device<T>(in.dO);
+  DT4<T> O = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);
+  DT3<A> L = dev_rows<A>(s.B, s.Hq, s.Nq);
+  bc::Options opt;
+  opt.deterministic = deterministic;
+  bc::forward<T>(p, Q.cview(), K.cview(), V.cview(), O.view(), L.view(), opt);
+  DT4<T> dQ = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);
+  DT4<T> dK = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
+  DT4<T> dV = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
+  bc::backward<T>(p, Q.cview(), K.cview(), V.cview(), O.cview(), dO.cview(), L.cview(), dQ.view(),
+                  dK.view(), dV.view(), opt);
+  BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string ctx = name_of(c) + " " + shape_string(p) + " mask=" + describe(p.mask);
+  testutil::expect_pass(check_forward<double>(want, to_host(O), to_host(L)), ctx + " (forward)");
+  testutil::expect_pass(check_backward<double>(want, to_host(dQ), to_host(dK), to_host(dV)), ctx);
+  if (deterministic) {  // a second run is bitwise the same
+    DT4<T> dQ2 = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);
+    DT4<T> dK2 = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
+    DT4<T> dV2 = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
+    bc::backward<T>(p, Q.cview(), K.cview(), V.cview(), O.cview(), dO.cview(), L.cview(),
+                    dQ2.view(), dK2.view(), dV2.view(), opt);
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto same = [](const DT4<T>& a, const DT4<T>& b) {
+      std::vector<T> x(a.buf.size()), y(b.buf.size());
+      a.buf.download(x.data(), x.size());
+      b.buf.download(y.data(), y.size());
+      return std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+    };
+    EXPECT_TRUE(same(dQ, dQ2) && same(dK, dK2) && same(dV, dV2)) << ctx << ": not bitwise repeatable";
+  }
+}
+
+class CudaBackward : public ::testing::TestWithParam<FwdCase> {};
+TEST_P(CudaBackward, MatchesOracle) {
+  REQUIRE_GPU();
+  const FwdCase& c = GetParam();
+  const bool det = c.seed % 3 == 0;
+  if (c.dtype == "f64") run_bwd_case<double>(c, det);
+  else if (c.dtype == "f32") run_bwd_case<float>(c, det);
+  else if (c.dtype == "bf16") run_bwd_case<bc::bf16>(c, det);
+  else run_bwd_case<bc::f16>(c, det);
+}
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
+                         [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
+
+TEST(CudaBackward, DeterministicBitwiseRepeatable) {
+  REQUIRE_GPU();
+  run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
+  run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
+}
+
+// ---------------------------------------------------------------- blocks (§6) and the merge
+struct BlockCase {
+  std::string dtype;
+  bc::Variant variant;
+  Shape shape;
+  std::string mask;
+  bool q_indexed, k_indexed;  // zigzag-like query order / striped keys
+  bool use_merge_kernel;      // partials + merge kernel instead of the fold
+  int parts;
+};
+std::string name_of(const BlockCase& c) {
+  std::string m = c.mask;
+  for (char& ch : m)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return c.dtype + "_" + bc::to_string(c.variant) + "_" + str(c.shape) + "_" + m +
+         (c.q_indexed ? "_qidx" : "_qcont") + (c.k_indexed ? "_kidx" : "_kcont") +
+         (c.use_merge_kernel ? "_merge" : "_fold") + "_P" + std::to_string(c.parts);
+}
+
+// Partition [0, N) into `parts` pieces: contiguous ranges, or striped (j % parts) / zigzag.
+std::vector<std::vector<int64_t>> split(int64_t N, int parts, bool indexed, bool zigzag) {
+  std::vector<std::vector<int64_t>> out(parts);
+  for (int64_t j = 0; j < N; ++j) {
+    int part;
+    if (!indexed) part = int(j * parts / N);
+    else if (!zigzag) part = int(j % parts);
+    else {  // zigzag over 2*parts chunks
+      const int64_t chunk = j * 2 * parts / N;
+      part = int(chunk < parts ? chunk : 2 * parts - 1 - chunk);
+    }
+    out[part].push_back(j);
+  }
+  return out;
+}
+
+template <class T>
+void run_block_case(const BlockCase& c) {
+  using A = bc::lse_t<T>;
+  const Shape& s = c.shape;
+  const uint64_t seed = 4242;
+  Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, seed);
+  const Layout layout = Layout::BSHD;
+  const Inputs in = make_inputs(p, layout, dtype_of<T>(), seed, Values::Normal);
+  const Oracle want = run_oracle(p, in, true);
+  const MaskData md = compile_mask(p);
+  const bc::DeviceMask dm(md);
+  const auto qparts = split(s.Nq, 2, c.q_indexed, true);
+  const auto kparts = split(s.Nk, c.parts, c.k_indexed, false);
+  Tensor4<double> O_all = make_tensor4<double>(layout, s.B, s.Hq, s.Nq, s.d);
+  Tensor3<double> L_all = make_tensor3<double>(s.B, s.Hq, s.Nq);
+  Tensor4<double> dQ_all = make_tensor4<double>(layout, s.B, s.Hq, s.Nq, s.d);
+  Tensor4<double> dK_all = make_tensor4<double>(layout, s.B, s.Hkv, s.Nk, s.d);
+  Tensor4<double> dV_all = make_tensor4<double>(layout, s.B, s.Hkv, s.Nk, s.d);
+  // Key-side blocks, with their position arrays on the device.
+  std::vector<DT4<T>> Kb, Vb;
+  std::vector<bc::DeviceBuffer<int64_t>> kidx;
+  for (const auto& kp : kparts) {
+    Kb.push_back(to_device<T>(gather(in.K, kp)));
+    Vb.push_back(to_device<T>(gather(in.V, kp)));
+    kidx.emplace_back(kp.size());
+    kidx.back().upload(kp.data(), kp.size());
+  }
+  std::vector<DT4<A>> dKb, dVb;  // accumulated over query blocks
+  for (const auto& kp : kparts) {
+    dKb.push_back(to_device<A>(make_tensor4<double>(layout, s.B, s.Hkv, int64_t(kp.size()), s.d)));
+    dVb.push_back(to_device<A>(make_tensor4<double>(layout, s.B, s.Hkv, int64_t(kp.size()), s.d)));
+  }
+  bc::Options opt;
+  opt.variant = c.variant;
+  for (const auto& qp : qparts) {
+    const int64_t nq = int64_t(qp.size());
+    bc::DeviceBuffer<int64_t> qidx(qp.size());
+    qidx.upload(qp.data(), qp.size());
+    const Positions qpos = c.q_indexed ? Positions{0, nq, qidx.data()} : contiguous(qp.empty() ? 0 : qp[0], nq);
+    DT4<T> Q = to_device<T>(gather(in.Q, qp)), dO = to_device<T>(gather(in.dO, qp));
+    DT4<T> O = dev_empty<T>(layout, s.B, s.Hq, nq, s.d);
+    DT3<A> L = dev_rows<A>(s.B, s.Hq, nq);
+    for (size_t kb = 0; kb < kparts.size(); ++kb) {
+      const int64_t nk = int64_t(kparts[kb].size());
+      const Positions kpos = c.k_indexed ? Positions{0, nk, kidx[kb].data()} : contiguous(kparts[kb].empty() ? 0 : kparts[kb][0], nk);
+      if (kb == 0 || !c.use_merge_kernel) {
+        bc::forward_block<T>(p, dm.params(), qpos, kpos, Q.cview(), Kb[kb].cview(), Vb[kb].cview(),
+                             O.view(), L.view(), kb > 0, opt);
+      } else {
+        DT4<T> Ob = dev_empty<T>(layout, s.B, s.Hq, nq, s.d);
+        DT3<A> Lb = dev_rows<A>(s.B, s.Hq, nq);
+        bc::forward_block<T>(p, dm.params(), qpos, kpos, Q.cview(), Kb[kb].cview(), Vb[kb].cview(),
+                             Ob.view(), Lb.view(), false, opt);
+        bc::merge<T>(O.view(), L.view(), Ob.cview(), Lb.cview(), opt);
+        BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+    }
+    // Backward blocks with the global row statistics.
+    DT3<A> D = dev_rows<A>(s.B, s.Hq, nq);
+    bc::compute_D<T>(O.cview(), dO.cview(), D.view(), opt);
+    DT4<A> dQ = to_device<A>(make_tensor4<double>(layout, s.B, s.Hq, nq, s.d));
+    bc::Options bopt;
+    for (size_t kb = 0; kb < kparts.size(); ++kb) {
+      const int64_t nk = int64_t(kparts[kb].size());
+      const Positions kpos = c.k_indexed ? Positions{0, nk, kidx[kb].data()} : contiguous(kparts[kb].empty() ? 0 : kparts[kb][0], nk);
+      bc::backward_block<T>(p, dm.params(), qpos, kpos, Q.cview(), Kb[kb].cview(), Vb[kb].cview(),
+                            dO.cview(), L.cview(), D.cview(), dQ.view(), dKb[kb].view(),
+                            dVb[kb].view(), bopt);
+    }
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    scatter(O_all, to_host(O), qp);
+    scatter(L_all, to_host(L), qp);
+    scatter(dQ_all, to_host(dQ), qp);
+  }
+  for (size_t kb = 0; kb < kparts.size(); ++kb) {
+    scatter(dK_all, to_host(dKb[kb]), kparts[kb]);
+    scatter(dV_all, to_host(dVb[kb]), kparts[kb]);
+  }
+  const std::string ctx = name_of(c) + " " + shape_string(p) + " mask=" + describe(p.mask);
+  testutil::expect_pass(check_forward<double>(want, O_all, L_all), ctx + " (forward_block)");
+  testutil::expect_pass(check_backward<double>(want, dQ_all, dK_all, dV_all), ctx + " (backward_block)");
+}
+
+std::vector<BlockCase> block_cases() {
+  std::vector<BlockCase> out;
+  const char* masks[] = {"none", "causal", "window:20,3+document:3", "block:16x32@0.5"};
+  for (const char* m : masks) {
+    out.push_back({"f32", bc::Variant::V1, {1, 2, 1, 150, 203, 64}, m, false, false, false, 3});
+    out.push_back({"f64", bc::Variant::V1, {1, 2, 2, 113, 97, 3}, m, true, true, true, 2});
+    out.push_back({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
+    out.push_back({"bf16", bc::Variant::V2, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
+    out.push_back({"f16", bc::Variant::V2, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
+  }
+  return out;
+}
+
+class CudaBlocks : public ::testing::TestWithParam<BlockCase> {};
+TEST_P(CudaBlocks, ComposeToTheWhole) {
+  REQUIRE_GPU();
+  const BlockCase& c = GetParam();
+  if (c.dtype == "f64") run_block_case<double>(c);
+  else if (c.dtype == "f32") run_block_case<float>(c);
+  else if (c.dtype == "bf16") run_block_case<bc::bf16>(c);
+  else run_block_case<bc::f16>(c);
+}
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
+                         [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
+
+// ---------------------------------------------------------------- validation (no GPU needed)
+TEST(CudaValidation, BadShapesThrowBeforeLaunch) {
+  Problem p;
+  p.B = 1; p.H_q = 6; p.H_kv = 4; p.N_q = 8; p.N_k = 8; p.d = 64;
+  float dummy[4];
+  View4<const float> q = view4<const float>(dummy, Layout::BHSD, 1, 6, 8, 64);
+  View4<const float> k = view4<const float>(dummy, Layout::BHSD, 1, 4, 8, 64);
+  View4<float> o = view4<float>(dummy, Layout::BHSD, 1, 6, 8, 64);
+  View3<float> l = view3<float>(dummy, 1, 6, 8);
+  try {
+    bc::forward<float>(p, q, k, k, o, l);
+    FAIL() << "expected burstlab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_q (6)"), std::string::npos) << e.what();
+  }
+  p = make_problem(1, 2, 2, 8, 8, 64);
+  View4<const float> qbad = view4<const float>(dummy, Layout::BHSD, 1, 2, 5, 64);
+  View4<const float> k2 = view4<const float>(dummy, Layout::BHSD, 1, 2, 8, 64);
+  View4<float> o2 = view4<float>(dummy, Layout::BHSD, 1, 2, 8, 64);
+  View3<float> l2 = view3<float>(dummy, 1, 2, 8);
+  EXPECT_THROW(bc::forward<float>(p, qbad, k2, k2, o2, l2), Error);
+  bc::Options v2;
+  v2.variant = bc::Variant::V2;
+  View4<const float> q2 = view4<const float>(dummy, Layout::BHSD, 1, 2, 8, 64);
+  try {
+    bc::forward<float>(p, q2, k2, k2, o2, l2, v2);  // v2 is bf16/fp16 only
+    FAIL() << "expected burstlab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("variant (v2)"), std::string::npos) << e.what();
+  }
+  Problem pd = make_problem(1, 1, 1, 8, 8, 2000);
+  View4<const float> qd = view4<const float>(dummy, Layout::BHSD, 1, 1, 8, 2000);
+  View4<float> od = view4<float>(dummy, Layout::BHSD, 1, 1, 8, 2000);
+  View3<float> ld = view3<float>(dummy, 1, 1, 8);
+  EXPECT_THROW(bc::forward<float>(pd, qd, qd, qd, od, ld), Error);
+  EXPECT_THROW(bc::parse_variant("v9"), Error);
+}
+
+TEST(CudaValidation, AutoPicksV2OnlyWhereItApplies) {
+  Problem p = make_problem(1, 2, 2, 8, 8, 64);
+  alignas(16) static bc::bf16 buf[2 * 8 * 128];
+  auto v = [&](int64_t d) { return view4<const bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
+  auto o = [&](int64_t d) { return view4<bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
+  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto), bc::Variant::V2);
+  Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
+  std::string why;
+  EXPECT_EQ(bc::forward_variant<bc::bf16>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
+  EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
+}
+
+}  // namespace
