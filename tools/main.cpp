@@ -7,6 +7,9 @@
 
 #include "burstlab/error.hpp"
 #include "common.hpp"
+#ifdef BURSTLAB_TOOLS_CASE
+#include "cmd_case.hpp"  // gen, oracle, check, conform (helper H7)
+#endif
 #ifdef BURSTLAB_TOOLS_DISTRIBUTED
 #include "distributed.hpp"  // add_distributed_cli (helper H4)
 #endif
@@ -33,6 +36,9 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {add_run_command(app, hooks), add_suite_command(app), add_bench_command(app)};
 #ifdef BURSTLAB_TOOLS_DISTRIBUTED
   add_distributed_cli(app, *commands[0].app, hooks);
+#endif
+#ifdef BURSTLAB_TOOLS_CASE
+  for (const Command& c : add_case_commands(app)) commands.push_back(c);
 #endif
   app.footer(
       "Examples:\n"

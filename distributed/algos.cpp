@@ -1,0 +1,201 @@
+// distributed/algos.cpp — spec §7.7-7.9 on SimComm.
+#include "algos.hpp"
+
+#include <algorithm>
+
+#include "baselines.hpp"
+#include "burstlab/error.hpp"
+#include "double_ring.hpp"
+
+namespace burstlab::dist {
+
+std::string to_string(ExtAlgo a) {
+  switch (a) {
+    case ExtAlgo::DoubleRing: return "double-ring";
+    case ExtAlgo::Ulysses: return "ulysses";
+    case ExtAlgo::AllGather: return "allgather";
+    case ExtAlgo::Attention2D: return "attention2d";
+    case ExtAlgo::DistFlash: return "distflash";
+  }
+  return "?";
+}
+bool is_ext_algo(const std::string& s) {
+  return s == "double-ring" || s == "ulysses" || s == "allgather" || s == "attention2d" || s == "distflash";
+}
+ExtAlgo parse_ext_algo(const std::string& s) {
+  if (s == "double-ring") return ExtAlgo::DoubleRing;
+  if (s == "ulysses") return ExtAlgo::Ulysses;
+  if (s == "allgather") return ExtAlgo::AllGather;
+  if (s == "attention2d") return ExtAlgo::Attention2D;
+  if (s == "distflash") return ExtAlgo::DistFlash;
+  fail("algo (", s, ") must be one of double-ring, ulysses, allgather, attention2d, distflash");
+}
+
+namespace {
+int gpn(const ExtOptions& o) { return o.gpus_per_node > 0 ? o.gpus_per_node : o.world; }
+Grid grid_of(const ExtOptions& o) { return o.grid.p_r == 0 ? default_grid(o.world) : o.grid; }
+template <class T>
+Buffer<T> upload(Engine<T>& e, const std::vector<T>& host) {
+  Buffer<T> b = e.alloc(static_cast<int64_t>(host.size()));
+  e.upload(b.data, host.data(), b.n);
+  return b;
+}
+}  // namespace
+
+int64_t ext_closed_form_bytes(const ExtOptions& o, Phase phase, const Problem& p, const Partition& qp,
+                              const Partition& kp, int r, bool sent, int64_t eb, int link) {
+  switch (o.algo) {
+    case ExtAlgo::DoubleRing: return double_ring_bytes(o.base, phase, p, qp, kp, r, sent, eb, gpn(o), link);
+    case ExtAlgo::Ulysses: return ulysses_bytes(phase, p, qp, kp, r, sent, eb);
+    case ExtAlgo::AllGather: return allgather_bytes(phase, p, qp, kp, r, sent, eb);
+    case ExtAlgo::Attention2D: return attention2d_bytes(phase, p, grid_of(o), qp, kp, r, sent, eb, o.overlap);
+    case ExtAlgo::DistFlash: return distflash_bytes(phase, p, qp, kp, r, sent, eb);
+  }
+  return 0;
+}
+
+template <class T>
+ExtSession<T>::ExtSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                          View4<const double> dO, const ExtOptions& o, Engine<T>& e)
+    : p_(p), o_(o), e_(e) {
+  validate_views(p, Q, K, V);
+  if (o.backward) validate_q_side(p, "dO", dO);
+  const int G = o.world;
+  if (o.algo == ExtAlgo::Ulysses) check_ulysses(p, G);
+  res_.qp = make_partition(o.partition, p.N_q, G, "N_q");
+  res_.kp = make_partition(o.partition, p.N_k, G, "N_k");
+  mask_ = compile_mask(p);
+  if (o.algo == ExtAlgo::Attention2D) check_attention2d(grid_of(o), G, res_.qp, res_.kp);
+  if (o.algo == ExtAlgo::DistFlash) {
+    check_distflash(mask_, res_.qp, res_.kp);
+    flash_ = make_distflash_schedule(G);
+  }
+  if (o_.gpus_per_node > 0) o_.sim.gpus_per_node = o_.gpus_per_node;
+  if (o.algo == ExtAlgo::DoubleRing) {
+    res_.fwd = make_double_ring_schedule(o.base, Phase::Forward, p, mask_, res_.qp, res_.kp, gpn(o));
+    if (o.backward) res_.bwd = make_double_ring_schedule(o.base, Phase::Backward, p, mask_, res_.qp, res_.kp, gpn(o));
+  }
+  shards_.resize(G);
+  for (int r = 0; r < G; ++r) {  // each rank's slice, rounded to T, in engine memory
+    Shard<T>& x = shards_[r];
+    x.Q = upload(e, slice<T>(Q, res_.qp, r).data);
+    x.K = upload(e, slice<T>(K, res_.kp, r).data);
+    x.V = upload(e, slice<T>(V, res_.kp, r).data);
+    if (o.backward) x.dO = upload(e, slice<T>(dO, res_.qp, r).data);
+  }
+  res_.logs.assign(G, {});
+}
+
+template <class T>
+void ExtSession<T>::run(Phase phase) {
+  for (auto& log : res_.logs)  // keep only the latest run of each phase
+    log.erase(std::remove_if(log.begin(), log.end(),
+                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
+              log.end());
+  SimWorld world(o_.world, o_.sim);
+  struct Keep {  // per-rank outcome and logs, also when run() throws
+    SimWorld& w;
+    ExtSession& s;
+    ~Keep() {
+      s.errors_ = w.errors();
+      for (size_t r = 0; r < w.logs().size(); ++r)
+        s.res_.logs[r].insert(s.res_.logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
+    }
+  } keep{world, *this};
+  world.run([&](Communicator& comm) {
+    Shard<T>& x = shards_[comm.rank()];
+    const bool fwd = phase == Phase::Forward;
+    switch (o_.algo) {
+      case ExtAlgo::DoubleRing:
+        if (fwd) run_forward(res_.fwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        else run_backward(res_.bwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        break;
+      case ExtAlgo::Ulysses:
+        if (fwd) ulysses_forward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        else ulysses_backward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        break;
+      case ExtAlgo::AllGather:
+        if (fwd) allgather_forward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        else allgather_backward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        break;
+      case ExtAlgo::Attention2D:
+        if (fwd && o_.overlap) attention2d_o_forward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
+        else if (fwd) attention2d_forward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
+        else if (o_.overlap) attention2d_o_backward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
+        else attention2d_backward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
+        break;
+      case ExtAlgo::DistFlash:
+        if (fwd) distflash_forward(comm, e_, p_, mask_, flash_, res_.qp, res_.kp, x);
+        else distflash_backward(comm, e_, p_, mask_, flash_, res_.qp, res_.kp, x);
+        break;
+    }
+    comm.set_context(Phase::Other, 0);
+    comm.barrier();  // every rank observes a failure of any other rank
+  });
+}
+
+template <class T>
+void ExtSession<T>::forward() {
+  have_forward_ = false;
+  run(Phase::Forward);
+  have_forward_ = true;
+}
+
+template <class T>
+void ExtSession<T>::backward() {
+  if (!o_.backward) fail("ExtSession::backward: the session was built with backward = false");
+  if (!have_forward_) fail("ExtSession::backward: run forward() first (the backward uses its O and LSE)");
+  run(Phase::Backward);
+}
+
+template <class T>
+DistResult<T> ExtSession<T>::result() const {
+  DistResult<T> res = res_;
+  const Problem& p = p_;
+  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {
+    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p.B, H, n, p.d);
+    if (b.data) e_.download(t.data.data(), b.data, b.n);
+    return t;
+  };
+  for (int r = 0; r < o_.world; ++r) {
+    const Shard<T>& x = shards_[r];
+    const int64_t nq = res_.qp.local_size(r), nk = res_.kp.local_size(r);
+    res.O.push_back(down4(x.O, p.H_q, nq));
+    Tensor3<T> L = make_tensor3<T>(p.B, p.H_q, nq);
+    if (x.LSE.data) e_.download(L.data.data(), x.LSE.data, x.LSE.n);
+    res.LSE.push_back(std::move(L));
+    if (o_.backward) {
+      res.dQ.push_back(down4(x.dQ, p.H_q, nq));
+      res.dK.push_back(down4(x.dK, p.H_kv, nk));
+      res.dV.push_back(down4(x.dV, p.H_kv, nk));
+    }
+  }
+  return res;
+}
+
+template <class T>
+DistResult<T> run_sim_ext(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                          View4<const double> dO, const ExtOptions& o, Engine<T>& e,
+                          std::vector<std::string>* rank_errors) {
+  ExtSession<T> s(p, Q, K, V, dO, o, e);
+  try {
+    s.forward();
+    if (o.backward) s.backward();
+  } catch (...) {
+    if (rank_errors) *rank_errors = s.errors();
+    throw;
+  }
+  if (rank_errors) *rank_errors = s.errors();
+  return s.result();
+}
+
+template class ExtSession<float>;
+template class ExtSession<double>;
+template DistResult<float> run_sim_ext<float>(const Problem&, View4<const double>, View4<const double>,
+                                              View4<const double>, View4<const double>, const ExtOptions&,
+                                              Engine<float>&, std::vector<std::string>*);
+template DistResult<double> run_sim_ext<double>(const Problem&, View4<const double>, View4<const double>,
+                                                View4<const double>, View4<const double>, const ExtOptions&,
+                                                Engine<double>&, std::vector<std::string>*);
+
+}  // namespace burstlab::dist

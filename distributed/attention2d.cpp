@@ -1,0 +1,614 @@
+// distributed/attention2d.cpp — Attention2D-NO (spec §7.11).
+#include "attention2d.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::dist {
+
+void check_attention2d(const Grid& g, int G, const Partition& qp, const Partition& kp) {
+  if (g.p_r < 1 || g.p_c < 1) fail("grid (", g.p_r, "x", g.p_c, ") must have p_r, p_c >= 1");
+  if (g.size() != G) fail("grid p_r x p_c (", g.p_r, "x", g.p_c, " = ", g.size(), ") must equal the world size G (", G, ")");
+  if (qp.kind != PartitionKind::Striped || kp.kind != PartitionKind::Striped)
+    fail("attention2d needs the cyclic (striped) partition, not ", to_string(qp.kind),
+         ": its grid rows and columns gather cyclic token sets");
+}
+
+Grid default_grid(int G) {
+  Grid g;
+  for (int r = 1; r * r <= G; ++r)
+    if (G % r == 0) g.p_r = r;
+  g.p_c = G / g.p_r;
+  return g;
+}
+
+Grid parse_grid(const std::string& s) {
+  Grid g;
+  char x = 0;
+  std::istringstream is(s);
+  if (!(is >> g.p_r >> x >> g.p_c) || (x != 'x' && x != 'X') || !is.eof() || g.p_r < 1 || g.p_c < 1)
+    fail("grid (", s, ") must be RxC with R, C >= 1, e.g. 2x3");
+  return g;
+}
+
+namespace {
+
+int64_t at(int64_t b, int64_t h, int64_t off, int64_t H, int64_t L, int64_t w) { return ((b * H + h) * L + off) * w; }
+
+template <class T>
+View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
+  return view4(data, Layout::BHSD, B, H, n, d);
+}
+
+// One rank's view of its grid: row and column members, and the rank holding each K, V shard
+// after the transpose.
+struct Members {
+  std::vector<int> ranks;          // in member order
+  std::vector<int64_t> rows, off;  // rows each member contributes, and their offsets
+  int me = 0;
+  int64_t total = 0;
+  std::vector<int64_t> index;      // global positions, end to end
+  Positions pos() const { return Positions{index[0], total, index.data()}; }
+};
+Members row_members(const Grid& g, const Partition& qp, int p) {
+  Members m;
+  for (int j = 0; j < g.p_c; ++j) m.ranks.push_back(g.rank(g.row(p), j));
+  m.me = g.col(p);
+  for (int s : m.ranks) {
+    m.off.push_back(m.total);
+    m.rows.push_back(qp.local_size(s));
+    m.total += qp.local_size(s);
+    m.index.insert(m.index.end(), qp.positions[s].begin(), qp.positions[s].end());
+  }
+  return m;
+}
+Members col_members(const Grid& g, const Partition& kp, int p) {
+  Members m;
+  for (int i = 0; i < g.p_r; ++i) m.ranks.push_back(g.rank(i, g.col(p)));
+  m.me = g.row(p);
+  for (int s : m.ranks) {
+    const int shard = g.row_major(s);
+    m.off.push_back(m.total);
+    m.rows.push_back(kp.local_size(shard));
+    m.total += kp.local_size(shard);
+    m.index.insert(m.index.end(), kp.positions[shard].begin(), kp.positions[shard].end());
+  }
+  return m;
+}
+int holder_after_transpose(const Grid& g, int shard) {  // the rank whose row-major index is `shard`
+  for (int q = 0; q < g.size(); ++q)
+    if (g.row_major(q) == shard) return q;
+  return -1;
+}
+
+template <class T>
+struct Ctx {
+  Communicator& c;
+  Engine<T>& e;
+  const Problem& p;
+  int64_t eb = sizeof(T);
+  std::vector<T> host;
+  Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_) : c(c_), e(e_), p(p_) {}
+
+  void self_copy(T* dst, const T* src, int64_t n) {
+    host.resize(static_cast<size_t>(n));
+    e.download(host.data(), src, n);
+    e.upload(dst, host.data(), n);
+  }
+  // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
+  // `from` (the transposes).
+  void exchange(const T* src, int64_t n_src, int to, T* dst, int64_t n_dst, int from, int tag, const char* what,
+                std::vector<RequestPtr>& reqs) {
+    const int me = c.rank();
+    if (to == me) {  // then from == me too (a permutation's fixed point)
+      self_copy(dst, src, n_src);
+      return;
+    }
+    reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
+    reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
+  }
+  // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
+  void gather(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
+              std::vector<RequestPtr>& reqs) {
+    const int64_t n_me = m.rows[m.me];
+    for (size_t k = 0; k < m.ranks.size(); ++k)
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          T* to = dst + at(b, h, m.off[k], H, m.total, w);
+          const T* from = src + at(b, h, 0, H, n_me, w);
+          if (static_cast<int>(k) == m.me) {
+            self_copy(to, from, n_me * w);
+            continue;
+          }
+          reqs.push_back(c.irecv(to, m.rows[k] * w * eb, m.ranks[k], tag, what));
+          reqs.push_back(c.isend(from, n_me * w * eb, m.ranks[k], tag, what));
+        }
+  }
+  // Reduce-scatter within a group, stage: every member's partial of my rows, (members, B, H,
+  // rows[me], w); src (B, H, total, w).
+  Buffer<T> scatter(const T* src, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
+    const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w;
+    Buffer<T> stage = e.alloc(static_cast<int64_t>(m.ranks.size()) * piece);
+    std::vector<RequestPtr> reqs;
+    for (size_t k = 0; k < m.ranks.size(); ++k)
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          T* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
+          if (static_cast<int>(k) == m.me) {
+            self_copy(to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
+            continue;
+          }
+          reqs.push_back(c.irecv(to, n_me * w * eb, m.ranks[k], tag, what));
+          reqs.push_back(c.isend(src + at(b, h, m.off[k], H, m.total, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
+        }
+    wait_all(reqs);
+    e.synchronize();
+    return stage;
+  }
+  // Sum in member order (bitwise reproducible) into dst (B, H, rows[me], w).
+  void scatter_sum(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
+    Buffer<T> stage = scatter(src, H, w, m, tag, what);
+    const int64_t piece = p.B * H * m.rows[m.me] * w, K = static_cast<int64_t>(m.ranks.size());
+    std::vector<T> all(static_cast<size_t>(K * piece)), sum(static_cast<size_t>(piece));
+    e.download(all.data(), stage.data, K * piece);
+    for (int64_t i = 0; i < piece; ++i) {
+      T acc = all[i];
+      for (int64_t k = 1; k < K; ++k) acc += all[k * piece + i];
+      sum[i] = acc;
+    }
+    e.upload(dst, sum.data(), piece);
+  }
+  // The merge (4.5) as the reduction, in member order, into O (B, H_q, rows[me], d), LSE.
+  void scatter_merge(const T* O_src, const T* L_src, T* O, T* L, const Members& m, int tag) {
+    const int64_t B = p.B, H = p.H_q, d = p.d, n = m.rows[m.me];
+    Buffer<T> so = scatter(O_src, H, d, m, tag, "O");
+    Buffer<T> sl = scatter(L_src, H, 1, m, tag + 1, "LSE");
+    e.fill(O, B * H * n * d, T(0));  // the merge identity (§4.3)
+    e.fill(L, B * H * n, -std::numeric_limits<T>::infinity());
+    for (size_t k = 0; k < m.ranks.size(); ++k)
+      e.merge(bhsd<T>(O, B, H, n, d), view3<T>(L, B, H, n), as_const(bhsd<T>(so.data + k * B * H * n * d, B, H, n, d)),
+              as_const(view3<T>(sl.data + k * B * H * n, B, H, n)));
+  }
+};
+
+}  // namespace
+
+template <class T>
+void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+                         const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const int G = comm.size(), r = comm.rank();
+  check_attention2d(g, G, qp, kp);
+  Ctx<T> c(comm, e, p);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  x.n_q = qp.local_size(r);
+  x.n_k = kp.local_size(r);
+  if (!x.O.data || x.O.n != B * Hq * x.n_q * d) x.O = e.alloc(B * Hq * x.n_q * d);
+  if (!x.LSE.data || x.LSE.n != B * Hq * x.n_q) x.LSE = e.alloc(B * Hq * x.n_q);
+  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
+  const int shard_t = g.row_major(r);  // the K, V shard this rank holds after the transpose
+  const int64_t nt = kp.local_size(shard_t);
+  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
+  Buffer<T> Qr = e.alloc(B * Hq * row.total * d), Kc = e.alloc(B * Hkv * col.total * d),
+            Vc = e.alloc(B * Hkv * col.total * d);
+  Buffer<T> Or = e.alloc(B * Hq * row.total * d), Lr = e.alloc(B * Hq * row.total);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Forward, 0);  // transpose K, V to the row-major cyclic distribution
+  const int to = holder_after_transpose(g, r);
+  c.exchange(x.K.data, B * Hkv * x.n_k * d, to, Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
+  c.exchange(x.V.data, B * Hkv * x.n_k * d, to, Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
+  wait_all(reqs);
+  comm.set_context(Phase::Forward, 1);  // gather Q in rows, K, V in columns
+  c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
+  c.gather(Kt.data, Kc.data, Hkv, d, col, 4, "K", reqs);
+  c.gather(Vt.data, Vc.data, Hkv, d, col, 5, "V", reqs);
+  wait_all(reqs);
+  e.forward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, row.total, d)),
+                  as_const(bhsd<T>(Kc.data, B, Hkv, col.total, d)), as_const(bhsd<T>(Vc.data, B, Hkv, col.total, d)),
+                  bhsd<T>(Or.data, B, Hq, row.total, d), view3<T>(Lr.data, B, Hq, row.total));  // §6.1
+  e.synchronize();
+  comm.set_context(Phase::Forward, 2);  // reduce-scatter (O, LSE) in rows with the merge
+  c.scatter_merge(Or.data, Lr.data, x.O.data, x.LSE.data, row, 6);
+}
+
+template <class T>
+void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+                          const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const int G = comm.size(), r = comm.rank();
+  check_attention2d(g, G, qp, kp);
+  Ctx<T> c(comm, e, p);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  x.n_q = qp.local_size(r);
+  x.n_k = kp.local_size(r);
+  if (!x.dQ.data || x.dQ.n != B * Hq * x.n_q * d) x.dQ = e.alloc(B * Hq * x.n_q * d);
+  if (!x.dK.data || x.dK.n != B * Hkv * x.n_k * d) x.dK = e.alloc(B * Hkv * x.n_k * d);
+  if (!x.dV.data || x.dV.n != B * Hkv * x.n_k * d) x.dV = e.alloc(B * Hkv * x.n_k * d);
+  Buffer<T> D = e.alloc(B * Hq * x.n_q);
+  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, x.n_q, d)), as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)),
+              view3<T>(D.data, B, Hq, x.n_q));  // eq. (5.1) at home
+  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
+  const int shard_t = g.row_major(r);
+  const int64_t nt = kp.local_size(shard_t);
+  const int64_t NR = row.total, NC = col.total;
+  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
+  Buffer<T> Qr = e.alloc(B * Hq * NR * d), dOr = e.alloc(B * Hq * NR * d), Lr = e.alloc(B * Hq * NR),
+            Dr = e.alloc(B * Hq * NR), Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d);
+  Buffer<T> dQr = e.alloc(B * Hq * NR * d), dKc = e.alloc(B * Hkv * NC * d), dVc = e.alloc(B * Hkv * NC * d);
+  Buffer<T> dKt = e.alloc(B * Hkv * nt * d), dVt = e.alloc(B * Hkv * nt * d);
+  std::vector<RequestPtr> reqs;
+  const int to = holder_after_transpose(g, r);
+  comm.set_context(Phase::Backward, 0);
+  c.exchange(x.K.data, B * Hkv * x.n_k * d, to, Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
+  c.exchange(x.V.data, B * Hkv * x.n_k * d, to, Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
+  wait_all(reqs);
+  comm.set_context(Phase::Backward, 1);
+  c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
+  c.gather(x.dO.data, dOr.data, Hq, d, row, 4, "dO", reqs);
+  c.gather(x.LSE.data, Lr.data, Hq, 1, row, 5, "LSE", reqs);
+  c.gather(D.data, Dr.data, Hq, 1, row, 6, "D", reqs);
+  c.gather(Kt.data, Kc.data, Hkv, d, col, 7, "K", reqs);
+  c.gather(Vt.data, Vc.data, Hkv, d, col, 8, "V", reqs);
+  wait_all(reqs);
+  e.fill(dQr.data, dQr.n, T(0));
+  e.fill(dKc.data, dKc.n, T(0));
+  e.fill(dVc.data, dVc.n, T(0));
+  e.backward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, NR, d)),
+                   as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
+                   as_const(bhsd<T>(dOr.data, B, Hq, NR, d)), as_const(view3<T>(Lr.data, B, Hq, NR)),
+                   as_const(view3<T>(Dr.data, B, Hq, NR)), bhsd<T>(dQr.data, B, Hq, NR, d),
+                   bhsd<T>(dKc.data, B, Hkv, NC, d), bhsd<T>(dVc.data, B, Hkv, NC, d));  // §6.2
+  e.synchronize();
+  comm.set_context(Phase::Backward, 2);  // reduce-scatter dQ in rows, dK, dV in columns (sums)
+  c.scatter_sum(dQr.data, x.dQ.data, Hq, d, row, 9, "dQ");
+  c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
+  c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
+  comm.set_context(Phase::Backward, 3);  // transpose dK, dV back to the column-major cyclic owners
+  const int from = holder_after_transpose(g, r);  // holds the row-major shard r
+  c.exchange(dKt.data, B * Hkv * nt * d, shard_t, x.dK.data, B * Hkv * x.n_k * d, from, 12, "dK", reqs);
+  c.exchange(dVt.data, B * Hkv * nt * d, shard_t, x.dV.data, B * Hkv * x.n_k * d, from, 13, "dV", reqs);
+  wait_all(reqs);
+}
+
+namespace {
+int md(int a, int m) { return ((a % m) + m) % m; }
+// Views of rows [off, off + n) of a BHSD buffer of L rows.
+template <class T>
+View4<T> rows4(T* data, int64_t B, int64_t H, int64_t L, int64_t d, int64_t off, int64_t n) {
+  View4<T> v = view4(data, Layout::BHSD, B, H, L, d);
+  v.data += off * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+template <class T>
+View3<T> rows3(T* data, int64_t B, int64_t H, int64_t L, int64_t off, int64_t n) {
+  View3<T> v = view3(data, B, H, L);
+  v.data += off * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+Positions shard_pos(const Partition& part, int s) {
+  return Positions{part.positions[s][0], part.local_size(s), part.positions[s].data()};
+}
+// Rows [off, off + n) of every (b, h) of a BHSD buffer: one message per (b, h), posted in a
+// fixed order on both sides.
+template <class T>
+void send_rows(Communicator& c, std::vector<RequestPtr>& reqs, const T* buf, int64_t B, int64_t H, int64_t L,
+               int64_t w, int64_t off, int64_t n, int to, int tag, const char* what) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      reqs.push_back(c.isend(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), to, tag, what));
+}
+template <class T>
+void recv_rows(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t B, int64_t H, int64_t L, int64_t w,
+               int64_t off, int64_t n, int from, int tag, const char* what) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      reqs.push_back(c.irecv(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), from, tag, what));
+}
+}  // namespace
+
+template <class T>
+void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+                           const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const int G = comm.size(), r = comm.rank();
+  check_attention2d(g, G, qp, kp);
+  Ctx<T> c(comm, e, p);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  x.n_q = qp.local_size(r);
+  x.n_k = kp.local_size(r);
+  const int64_t nq = x.n_q;
+  if (!x.O.data || x.O.n != B * Hq * nq * d) x.O = e.alloc(B * Hq * nq * d);
+  if (!x.LSE.data || x.LSE.n != B * Hq * nq) x.LSE = e.alloc(B * Hq * nq);
+  e.fill(x.O.data, x.O.n, T(0));  // the merge identity (§4.3)
+  e.fill(x.LSE.data, x.LSE.n, -std::numeric_limits<T>::infinity());
+  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
+  const int shard_t = g.row_major(r);
+  const int64_t nt = kp.local_size(shard_t), NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
+  Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d);
+  Buffer<T> Op = e.alloc(B * Hq * mq * d), Lp = e.alloc(B * Hq * mq);
+  Buffer<T> Qs[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)};
+  Buffer<T> Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)}, ALr[2] = {e.alloc(B * Hq * mq), e.alloc(B * Hq * mq)};
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Forward, 0);
+  c.exchange(x.K.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
+  c.exchange(x.V.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
+  wait_all(reqs);
+  // Phase A: the column ring. Step u holds the block of member me - u; it goes on to me + 1.
+  const int pr = g.p_r, pc = g.p_c, me = col.me;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      c.self_copy(Kc.data + at(b, h, col.off[me], Hkv, NC, d), Kt.data + at(b, h, 0, Hkv, nt, d), nt * d);
+      c.self_copy(Vc.data + at(b, h, col.off[me], Hkv, NC, d), Vt.data + at(b, h, 0, Hkv, nt, d), nt * d);
+    }
+  auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE)
+    e.forward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[k])),
+                    as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, col.off[k], col.rows[k])),
+                    as_const(rows4<T>(Vc.data, B, Hkv, NC, d, col.off[k], col.rows[k])), bhsd<T>(Op.data, B, Hq, nq, d),
+                    view3<T>(Lp.data, B, Hq, nq));
+    e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<T>(x.LSE.data, B, Hq, nq), as_const(bhsd<T>(Op.data, B, Hq, nq, d)),
+            as_const(view3<T>(Lp.data, B, Hq, nq)));
+  };
+  for (int u = 0; u < pr; ++u) {
+    comm.set_context(Phase::Forward, 1 + u);
+    const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
+    if (u < pr - 1) {
+      const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
+      recv_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
+      recv_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
+      send_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
+      send_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
+    }
+    own_block(cur);  // overlaps the transfers above
+    e.synchronize();
+    wait_all(reqs);
+  }
+  // Phase B: the row ring. Step v holds the queries of member j + v (from the right, on to the
+  // left) and the accumulated partial of that block from the right; adds its own and passes it on.
+  const int jm = row.me, left = row.ranks[md(jm - 1, pc)], right = row.ranks[md(jm + 1, pc)];
+  if (pc > 1) {
+    comm.set_context(Phase::Forward, 1 + pr);
+    const int first = md(jm + 1, pc);
+    recv_rows<T>(comm, reqs, Qs[1].data, B, Hq, row.rows[first], d, 0, row.rows[first], right, 2000, "Q");
+    send_rows<T>(comm, reqs, x.Q.data, B, Hq, nq, d, 0, nq, left, 2000, "Q");
+    wait_all(reqs);
+  }
+  std::vector<RequestPtr> acc;  // the partial chain's receive, posted one step ahead
+  for (int v = 1; v < pc; ++v) {
+    comm.set_context(Phase::Forward, 1 + pr + v);
+    const int m = md(jm + v, pc);
+    const int64_t n = row.rows[m];
+    Buffer<T>& Qm = Qs[v % 2];
+    if (v + 1 < pc) {  // prefetch the next query block, pass this one on
+      const int m2 = md(jm + v + 1, pc);
+      recv_rows<T>(comm, reqs, Qs[(v + 1) % 2].data, B, Hq, row.rows[m2], d, 0, row.rows[m2], right, 2000 + 8 * v, "Q");
+      send_rows<T>(comm, reqs, Qm.data, B, Hq, n, d, 0, n, left, 2000 + 8 * v, "Q");
+    }
+    e.forward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(Qm.data, B, Hq, n, d)),
+                    as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
+                    bhsd<T>(Op.data, B, Hq, n, d), view3<T>(Lp.data, B, Hq, n));  // §6.1
+    T* so = Op.data;
+    T* sl = Lp.data;
+    if (v >= 2) {  // acc (from the right) (+) own, eq. (4.5), in ring order
+      wait_all(acc);
+      e.merge(bhsd<T>(Ar[v % 2].data, B, Hq, n, d), view3<T>(ALr[v % 2].data, B, Hq, n),
+              as_const(bhsd<T>(Op.data, B, Hq, n, d)), as_const(view3<T>(Lp.data, B, Hq, n)));
+      so = Ar[v % 2].data;
+      sl = ALr[v % 2].data;
+    }
+    e.synchronize();
+    {  // post the next partial's receive before anything waits: block j + v + 1 (our own at the end)
+      const int m2 = md(jm + v + 1, pc);
+      const int64_t n2 = row.rows[m2];
+      recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
+      recv_rows<T>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
+    }
+    send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
+    send_rows<T>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
+    if (v == pc - 1) {  // the chain of our own block arrives from the right
+      wait_all(acc);
+      e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<T>(x.LSE.data, B, Hq, nq),
+              as_const(bhsd<T>(Ar[(v + 1) % 2].data, B, Hq, nq, d)), as_const(view3<T>(ALr[(v + 1) % 2].data, B, Hq, nq)));
+    }
+    wait_all(reqs);
+  }
+}
+
+template <class T>
+void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+                            const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const int G = comm.size(), r = comm.rank();
+  check_attention2d(g, G, qp, kp);
+  Ctx<T> c(comm, e, p);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  x.n_q = qp.local_size(r);
+  x.n_k = kp.local_size(r);
+  const int64_t nq = x.n_q;
+  if (!x.dQ.data || x.dQ.n != B * Hq * nq * d) x.dQ = e.alloc(B * Hq * nq * d);
+  if (!x.dK.data || x.dK.n != B * Hkv * x.n_k * d) x.dK = e.alloc(B * Hkv * x.n_k * d);
+  if (!x.dV.data || x.dV.n != B * Hkv * x.n_k * d) x.dV = e.alloc(B * Hkv * x.n_k * d);
+  e.fill(x.dQ.data, x.dQ.n, T(0));
+  Buffer<T> D = e.alloc(B * Hq * nq);
+  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, nq, d)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
+              view3<T>(D.data, B, Hq, nq));  // eq. (5.1) at home
+  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
+  const int shard_t = g.row_major(r);
+  const int64_t nt = kp.local_size(shard_t), NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d), dKt = e.alloc(B * Hkv * nt * d),
+            dVt = e.alloc(B * Hkv * nt * d);
+  Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d), dKc = e.alloc(B * Hkv * NC * d),
+            dVc = e.alloc(B * Hkv * NC * d);
+  e.fill(dKc.data, dKc.n, T(0));
+  e.fill(dVc.data, dVc.n, T(0));
+  // The travelling q side: Q, dO (d wide), LSE, D (1 wide), two slots each; dQ partials.
+  struct QSide { Buffer<T> Q, dO, L, D; };
+  QSide qs[2];
+  for (QSide& s : qs) {
+    s.Q = e.alloc(B * Hq * mq * d);
+    s.dO = e.alloc(B * Hq * mq * d);
+    s.L = e.alloc(B * Hq * mq);
+    s.D = e.alloc(B * Hq * mq);
+  }
+  Buffer<T> dQp = e.alloc(B * Hq * mq * d), Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)};
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Backward, 0);
+  c.exchange(x.K.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
+  c.exchange(x.V.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
+  wait_all(reqs);
+  const int pr = g.p_r, pc = g.p_c, me = col.me;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      c.self_copy(Kc.data + at(b, h, col.off[me], Hkv, NC, d), Kt.data + at(b, h, 0, Hkv, nt, d), nt * d);
+      c.self_copy(Vc.data + at(b, h, col.off[me], Hkv, NC, d), Vt.data + at(b, h, 0, Hkv, nt, d), nt * d);
+    }
+  // Phase A: the column ring; own q side against each arriving block (dQ home, dK, dV of the block).
+  for (int u = 0; u < pr; ++u) {
+    comm.set_context(Phase::Backward, 1 + u);
+    const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
+    if (u < pr - 1) {
+      const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
+      recv_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
+      recv_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
+      send_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
+      send_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
+    }
+    const int64_t o = col.off[cur], n = col.rows[cur];
+    e.backward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[cur])),
+                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, o, n)),
+                     as_const(rows4<T>(Vc.data, B, Hkv, NC, d, o, n)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
+                     as_const(view3<T>(x.LSE.data, B, Hq, nq)), as_const(view3<T>(D.data, B, Hq, nq)),
+                     bhsd<T>(x.dQ.data, B, Hq, nq, d), rows4<T>(dKc.data, B, Hkv, NC, d, o, n),
+                     rows4<T>(dVc.data, B, Hkv, NC, d, o, n));  // §6.2
+    e.synchronize();
+    wait_all(reqs);
+  }
+  // Phase B: the row ring of q sides; dQ partials accumulate along the ring to their owner.
+  const int jm = row.me, left = row.ranks[md(jm - 1, pc)], right = row.ranks[md(jm + 1, pc)];
+  auto post_q = [&](QSide& s, int m, int tag) {  // receive member m's q side from the right
+    const int64_t n = row.rows[m];
+    recv_rows<T>(comm, reqs, s.Q.data, B, Hq, n, d, 0, n, right, tag, "Q");
+    recv_rows<T>(comm, reqs, s.dO.data, B, Hq, n, d, 0, n, right, tag + 1, "dO");
+    recv_rows<T>(comm, reqs, s.L.data, B, Hq, n, 1, 0, n, right, tag + 2, "LSE");
+    recv_rows<T>(comm, reqs, s.D.data, B, Hq, n, 1, 0, n, right, tag + 3, "D");
+  };
+  auto pass_q = [&](const T* Q, const T* dO, const T* L, const T* Dv, int64_t n, int tag) {
+    send_rows<T>(comm, reqs, Q, B, Hq, n, d, 0, n, left, tag, "Q");
+    send_rows<T>(comm, reqs, dO, B, Hq, n, d, 0, n, left, tag + 1, "dO");
+    send_rows<T>(comm, reqs, L, B, Hq, n, 1, 0, n, left, tag + 2, "LSE");
+    send_rows<T>(comm, reqs, Dv, B, Hq, n, 1, 0, n, left, tag + 3, "D");
+  };
+  if (pc > 1) {
+    comm.set_context(Phase::Backward, 1 + pr);
+    post_q(qs[1], md(jm + 1, pc), 2000);
+    pass_q(x.Q.data, x.dO.data, x.LSE.data, D.data, nq, 2000);
+    wait_all(reqs);
+  }
+  std::vector<RequestPtr> acc;  // the dQ chain's receive, posted one step ahead
+  for (int v = 1; v < pc; ++v) {
+    comm.set_context(Phase::Backward, 1 + pr + v);
+    const int m = md(jm + v, pc);
+    const int64_t n = row.rows[m];
+    QSide& s = qs[v % 2];
+    if (v + 1 < pc) {
+      post_q(qs[(v + 1) % 2], md(jm + v + 1, pc), 2000 + 8 * v);
+      pass_q(s.Q.data, s.dO.data, s.L.data, s.D.data, n, 2000 + 8 * v);
+    }
+    e.fill(dQp.data, B * Hq * n * d, T(0));
+    e.backward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(s.Q.data, B, Hq, n, d)),
+                     as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
+                     as_const(bhsd<T>(s.dO.data, B, Hq, n, d)), as_const(view3<T>(s.L.data, B, Hq, n)),
+                     as_const(view3<T>(s.D.data, B, Hq, n)), bhsd<T>(dQp.data, B, Hq, n, d),
+                     bhsd<T>(dKc.data, B, Hkv, NC, d), bhsd<T>(dVc.data, B, Hkv, NC, d));  // §6.2
+    e.synchronize();
+    T* out = dQp.data;
+    if (v >= 2) {  // acc (from the right) + own, in ring order
+      wait_all(acc);
+      std::vector<T> a(static_cast<size_t>(B * Hq * n * d)), o(a.size());
+      e.download(a.data(), Ar[v % 2].data, B * Hq * n * d);
+      e.download(o.data(), dQp.data, B * Hq * n * d);
+      for (size_t k = 0; k < a.size(); ++k) a[k] += o[k];
+      e.upload(Ar[v % 2].data, a.data(), B * Hq * n * d);
+      out = Ar[v % 2].data;
+    }
+    {  // the next partial's receive, posted before anything waits (our own block at the end)
+      const int64_t n2 = row.rows[md(jm + v + 1, pc)];
+      recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
+    }
+    send_rows<T>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
+    if (v == pc - 1) {
+      wait_all(acc);
+      std::vector<T> a(static_cast<size_t>(B * Hq * nq * d)), o(a.size());
+      e.download(a.data(), x.dQ.data, B * Hq * nq * d);
+      e.download(o.data(), Ar[(v + 1) % 2].data, B * Hq * nq * d);
+      for (size_t k = 0; k < a.size(); ++k) a[k] += o[k];
+      e.upload(x.dQ.data, a.data(), B * Hq * nq * d);
+    }
+    wait_all(reqs);
+  }
+  // Phase C: dK, dV reduce-scattered in the column, then transposed back (as Attention2D-NO).
+  comm.set_context(Phase::Backward, 1 + pr + pc);
+  c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
+  c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
+  comm.set_context(Phase::Backward, 2 + pr + pc);
+  c.exchange(dKt.data, B * Hkv * nt * d, shard_t, x.dK.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), 12, "dK", reqs);
+  c.exchange(dVt.data, B * Hkv * nt * d, shard_t, x.dV.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), 13, "dV", reqs);
+  wait_all(reqs);
+}
+
+int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,
+                          int r, bool sent, int64_t eb, bool overlapped) {
+  check_attention2d(g, qp.G, qp, kp);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  const int i = g.row(r), j = g.col(r), rt = g.row_major(r);
+  auto nq = [&](int s) { return qp.local_size(s); };
+  auto nk = [&](int s) { return kp.local_size(s); };
+  int64_t q_others = 0, k_others = 0;  // rows of the other row members (q) / column members (k)
+  for (int jj = 0; jj < g.p_c; ++jj) if (jj != j) q_others += nq(g.rank(i, jj));
+  for (int ii = 0; ii < g.p_r; ++ii) if (ii != i) k_others += nk(g.row_major(g.rank(ii, j)));
+  int64_t q_mine = nq(r) * (g.p_c - 1), k_mine = nk(rt) * (g.p_r - 1);
+  int64_t acc_recv = q_mine;  // partials of our rows received in the reduce-scatter
+  if (overlapped) {
+    // (7.26) rings: rank (i, j) forwards the column blocks of members i, i-1, ..., i-p_r+2 and the
+    // query blocks of members j, j+1, ..., j+p_c-2; the partial chain brings it the partials of
+    // blocks j+2, ..., j+p_c-1 and finally of its own block.
+    k_mine = 0;
+    for (int u = 0; u + 1 < g.p_r; ++u) k_mine += nk(g.row_major(g.rank(md(i - u, g.p_r), j)));
+    q_mine = 0;
+    for (int v = 0; v + 1 < g.p_c; ++v) q_mine += nq(g.rank(i, md(j + v, g.p_c)));
+    acc_recv = g.p_c > 1 ? nq(r) : 0;
+    for (int v = 2; v < g.p_c; ++v) acc_recv += nq(g.rank(i, md(j + v, g.p_c)));
+  }
+  // Transposes: rank r sends its shard r and receives shard rt (nothing when rt == r).
+  const int64_t tr = rt == r ? 0 : 2 * Hkv * d * (sent ? nk(r) : nk(rt));
+  const int64_t tr_back = rt == r ? 0 : 2 * Hkv * d * (sent ? nk(rt) : nk(r));
+  int64_t e = 0;
+  if (phase == Phase::Forward) {
+    // (7.22) transpose; gather Q (row), K, V (column); reduce-scatter O, LSE (row).
+    e = tr + Hq * d * (sent ? q_mine : q_others) + 2 * Hkv * d * (sent ? k_mine : k_others) +
+        Hq * (d + 1) * (sent ? q_others : acc_recv);
+  } else {
+    // (7.23) transpose; gather Q, dO, LSE, D (row), K, V (column); reduce-scatter dQ (row),
+    // dK, dV (column); transpose dK, dV back.
+    e = tr + Hq * (2 * d + 2) * (sent ? q_mine : q_others) + 2 * Hkv * d * (sent ? k_mine : k_others) +
+        Hq * d * (sent ? q_others : acc_recv) + 2 * Hkv * d * (sent ? k_others : nk(rt) * (g.p_r - 1)) + tr_back;
+  }
+  return B * e * eb;
+}
+
+#define BURSTLAB_A2D_INST(T)                                                                                   \
+  template void attention2d_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+                                       const Partition&, const Partition&, Shard<T>&);                           \
+  template void attention2d_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+                                        const Partition&, const Partition&, Shard<T>&);                          \
+  template void attention2d_o_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+                                         const Partition&, const Partition&, Shard<T>&);                         \
+  template void attention2d_o_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&,             \
+                                          const Grid&, const Partition&, const Partition&, Shard<T>&);
+BURSTLAB_A2D_INST(float)
+BURSTLAB_A2D_INST(double)
+#undef BURSTLAB_A2D_INST
+
+}  // namespace burstlab::dist

@@ -1,0 +1,104 @@
+// distributed/double_ring.cpp — spec §7.9.
+#include "double_ring.hpp"
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::dist {
+
+namespace {
+int mod(int a, int m) { return ((a % m) + m) % m; }
+void check(int G, int K) {
+  if (K < 1 || G % K != 0)
+    fail("gpus_per_node (", K, ") must be >= 1 and divide the world size G (", G, ") for the double ring");
+}
+}  // namespace
+
+void check_double_ring(int G, int K) { check(G, K); }
+
+int double_ring_shard(int r, int t, int G, int K) {
+  check(G, K);
+  const int M = G / K, n = r / K, g = r % K, a = t / K, b = t % K;
+  return mod(n - a, M) * K + mod(g - b, K);
+}
+
+bool double_ring_inter_hop(int t, int G, int K) {
+  check(G, K);
+  return G / K > 1 && t % K == K - 1;
+}
+
+Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, const MaskData& mask,
+                                   const Partition& qp, const Partition& kp, int K) {
+  if (qp.G != kp.G) fail("q partition G (", qp.G, ") must equal kv partition G (", kp.G, ")");
+  if (qp.N != p.N_q) fail("q partition N (", qp.N, ") must equal N_q (", p.N_q, ")");
+  if (kp.N != p.N_k) fail("kv partition N (", kp.N, ") must equal N_k (", p.N_k, ")");
+  const int G = qp.G;
+  check(G, K);
+  const auto& items = travelling_items(base, phase);
+  const MaskParams m = mask.params();
+  const bool q_travels = items[0].q_side;
+  auto elems = [&](const Item& it, int shard) {
+    const int64_t H = it.q_side ? p.H_q : p.H_kv;
+    const int64_t n = it.q_side ? qp.local_size(shard) : kp.local_size(shard);
+    return p.B * H * n * (it.per_row ? 1 : p.d);
+  };
+  Schedule s;
+  s.algo = base;
+  s.phase = phase;
+  s.G = G;
+  s.steps.assign(G, std::vector<RankStep>(G));
+  for (int r = 0; r < G; ++r) {
+    const int n = r / K, g = r % K, M = G / K;
+    for (int t = 0; t < G; ++t) {
+      RankStep& st = s.steps[r][t];
+      const int travelling = double_ring_shard(r, t, G, K);
+      st.q_shard = q_travels ? travelling : r;
+      st.k_shard = q_travels ? r : travelling;
+      for (int qc : qp.rank_chunks[st.q_shard])
+        for (int kc : kp.rank_chunks[st.k_shard]) {
+          BlockTask b{qc, kc, visible_in(m, qp.chunks[qc], kp.chunks[kc])};
+          (b.visible > 0 ? st.blocks : st.skipped).push_back(b);
+        }
+      if (G == 1) continue;
+      // After step t: intra hop (n, g) -> (n, g+1), or at the end of a node round the inter
+      // hop (n, g) -> (n+1, g+1); receives mirror it.
+      const bool round_end = t % K == K - 1;
+      const int next = round_end ? mod(n + 1, M) * K + mod(g + 1, K) : n * K + mod(g + 1, K);
+      const int prev = round_end ? mod(n - 1, M) * K + mod(g - 1, K) : n * K + mod(g - 1, K);
+      const bool last = t == G - 1;
+      for (int i = 0; i < static_cast<int>(items.size()); ++i) {
+        const Item& it = items[i];
+        if (last && !it.accumulated) continue;
+        const int incoming = last ? r : double_ring_shard(r, t + 1, G, K);
+        st.sends.push_back(Message{it.name, i, travelling, next, t * 16 + i, elems(it, travelling), it.accumulated});
+        st.recvs.push_back(Message{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), false});
+      }
+    }
+  }
+  return s;
+}
+
+int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r,
+                          bool sent, int64_t eb, int K, int link) {
+  const int G = qp.G;
+  check(G, K);
+  if (G == 1) return 0;
+  const int64_t B = p.B, d = p.d;
+  // Elements per row of the shard crossing one hop (spec eq. 7.15): read-only and accumulated.
+  int64_t ro_q = 0, ro_k = 0, acc_q = 0, acc_k = 0;  // per q row / per kv row
+  if (phase == Phase::Forward) ro_k = 2 * B * p.H_kv * d;                        // K, V
+  else if (base == Algo::Ring) { ro_k = 2 * B * p.H_kv * d; acc_k = 2 * B * p.H_kv * d; }  // K, V; dK, dV
+  else { ro_q = B * p.H_q * (2 * d + 2); acc_q = B * p.H_q * d; }                // Q, dO, D, LSE; dQ
+  int64_t e = 0;
+  for (int t = 0; t < G; ++t) {
+    const bool inter = double_ring_inter_hop(t, G, K);
+    if (link >= 0 && inter != (link == 1)) continue;
+    // Sent: the shard held at step t; received: the one held at step t + 1 (home after G-1).
+    const int shard = sent ? double_ring_shard(r, t, G, K) : (t == G - 1 ? r : double_ring_shard(r, t + 1, G, K));
+    const int64_t nq = qp.local_size(shard), nk = kp.local_size(shard);
+    if (t < G - 1) e += ro_q * nq + ro_k * nk;
+    e += acc_q * nq + acc_k * nk;
+  }
+  return e * eb;
+}
+
+}  // namespace burstlab::dist

@@ -1,0 +1,336 @@
+// distributed/simulate.cpp — spec §7.10.
+#include "simulate.hpp"
+
+#include <algorithm>
+
+#include "burstlab/error.hpp"
+
+namespace burstlab::dist {
+
+const std::vector<Cluster>& cluster_presets() {
+  // Bandwidths per direction from the papers' setups; alpha and the FLOP rate are assumptions
+  // (alpha: typical NCCL small-message latency; FLOPs: ~50% of the 312 TFLOP/s bf16 peak).
+  auto make = [](const char* name, const char* note, int nodes, int gpn, double a_in, double bw_in, double a_out,
+                 double bw_out) {
+    Cluster c;
+    c.name = name;
+    c.note = note;
+    c.nodes = nodes;
+    c.gpus_per_node = gpn;
+    c.intra = {a_in, bw_in};
+    c.inter = {a_out, bw_out};
+    c.flops_per_s = 156e12;
+    return c;
+  };
+  static const std::vector<Cluster> presets = {
+      make("a100-pcie", "1 node x 8 A100 PCIe 4.0 x16 (32 GB/s)", 1, 8, 10e-6, 32e9, 10e-6, 32e9),
+      make("a100-roce", "4 nodes x 8 A100, NVLink 300 GB/s, 600 Gb/s RoCE per node (75 GB/s shared by 8 GPUs)", 4,
+           8, 5e-6, 300e9, 15e-6, 75e9 / 8),
+      make("a800-32", "4 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 4, 8, 5e-6,
+           200e9, 10e-6, 25e9),
+      make("a800-64", "8 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 8, 8, 5e-6,
+           200e9, 10e-6, 25e9),
+  };
+  return presets;
+}
+
+Cluster cluster_preset(const std::string& name) {
+  std::string names;
+  for (const Cluster& c : cluster_presets()) {
+    if (c.name == name) return c;
+    names += (names.empty() ? "" : ", ") + c.name;
+  }
+  fail("preset (", name, ") must be one of ", names);
+}
+
+double flops_per_pair(Phase phase, int64_t d) { return (phase == Phase::Backward ? 10.0 : 4.0) * double(d); }
+
+namespace {
+int mod(int a, int m) { return ((a % m) + m) % m; }
+bool inter(const Cluster& c, int a, int b) { return a / c.gpus_per_node != b / c.gpus_per_node; }
+void check_cluster(const Cluster& c, int G) {
+  if (c.gpus_per_node < 1 || c.nodes < 1 || c.nodes * c.gpus_per_node != G)
+    fail("cluster nodes x gpus_per_node (", c.nodes, " x ", c.gpus_per_node, ") must equal the world size G (", G,
+         ")");
+  if (c.intra.bytes_per_s <= 0 || c.inter.bytes_per_s <= 0 || c.flops_per_s <= 0)
+    fail("cluster bandwidths and flops_per_s must be > 0");
+}
+}  // namespace
+
+Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
+                             const Cluster& c, int64_t eb, const SimSpec& spec) {
+  const int G = s.G, K = c.gpus_per_node, M = c.nodes;
+  check_cluster(c, G);
+  const auto& items = travelling_items(s.algo, s.phase);
+  const double fpp = flops_per_pair(s.phase, p.d) * double(p.B * p.H_q);
+  Prediction out;
+  out.step_s.assign(G, 0.0);
+  std::vector<double> comp(G, 0.0), serial(G, 0.0);                 // per rank totals
+  std::vector<std::vector<double>> intra_t(G), inter_t(G);          // [rank][item] time sums
+  std::vector<int64_t> b_in(G, 0), b_out(G, 0);
+  double lock_comm = 0, lock_total = 0;
+  for (int r = 0; r < G; ++r) {
+    intra_t[r].assign(items.size(), 0.0);
+    inter_t[r].assign(items.size(), 0.0);
+  }
+  for (int t = 0; t < G; ++t) {
+    double step_comp = 0, step_comm = 0;
+    for (int r = 0; r < G; ++r) {
+      const RankStep& st = s.steps[r][t];
+      int64_t pairs = 0;
+      for (const BlockTask& b : st.blocks) pairs += b.visible;
+      const double ct = fpp * double(pairs) / c.flops_per_s;
+      comp[r] += ct;
+      step_comp = std::max(step_comp, ct);
+      // Messages: (item, peer, bytes).
+      struct Msg { int item, peer; int64_t bytes; };
+      std::vector<Msg> msgs;
+      for (const Message& m : st.sends) msgs.push_back({m.item, m.peer, m.elems * eb});
+      if (spec.table1 && t == G - 1 && G > 1) {  // the read-only tensors' return hop (Table 1: N = G moves)
+        const int n = r / K, g = r % K;
+        const int peer = spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : mod(r + 1, G);
+        for (int i = 0; i < static_cast<int>(items.size()); ++i) {
+          if (items[i].accumulated) continue;
+          const int shard = items[i].q_side ? st.q_shard : st.k_shard;
+          const int64_t H = items[i].q_side ? p.H_q : p.H_kv;
+          const int64_t n_rows = items[i].q_side ? qp.local_size(shard) : kp.local_size(shard);
+          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb});
+        }
+      }
+      double rank_comm = 0;
+      for (const Msg& m : msgs) {
+        if (spec.table1 && items[m.item].per_row) continue;  // Table 1 leaves D, LSE out
+        const bool x = inter(c, r, m.peer);
+        const double tt = (x ? c.inter : c.intra).time(double(m.bytes));
+        (x ? b_out : b_in)[r] += m.bytes;
+        (x ? inter_t : intra_t)[r][m.item] += tt;
+        rank_comm += tt;
+      }
+      step_comm = std::max(step_comm, rank_comm);
+    }
+    lock_comm += step_comm;
+    const double step = spec.overlap ? std::max(step_comp, step_comm) : step_comp + step_comm;
+    lock_total += step;
+    out.step_s[t] = spec.model == CommModel::Lockstep ? step : step_comp;
+  }
+  for (int r = 0; r < G; ++r) {
+    out.compute_s = std::max(out.compute_s, comp[r]);
+    out.bytes_intra = std::max(out.bytes_intra, b_in[r]);
+    out.bytes_inter = std::max(out.bytes_inter, b_out[r]);
+  }
+  if (spec.model == CommModel::Lockstep) {
+    out.comm_s = lock_comm;
+    out.total_s = lock_total;
+  } else {
+    // Separate railways: per tensor max(intra, inter); gradients serialize unless overlapped.
+    for (int r = 0; r < G; ++r) {
+      double over = 0, ser = 0;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].accumulated && !spec.overlap_grads) ser += intra_t[r][i] + inter_t[r][i];
+        else over += std::max(intra_t[r][i], inter_t[r][i]);
+      }
+      out.comm_s = std::max(out.comm_s, over + ser);
+      const double total = spec.overlap ? std::max(comp[r], over) + ser : comp[r] + over + ser;
+      out.total_s = std::max(out.total_s, total);
+    }
+  }
+  out.exposed_comm_s = std::max(0.0, out.total_s - out.compute_s);
+  return out;
+}
+
+namespace {
+// A collective phase: rank r sends msgs (peer, bytes) in rounds that cannot start before the
+// previous one ended; each round costs max(sum intra, sum inter) (separate railways).
+struct Round {
+  std::vector<std::pair<int, int64_t>> msgs;
+};
+Prediction collective(const std::vector<std::vector<Round>>& rounds, const std::vector<double>& comp,
+                      const Cluster& c) {
+  Prediction out;
+  const int G = static_cast<int>(rounds.size());
+  for (int r = 0; r < G; ++r) {
+    double comm = 0;
+    int64_t bi = 0, bo = 0;
+    for (const Round& rd : rounds[r]) {
+      double ti = 0, to = 0;
+      for (const auto& [peer, bytes] : rd.msgs) {
+        if (inter(c, r, peer)) { to += c.inter.time(double(bytes)); bo += bytes; }
+        else { ti += c.intra.time(double(bytes)); bi += bytes; }
+      }
+      comm += std::max(ti, to);
+    }
+    out.comm_s = std::max(out.comm_s, comm);
+    out.compute_s = std::max(out.compute_s, comp[r]);
+    out.total_s = std::max(out.total_s, comp[r] + comm);  // the collective must finish first
+    out.bytes_intra = std::max(out.bytes_intra, bi);
+    out.bytes_inter = std::max(out.bytes_inter, bo);
+  }
+  out.step_s = {out.total_s};
+  out.exposed_comm_s = std::max(0.0, out.total_s - out.compute_s);
+  return out;
+}
+int64_t all_pairs(const MaskData& mask, const Partition& qp, const Partition& kp, int r_q) {
+  int64_t pairs = 0;
+  const MaskParams m = mask.params();
+  for (int qc : qp.rank_chunks[r_q])
+    for (const Chunk& kc : kp.chunks) pairs += visible_in(m, qp.chunks[qc], kc);
+  return pairs;
+}
+}  // namespace
+
+Prediction simulate_ulysses(Phase phase, const Problem& p, const MaskData& mask, const Partition& qp,
+                            const Partition& kp, const Cluster& c, int64_t eb) {
+  const int G = qp.G;
+  check_cluster(c, G);
+  if (p.H_q % G || p.H_kv % G) fail("ulysses needs H_q and H_kv multiples of G (", G, ")");
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
+  int64_t pairs = 0;
+  for (int r = 0; r < G; ++r) pairs += all_pairs(mask, qp, kp, r);
+  const double ct = flops_per_pair(phase, d) * double(B * Hg) * double(pairs) / c.flops_per_s;
+  std::vector<std::vector<Round>> rounds(G, std::vector<Round>(2));
+  for (int r = 0; r < G; ++r)
+    for (int s = 0; s < G; ++s) {
+      if (s == r) continue;
+      const int64_t nq = qp.local_size(r), nk = kp.local_size(r), nqs = qp.local_size(s), nks = kp.local_size(s);
+      auto& out = rounds[r][0].msgs;  // seq -> heads: one message per tensor per peer
+      auto& back = rounds[r][1].msgs;  // heads -> seq
+      out.push_back({s, B * Hg * nq * d * eb});  // Q
+      out.push_back({s, B * Hkvg * nk * d * eb});  // K
+      out.push_back({s, B * Hkvg * nk * d * eb});  // V
+      if (phase == Phase::Forward) {
+        back.push_back({s, B * Hg * nqs * d * eb});  // O
+        back.push_back({s, B * Hg * nqs * eb});      // LSE
+      } else {
+        out.push_back({s, B * Hg * nq * d * eb});    // dO
+        out.push_back({s, B * Hg * nq * eb});        // LSE
+        out.push_back({s, B * Hg * nq * eb});        // D
+        back.push_back({s, B * Hg * nqs * d * eb});  // dQ
+        back.push_back({s, B * Hkvg * nks * d * eb});  // dK
+        back.push_back({s, B * Hkvg * nks * d * eb});  // dV
+      }
+    }
+  return collective(rounds, std::vector<double>(G, ct), c);
+}
+
+Prediction simulate_allgather(Phase phase, const Problem& p, const MaskData& mask, const Partition& qp,
+                              const Partition& kp, const Cluster& c, int64_t eb) {
+  const int G = qp.G;
+  check_cluster(c, G);
+  const int64_t kv = p.B * p.H_kv * p.d * eb;
+  std::vector<double> comp(G);
+  std::vector<std::vector<Round>> rounds(G, std::vector<Round>(phase == Phase::Backward ? 2 : 1));
+  for (int r = 0; r < G; ++r) {
+    comp[r] = flops_per_pair(phase, p.d) * double(p.B * p.H_q) * double(all_pairs(mask, qp, kp, r)) / c.flops_per_s;
+    for (int s = 0; s < G; ++s) {
+      if (s == r) continue;
+      rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // K
+      rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // V
+      if (phase == Phase::Backward) {
+        rounds[r][1].msgs.push_back({s, kv * kp.local_size(s)});  // dK partial of s's rows
+        rounds[r][1].msgs.push_back({s, kv * kp.local_size(s)});  // dV
+      }
+    }
+  }
+  return collective(rounds, comp, c);
+}
+
+Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& mask, const Grid& g,
+                                const Partition& qp, const Partition& kp, const Cluster& c, int64_t eb) {
+  const int G = qp.G;
+  check_cluster(c, G);
+  check_attention2d(g, G, qp, kp);
+  const bool bwd = phase == Phase::Backward;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  const MaskParams m = mask.params();
+  std::vector<double> comp(G);
+  std::vector<std::vector<Round>> rounds(G, std::vector<Round>(bwd ? 4 : 3));
+  for (int r = 0; r < G; ++r) {
+    const int i = g.row(r), j = g.col(r), rt = g.row_major(r);
+    int holder = r;
+    for (int q = 0; q < G; ++q) if (g.row_major(q) == r) holder = q;
+    int64_t pairs = 0;
+    for (int jj = 0; jj < g.p_c; ++jj)
+      for (int ii = 0; ii < g.p_r; ++ii)
+        pairs += visible_in(m, qp.chunks[g.rank(i, jj)], kp.chunks[g.row_major(g.rank(ii, j))]);
+    comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / c.flops_per_s;
+    const int64_t kv = B * Hkv * d * eb;
+    if (rt != r) for (int k = 0; k < 2; ++k) rounds[r][0].msgs.push_back({holder, kv * kp.local_size(r)});  // K, V
+    for (int jj = 0; jj < g.p_c; ++jj) {
+      const int s = g.rank(i, jj);
+      if (s == r) continue;
+      rounds[r][1].msgs.push_back({s, B * Hq * d * eb * qp.local_size(r)});  // Q
+      if (bwd) {
+        rounds[r][1].msgs.push_back({s, B * Hq * d * eb * qp.local_size(r)});  // dO
+        rounds[r][1].msgs.push_back({s, 2 * B * Hq * eb * qp.local_size(r)});  // LSE, D
+      }
+      rounds[r][2].msgs.push_back({s, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(s)});  // (O, LSE) or dQ
+    }
+    for (int ii = 0; ii < g.p_r; ++ii) {
+      const int s = g.rank(ii, j);
+      if (s == r) continue;
+      for (int k = 0; k < 2; ++k) rounds[r][1].msgs.push_back({s, kv * kp.local_size(rt)});  // K, V
+      if (bwd) for (int k = 0; k < 2; ++k) rounds[r][2].msgs.push_back({s, kv * kp.local_size(g.row_major(s))});  // dK, dV
+    }
+    if (bwd && rt != r) for (int k = 0; k < 2; ++k) rounds[r][3].msgs.push_back({rt, kv * kp.local_size(rt)});
+  }
+  return collective(rounds, comp, c);
+}
+
+Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mask, const Partition& qp,
+                              const Partition& kp, const Cluster& c, int64_t eb, bool overlap) {
+  const int P = qp.G;
+  check_cluster(c, P);
+  check_distflash(mask, qp, kp);
+  const FlashSchedule s = make_distflash_schedule(P);
+  const bool bwd = phase == Phase::Backward;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  const MaskParams m = mask.params();
+  Prediction out;
+  std::vector<double> comp(P, 0.0);
+  std::vector<int64_t> b_in(P, 0), b_out(P, 0);
+  for (size_t t = 0; t < s.steps[0].size(); ++t) {
+    double step_comp = 0, step_comm = 0;
+    for (int r = 0; r < P; ++r) {
+      const FlashStep& st = s.steps[r][t];
+      std::vector<std::pair<int, int64_t>> msgs;
+      if (st.kv_dst >= 0) for (int k = 0; k < 2; ++k) msgs.push_back({st.kv_dst, B * Hkv * d * eb * kp.local_size(r)});
+      if (st.q_dst >= 0) msgs.push_back({st.q_dst, B * Hq * (bwd ? 2 * d + 2 : d) * eb * qp.local_size(r)});
+      double ct = 0;
+      if (st.role != FlashRole::Idle) {
+        ct = flops_per_pair(phase, d) * double(B * Hq) *
+             double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / c.flops_per_s;
+        if (st.role == FlashRole::Helper) msgs.push_back({st.q, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(st.q)});
+        if (bwd && st.role == FlashRole::Owner && st.k != r)
+          for (int k = 0; k < 2; ++k) msgs.push_back({st.k, B * Hkv * d * eb * kp.local_size(st.k)});
+      }
+      comp[r] += ct;
+      step_comp = std::max(step_comp, ct);
+      double tt = 0;
+      for (const auto& [peer, bytes] : msgs) {
+        const bool x = inter(c, r, peer);
+        tt += (x ? c.inter : c.intra).time(double(bytes));
+        (x ? b_out : b_in)[r] += bytes;
+      }
+      step_comm = std::max(step_comm, tt);
+    }
+    out.comm_s += step_comm;
+    const double step = overlap ? std::max(step_comp, step_comm) : step_comp + step_comm;
+    out.step_s.push_back(step);
+    out.total_s += step;
+  }
+  for (int r = 0; r < P; ++r) {
+    out.compute_s = std::max(out.compute_s, comp[r]);
+    out.bytes_intra = std::max(out.bytes_intra, b_in[r]);
+    out.bytes_inter = std::max(out.bytes_inter, b_out[r]);
+  }
+  out.exposed_comm_s = std::max(0.0, out.total_s - out.compute_s);
+  return out;
+}
+
+double table1_ring(int N, double Ti, double Te) { return 6 * std::max(N * Ti, N * Te); }
+double table1_double_ring(int N, int Ni, double Ti, double Te) {
+  return 4 * std::max((N - Ni) * Ti, Ni * Te) + 2 * ((N - Ni) * Ti + Ni * Te);
+}
+double table1_burst(int N, int Ni, double Ti, double Te) { return 5 * std::max((N - Ni) * Ti, Ni * Te); }
+
+}  // namespace burstlab::dist

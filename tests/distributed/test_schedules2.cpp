@@ -1,0 +1,254 @@
+// Ulysses, all-gather CP and the topology-aware double ring (spec §7.7-7.9) on SimComm with the
+// CPU engine: every rank's O, LSE, dQ, dK, dV equal the fp64 oracle's slice (§9 rule), and the
+// transfer log's bytes per rank (per link class for the double ring) equal the closed forms.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "algos.hpp"
+#include "baselines.hpp"
+#include "burstlab/error.hpp"
+#include "cpu_engine.hpp"
+#include "double_ring.hpp"
+#include "harness.hpp"
+#include "testutil.hpp"
+#include "tolerance.hpp"
+
+using namespace burstlab;
+using namespace burstlab::dist;
+
+namespace {
+
+const PartitionKind kKinds[] = {PartitionKind::Contiguous, PartitionKind::Zigzag, PartitionKind::Striped};
+const char* kMasks[] = {"none", "causal", "window:5,2", "document:3", "block:8x8@0.5", "causal+document:3",
+                        "window:-1,0+block:4x8@0.6"};
+
+struct Case {
+  Problem p;
+  Inputs in;
+  Oracle want;
+};
+
+Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d, const std::string& mask,
+               uint64_t seed = 5) {
+  Case c;
+  c.p = testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, seed);
+  c.in = make_inputs(c.p, Layout::BSHD, Dtype::F64, seed, Values::Normal);
+  c.want = run_oracle(c.p, c.in, true);
+  return c;
+}
+
+DistResult<double> run(const Case& c, ExtOptions o, Engine<double>& e, std::vector<std::string>* errs = nullptr) {
+  return run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
+}
+
+std::vector<Metrics> check_rank(const Case& c, const DistResult<double>& res, int r) {
+  auto q4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.qp, r); };
+  auto k4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.kp, r); };
+  auto q3 = [&](const Tensor3<double>& t) { return slice<double>(t.view(), res.qp, r); };
+  std::vector<Metrics> ms;
+  ms.push_back(compare<double>("O", res.O[r].view(), as_const(q4(c.want.O).view()), as_const(q4(c.want.fwd.O).view())));
+  ms.push_back(compare<double>("LSE", res.LSE[r].view(), as_const(q3(c.want.LSE).view()), as_const(q3(c.want.fwd.LSE).view())));
+  ms.push_back(compare<double>("dQ", res.dQ[r].view(), as_const(q4(c.want.dQ).view()), as_const(q4(c.want.bwd.dQ).view())));
+  ms.push_back(compare<double>("dK", res.dK[r].view(), as_const(k4(c.want.dK).view()), as_const(k4(c.want.bwd.dK).view())));
+  ms.push_back(compare<double>("dV", res.dV[r].view(), as_const(k4(c.want.dV).view()), as_const(k4(c.want.bwd.dV).view())));
+  return ms;
+}
+
+std::string label(const Case& c, const ExtOptions& o) {
+  return to_string(o.algo) + " " + to_string(o.partition) + " G=" + std::to_string(o.world) + " K=" +
+         std::to_string(o.gpus_per_node) + " " + shape_string(c.p) + " mask " + describe(c.p.mask);
+}
+
+// Every rank's logged bytes per phase (and per link class) equal the closed form.
+void expect_bytes(const Case& c, const ExtOptions& o, const DistResult<double>& res) {
+  for (int r = 0; r < o.world; ++r)
+    for (Phase ph : {Phase::Forward, Phase::Backward})
+      for (int link : {-1, 0, 1}) {
+        if (link >= 0 && o.algo != ExtAlgo::DoubleRing) continue;
+        const ByteTotals t = totals(res.logs[r], ph, -1, link);
+        EXPECT_EQ(t.sent, ext_closed_form_bytes(o, ph, c.p, res.qp, res.kp, r, true, 8, link))
+            << label(c, o) << " rank " << r << " " << to_string(ph) << " link " << link;
+        EXPECT_EQ(t.recv, ext_closed_form_bytes(o, ph, c.p, res.qp, res.kp, r, false, 8, link))
+            << label(c, o) << " rank " << r << " " << to_string(ph) << " link " << link;
+      }
+}
+
+void sweep(ExtAlgo algo, int min_runs) {
+  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
+  struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
+  // GQA (4/2), MHA with 6 heads (G = 3), MQA-like 12/6; ragged and unequal lengths.
+  const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 6, 6, 37, 53, 5}, {1, 12, 6, 29, 23, 4}};
+  int runs = 0;
+  for (const Shape& sh : shapes)
+    for (const char* mask : kMasks) {
+      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask);
+      for (int G = 1; G <= 7; ++G) {
+        if (std::min(sh.Nq, sh.Nk) < 2 * G) continue;
+        if (algo == ExtAlgo::Ulysses && (sh.Hq % G || sh.Hkv % G)) continue;
+        for (PartitionKind k : kKinds) {
+          ExtOptions o;
+          o.algo = algo;
+          o.partition = k;
+          o.world = G;
+          if (algo == ExtAlgo::DoubleRing) o.gpus_per_node = (G % 2 == 0) ? 2 : (G % 3 == 0 ? 3 : 1);
+          o.sim.poison = true;
+          o.sim.reorder = (G + static_cast<int>(k)) % 2 == 1;
+          o.sim.seed = 7 + G;
+          const DistResult<double> res = run(c, o, *engine);
+          for (int r = 0; r < G; ++r)
+            ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), label(c, o) + " rank " + std::to_string(r)));
+          expect_bytes(c, o, res);
+          ++runs;
+        }
+      }
+    }
+  EXPECT_GE(runs, min_runs);
+}
+
+}  // namespace
+
+TEST(Ulysses, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep(ExtAlgo::Ulysses, 150); }
+TEST(AllGatherCP, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep(ExtAlgo::AllGather, 300); }
+TEST(DoubleRing, EveryRankMatchesTheOracleSliceAndBytesPerLinkEqualTheClosedForm) { sweep(ExtAlgo::DoubleRing, 300); }
+
+TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
+  auto engine = make_cpu_engine<double>();
+  const Case c = make_case(1, 6, 2, 24, 24, 4, "causal");
+  ExtOptions o;
+  o.algo = ExtAlgo::Ulysses;
+  o.world = 4;
+  try {
+    run(c, o, *engine);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_q (6) is not a multiple of the world size G (4)"), std::string::npos)
+        << e.what();
+  }
+  o.world = 3;  // H_q = 6 divides, H_kv = 2 does not
+  try {
+    run(c, o, *engine);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_kv (2)"), std::string::npos) << e.what();
+  }
+}
+
+// The closed forms in their paper shape for even shards (N % G == 0): Ulysses moves 1/G of the
+// rows of every head group out and back (forward (G-1)/G (N/G)(3d + d + 1) per head slice);
+// all-gather moves (G-1) N/G K, V rows; the double ring (G - M) intra and (M - 1) inter hops.
+TEST(Schedules2, ClosedFormsInTheirPaperShape) {
+  const int64_t B = 2, Hq = 16, Hkv = 8, N = 96, d = 16, eb = 4;
+  Problem p = testutil::make_problem(B, Hq, Hkv, N, N, d, "causal", 1);
+  for (int G : {2, 4, 8}) {
+    const Partition part = make_partition(PartitionKind::Zigzag, N, G);
+    const int64_t n = N / G;
+    for (int r = 0; r < G; ++r) {
+      // Ulysses forward: Q, K, V out ((G-1)/G of n rows of H heads), O, LSE back.
+      EXPECT_EQ(ulysses_bytes(Phase::Forward, p, part, part, r, true, eb),
+                eb * B * ((G - 1) * n * (Hq + 2 * Hkv) * d / G + (G - 1) * n * Hq * (d + 1) / G));
+      EXPECT_EQ(ulysses_bytes(Phase::Backward, p, part, part, r, false, eb),
+                eb * B * ((G - 1) * n * (Hq * (2 * d + 2) + 2 * Hkv * d) / G + (G - 1) * n * (Hq + 2 * Hkv) * d / G));
+      EXPECT_EQ(allgather_bytes(Phase::Forward, p, part, part, r, true, eb), eb * 2 * B * Hkv * d * (N - n));
+      EXPECT_EQ(allgather_bytes(Phase::Backward, p, part, part, r, true, eb), eb * 4 * B * Hkv * d * (N - n));
+    }
+    for (int K : {1, 2, G}) {
+      const int M = G / K;
+      for (int r = 0; r < G; ++r) {
+        const int64_t kv = 2 * B * Hkv * d * n, q = B * Hq * (2 * d + 2) * n, dq = B * Hq * d * n;
+        const int64_t intra_hops = M == 1 ? G - 1 : G - M, inter_hops = M == 1 ? 0 : M - 1;
+        EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Forward, p, part, part, r, true, eb, K, 0), eb * intra_hops * kv);
+        EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Forward, p, part, part, r, true, eb, K, 1), eb * inter_hops * kv);
+        // Burst backward: Q, dO, D, LSE make G-1 hops, dQ G hops (the last one home).
+        EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Backward, p, part, part, r, true, eb, K, 0),
+                  eb * (intra_hops * q + (M == 1 ? G : G - M) * dq));
+        EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Backward, p, part, part, r, true, eb, K, 1),
+                  eb * (inter_hops * q + (M == 1 ? 0 : M) * dq));
+      }
+    }
+  }
+}
+
+TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
+  // The schedule covers every (rank, shard) pair once; the results equal the flat burst ring's
+  // within the oracle bound (only the merge order differs).
+  for (int G : {4, 6, 8, 9})
+    for (int K : {1, 2, 3, 4}) {
+      if (G % K) continue;
+      for (int r = 0; r < G; ++r) {
+        std::vector<int> seen(G, 0);
+        for (int t = 0; t < G; ++t) ++seen[double_ring_shard(r, t, G, K)];
+        for (int s = 0; s < G; ++s) EXPECT_EQ(seen[s], 1) << "G=" << G << " K=" << K << " r=" << r;
+        EXPECT_EQ(double_ring_shard(r, 0, G, K), r);
+      }
+    }
+  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  const Case c = make_case(1, 4, 2, 48, 48, 8, "causal");
+  DistOptions flat;
+  flat.algo = Algo::Burst;
+  flat.partition = PartitionKind::Zigzag;
+  flat.world = 6;
+  const DistResult<double> f = run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), flat, *engine);
+  ExtOptions o;
+  o.algo = ExtAlgo::DoubleRing;
+  o.partition = PartitionKind::Zigzag;
+  o.world = 6;
+  o.gpus_per_node = 3;
+  const DistResult<double> dr = run(c, o, *engine);
+  for (int r = 0; r < 6; ++r) {
+    std::vector<Metrics> ms = {compare<double>("O", dr.O[r].view(), f.O[r].view(), as_const(slice<double>(c.want.fwd.O.view(), f.qp, r).view())),
+                               compare<double>("dQ", dr.dQ[r].view(), f.dQ[r].view(), as_const(slice<double>(c.want.bwd.dQ.view(), f.qp, r).view())),
+                               compare<double>("dK", dr.dK[r].view(), f.dK[r].view(), as_const(slice<double>(c.want.bwd.dK.view(), f.kp, r).view()))};
+    EXPECT_TRUE(testutil::all_pass(ms, "double ring vs flat ring rank " + std::to_string(r)));
+  }
+  // Both ring backward traffics work on the double ring too.
+  o.base = Algo::Ring;
+  const DistResult<double> rr = run(c, o, *engine);
+  for (int r = 0; r < 6; ++r) ASSERT_TRUE(testutil::all_pass(check_rank(c, rr, r), "double ring, ring traffic"));
+  expect_bytes(c, o, rr);
+}
+
+TEST(Schedules2, TwoRunsAreBitwiseEqual) {
+  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  const Case c = make_case(1, 4, 4, 45, 39, 8, "causal+document:3");
+  for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing}) {
+    ExtOptions o;
+    o.algo = a;
+    o.partition = PartitionKind::Zigzag;
+    o.world = 4;
+    o.gpus_per_node = 2;
+    o.sim.reorder = true;
+    const DistResult<double> x = run(c, o, *engine);
+    o.sim.seed = 99;
+    const DistResult<double> y = run(c, o, *engine);
+    for (int r = 0; r < 4; ++r) {
+      for (auto pr : {std::make_pair(&x.O[r], &y.O[r]), std::make_pair(&x.dQ[r], &y.dQ[r]),
+                      std::make_pair(&x.dK[r], &y.dK[r]), std::make_pair(&x.dV[r], &y.dV[r])})
+        EXPECT_EQ(std::memcmp(pr.first->data.data(), pr.second->data.data(), pr.first->data.size() * 8), 0)
+            << to_string(a) << " rank " << r;
+    }
+  }
+}
+
+TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
+  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  const Case c = make_case(1, 4, 4, 40, 40, 4, "causal");
+  for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing})
+    for (int op : {0, 5, 11}) {
+      ExtOptions o;
+      o.algo = a;
+      o.partition = PartitionKind::Striped;
+      o.world = 4;
+      o.gpus_per_node = 2;
+      o.sim.fail_rank = 1;
+      o.sim.fail_at_op = op;
+      o.sim.timeout_s = 20;
+      std::vector<std::string> errors;
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_THROW(run(c, o, *engine, &errors), Error) << to_string(a) << " op " << op;
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+      ASSERT_EQ(errors.size(), 4u);
+      for (int r = 0; r < 4; ++r) EXPECT_NE(errors[r].find("rank 1"), std::string::npos) << errors[r];
+    }
+}

@@ -1,0 +1,151 @@
+// The alpha-beta simulator (spec §7.10): replaying the schedules with Table 1's accounting gives
+// BurstEngine Table 1's closed forms exactly; the executed schedules, overlap and the
+// collectives behave as the model says.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "burstlab/error.hpp"
+#include "double_ring.hpp"
+#include "simulate.hpp"
+#include "testutil.hpp"
+
+using namespace burstlab;
+using namespace burstlab::dist;
+
+namespace {
+void expect_close(double a, double b, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), 1e-12 * std::max(std::abs(a), std::abs(b))) << what << ": " << a << " vs " << b;
+}
+struct SimCase {
+  Problem p;
+  Partition part;
+  MaskData mask;
+};
+SimCase setup(int G, int64_t n, const char* mask, int64_t H = 4) {
+  SimCase s;
+  s.p = testutil::make_problem(2, H, H, G * n, G * n, 16, mask, 1);  // H_q = H_kv: one P for every tensor
+  s.part = make_partition(PartitionKind::Zigzag, G * n, G);
+  s.mask = compile_mask(s.p);
+  return s;
+}
+}  // namespace
+
+TEST(Simulator, ReproducesBurstEngineTable1) {
+  for (auto [M, K] : {std::pair<int, int>{2, 4}, {4, 8}, {3, 2}, {2, 1}, {8, 8}})
+    for (const char* preset : {"a800-32", "a100-roce"}) {
+      const int G = M * K;
+      const SimCase s = setup(G, 6, "causal");
+      Cluster c = cluster_preset(preset);
+      c.nodes = M;
+      c.gpus_per_node = K;
+      const int64_t eb = 2, P = s.p.B * s.p.H_q * 6 * s.p.d * eb;  // one tensor's shard (Table 1's P)
+      const double Ti = c.intra.time(double(P)), Te = c.inter.time(double(P));
+      auto comm = [&](const Schedule& f, const Schedule& b, SimSpec spec) {
+        spec.table1 = true;
+        return simulate_schedule(f, s.p, s.part, s.part, c, eb, spec).comm_s +
+               simulate_schedule(b, s.p, s.part, s.part, c, eb, spec).comm_s;
+      };
+      const std::string at = std::string(preset) + " " + std::to_string(M) + "x" + std::to_string(K);
+      // RingAttention: flat ring, lockstep.
+      const Schedule rf = make_schedule(Algo::Ring, Phase::Forward, s.p, s.mask, s.part, s.part);
+      const Schedule rb = make_schedule(Algo::Ring, Phase::Backward, s.p, s.mask, s.part, s.part);
+      SimSpec lock;
+      expect_close(comm(rf, rb, lock), table1_ring(G, Ti, Te), "ring " + at);
+      // DoubleRing (LoongTrain): double ring, ring traffic, gradients not overlapped.
+      const Schedule df = make_double_ring_schedule(Algo::Ring, Phase::Forward, s.p, s.mask, s.part, s.part, K);
+      const Schedule db = make_double_ring_schedule(Algo::Ring, Phase::Backward, s.p, s.mask, s.part, s.part, K);
+      SimSpec topo;
+      topo.model = CommModel::TopologyAware;
+      topo.double_ring = true;
+      topo.overlap_grads = false;
+      expect_close(comm(df, db, topo), table1_double_ring(G, M, Ti, Te), "double ring " + at);
+      // BurstAttention: double ring, burst traffic, gradients overlapped.
+      const Schedule bf = make_double_ring_schedule(Algo::Burst, Phase::Forward, s.p, s.mask, s.part, s.part, K);
+      const Schedule bb = make_double_ring_schedule(Algo::Burst, Phase::Backward, s.p, s.mask, s.part, s.part, K);
+      topo.overlap_grads = true;
+      expect_close(comm(bf, bb, topo), table1_burst(G, M, Ti, Te), "burst " + at);
+      if (M > 1 && K > 1 && Te > Ti) {  // the orderings Table 1 implies when inter-node links are slower
+        EXPECT_LT(table1_burst(G, M, Ti, Te), table1_double_ring(G, M, Ti, Te)) << at;
+        EXPECT_LT(table1_double_ring(G, M, Ti, Te), table1_ring(G, Ti, Te)) << at;
+      }
+    }
+}
+
+TEST(Simulator, ExecutedSchedulesAndOverlap) {
+  const int M = 2, K = 4, G = 8;
+  const SimCase s = setup(G, 8, "causal", 8);
+  Cluster c = cluster_preset("a800-32");
+  c.nodes = M;
+  c.gpus_per_node = K;
+  c.flops_per_s = 1e9;  // slow compute: overlap hides all communication
+  const Schedule f = make_schedule(Algo::Burst, Phase::Forward, s.p, s.mask, s.part, s.part);
+  SimSpec spec;
+  const Prediction with = simulate_schedule(f, s.p, s.part, s.part, c, 2, spec);
+  spec.overlap = false;
+  const Prediction without = simulate_schedule(f, s.p, s.part, s.part, c, 2, spec);
+  // Zigzag balances causal work: every rank computes the same pairs, N^2/2 + N/2 over G.
+  const double N = double(G * 8), pairs = (N * N + N) / 2 / G;
+  expect_close(with.compute_s, 4.0 * 16 * 2 * 8 * pairs / 1e9, "compute");
+  EXPECT_GT(with.comm_s, 0);
+  expect_close(without.total_s, with.compute_s + with.comm_s, "no overlap = compute + comm");
+  EXPECT_LT(with.total_s, without.total_s);
+  EXPECT_GE(with.total_s, with.compute_s);
+  // Executed forward: K, V of a (B, H, n, d) shard make G - 1 hops. In the flat ring ranks 3
+  // and 7 send every hop across nodes, the others never: max per class = all G - 1 hops.
+  const int64_t P = 2 * 8 * 8 * 16 * 2;
+  EXPECT_EQ(with.bytes_intra, 2 * P * (G - 1));
+  EXPECT_EQ(with.bytes_inter, 2 * P * (G - 1));
+  // The double ring: every rank G - M intra and M - 1 inter hops.
+  const Schedule df = make_double_ring_schedule(Algo::Burst, Phase::Forward, s.p, s.mask, s.part, s.part, K);
+  SimSpec topo;
+  topo.model = CommModel::TopologyAware;
+  const Prediction dr = simulate_schedule(df, s.p, s.part, s.part, c, 2, topo);
+  EXPECT_EQ(dr.bytes_intra, 2 * P * (G - M));
+  EXPECT_EQ(dr.bytes_inter, 2 * P * (M - 1));
+  // Slow links, fast compute: no-overlap and overlap differ by exactly the hidden compute.
+  c.flops_per_s = 1e18;
+  spec.overlap = true;
+  const Prediction fast = simulate_schedule(f, s.p, s.part, s.part, c, 2, spec);
+  EXPECT_GE(fast.total_s, fast.comm_s);  // comm bound: only the last step's compute shows
+  EXPECT_LE(fast.total_s - fast.comm_s, fast.compute_s * (1 + 1e-12));
+  // Collectives never overlap: total = compute + comm.
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    const Prediction u = simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2);
+    const Prediction a = simulate_allgather(ph, s.p, s.mask, s.part, s.part, c, 2);
+    EXPECT_GT(u.comm_s, 0);
+    EXPECT_GT(a.comm_s, 0);
+    expect_close(u.total_s, u.compute_s + u.comm_s, "ulysses");
+  }
+  EXPECT_THROW(cluster_preset("nope"), Error);
+  c.nodes = 3;
+  EXPECT_THROW(simulate_schedule(f, s.p, s.part, s.part, c, 2, spec), Error);
+}
+
+// The collective-style replays move exactly the executed bytes: on one node every byte is intra,
+// and the busiest rank's bytes equal the closed forms (7.22)-(7.23), (7.25).
+TEST(Simulator, Attention2DAndDistFlashReplayTheClosedFormBytes) {
+  for (int G : {4, 5, 6}) {
+    const Problem p = testutil::make_problem(1, 4, 2, 10 * G + 3, 10 * G + 3, 8, "causal", 1);
+    const MaskData md = compile_mask(p);
+    Cluster c = cluster_preset("a100-pcie");
+    c.nodes = 1;
+    c.gpus_per_node = G;
+    const Partition cyc = make_partition(PartitionKind::Striped, p.N_q, G);
+    const Partition con = make_partition(PartitionKind::Contiguous, p.N_q, G);
+    for (Phase ph : {Phase::Forward, Phase::Backward}) {
+      int64_t a2 = 0, fl = 0;
+      for (int r = 0; r < G; ++r) {
+        a2 = std::max(a2, attention2d_bytes(ph, p, default_grid(G), cyc, cyc, r, true, 2));
+        fl = std::max(fl, distflash_bytes(ph, p, con, con, r, true, 2));
+      }
+      const Prediction x = simulate_attention2d(ph, p, md, default_grid(G), cyc, cyc, c, 2);
+      const Prediction y = simulate_distflash(ph, p, md, con, con, c, 2);
+      EXPECT_EQ(x.bytes_intra, a2) << G;
+      EXPECT_EQ(x.bytes_inter, 0);
+      EXPECT_EQ(y.bytes_intra, fl) << G;
+      EXPECT_GT(x.comm_s, 0);
+      EXPECT_GE(y.total_s, y.compute_s);
+    }
+  }
+}

@@ -1,0 +1,488 @@
+// tools/cmd_case.cpp — burstlab as an oracle for other implementations (docs/conformance.md):
+//   gen      write the curated suite of case directories (inputs as .npy + case.json)
+//   oracle   write the fp64 expected outputs into a case (or every case of a suite)
+//   check    compare a candidate's output files with the oracle under spec §9
+//   conform  every built-in implementation over the suite: one PASS/FAIL matrix
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "burstlab/error.hpp"
+#include "case.hpp"
+#include "cmd_case.hpp"
+#include "npy.hpp"
+#include "common.hpp"
+#ifdef BURSTLAB_TOOLS_DISTRIBUTED
+#include "cpu_engine.hpp"
+#include "sim_run.hpp"
+#if __has_include("algos.hpp")
+#include "algos.hpp"  // double-ring, distflash, attention2d, ulysses, allgather
+#endif
+#endif
+
+namespace burstlab::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using check::CaseData;
+using check::CaseMeta;
+
+std::vector<Dtype> parse_dtypes(const std::string& list) {
+  std::vector<Dtype> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string one = list.substr(at, comma - at);
+    if (!one.empty()) out.push_back(parse_dtype(one));
+    at = comma + 1;
+  }
+  if (out.empty()) fail("dtype (", list, ") must name at least one dtype");
+  return out;
+}
+
+// A directory is one case (case.json) or a suite (subdirectories with case.json, sorted).
+std::vector<std::string> case_dirs(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "case.json")) return {dir};
+  if (!fs::is_directory(dir)) fail("case (", dir, ") is neither a case directory nor a suite directory");
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && fs::exists(e.path() / "case.json")) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  if (out.empty()) fail("case (", dir, ") holds no case.json and no case subdirectory; see `burstlab gen`");
+  return out;
+}
+
+std::string fmt_ratio(double x) {
+  char buf[32];
+  if (std::isinf(x)) return "inf";
+  std::snprintf(buf, sizeof buf, "%.1e", x);
+  return buf;
+}
+
+// ---- gen ---------------------------------------------------------------------------------------
+Command add_gen(CLI::App& app) {
+  struct S { std::string out, dtype = "fp32"; bool quick = false, oracle = false, list = false; };
+  auto s = std::make_shared<S>();
+  CLI::App* sub = app.add_subcommand("gen", "Write the conformance suite as case directories (.npy + case.json)");
+  sub->add_option("--out", s->out, "directory to write the cases into (created)");
+  sub->add_flag("--quick", s->quick, "the quick subset (CI)");
+  sub->add_option("--dtype", s->dtype, "input dtype(s), comma-separated: fp64, fp32, bf16, fp16")->capture_default_str();
+  sub->add_flag("--oracle", s->oracle, "also write the expected outputs (as `burstlab oracle`)");
+  sub->add_flag("--list", s->list, "print the cases and exit");
+  sub->footer(
+      "Each case: case.json (shape, layout, dtype, scale, the full mask, seed), q.npy k.npy v.npy dO.npy.\n"
+      "Deterministic: the same flags write the same bytes. See docs/conformance.md.\n\n"
+      "Examples:\n"
+      "  burstlab gen --out cases --quick --oracle\n"
+      "  burstlab gen --out cases-bf16 --dtype bf16 --oracle");
+  Command c;
+  c.app = sub;
+  c.run = [s]() -> int {
+    std::vector<CaseMeta> metas;
+    for (Dtype t : parse_dtypes(s->dtype)) {
+      const auto part = check::suite(s->quick, t);
+      metas.insert(metas.end(), part.begin(), part.end());
+    }
+    if (s->list) {
+      for (const CaseMeta& m : metas)
+        std::printf("%-40s %s %s mask=%s values=%s\n", m.name.c_str(), shape_string(m.p).c_str(),
+                    to_string(m.layout).c_str(), m.mask_spec.c_str(), to_string(m.values).c_str());
+      return kExitPass;
+    }
+    if (s->out.empty()) fail("out (empty) must name a directory: gen --out DIR");
+    Progress progress(static_cast<int>(metas.size()));
+    for (const CaseMeta& m : metas) {
+      progress.step(m.name);
+      const CaseData cd = check::make_case(m);
+      const std::string dir = (fs::path(s->out) / m.name).string();
+      check::write_case(dir, cd);
+      if (s->oracle) check::write_expected(dir, cd, check::compute_expected(cd));
+    }
+    progress.done();
+    std::printf("wrote %zu cases to %s%s\n", metas.size(), s->out.c_str(), s->oracle ? " (with expected outputs)" : "");
+    return kExitPass;
+  };
+  return c;
+}
+
+// ---- oracle ------------------------------------------------------------------------------------
+Command add_oracle(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("oracle", "Write the fp64 oracle's O, LSE, dQ, dK, dV into a case (or suite)");
+  sub->add_option("--case", *dir, "a case directory, or a suite directory of cases")->required();
+  sub->footer("Writes CASE/expected/{O,LSE,dQ,dK,dV}.npy in fp64 (spec §2, §5), on the case's inputs exactly.");
+  Command c;
+  c.app = sub;
+  c.run = [dir]() -> int {
+    const auto dirs = case_dirs(*dir);
+    Progress progress(static_cast<int>(dirs.size()));
+    for (const std::string& d : dirs) {
+      progress.step(d);
+      const CaseData cd = check::read_case(d);
+      check::write_expected(d, cd, check::compute_expected(cd));
+    }
+    progress.done();
+    std::printf("wrote expected outputs for %zu case%s\n", dirs.size(), dirs.size() == 1 ? "" : "s");
+    return kExitPass;
+  };
+  return c;
+}
+
+// ---- check -------------------------------------------------------------------------------------
+Command add_check(CLI::App& app) {
+  struct S {
+    std::string case_dir, cand, dtype, lse_empty = "-inf", lse_base = "e", layout, tensors;
+    bool json = false;
+    int max_list = 5;
+  };
+  auto s = std::make_shared<S>();
+  CLI::App* sub = app.add_subcommand("check", "Check a candidate's outputs against the oracle (spec §9 rule)");
+  sub->add_option("--case", s->case_dir, "a case directory (or a suite directory)")->required();
+  sub->add_option("--candidate", s->cand,
+                  "directory with O.npy [LSE.npy dQ.npy dK.npy dV.npy] (for a suite: one subdirectory per case)")
+      ->required();
+  sub->add_option("--dtype", s->dtype, "the candidate's precision (default: O.npy's dtype): fp64, fp32, bf16, fp16");
+  sub->add_option("--lse-empty", s->lse_empty, "LSE of empty rows in the candidate: -inf | +inf")->capture_default_str();
+  sub->add_option("--lse-base", s->lse_base, "LSE units of the candidate: e (natural log) | 2 (log2)")->capture_default_str();
+  sub->add_option("--layout", s->layout, "layout of the candidate's O, dQ, dK, dV (default: the case's)");
+  sub->add_option("--tensors", s->tensors, "only these tensors, comma-separated (default: O,LSE and, for backward cases, dQ,dK,dV)");
+  sub->add_option("--max-list", s->max_list, "mismatches listed per tensor")->capture_default_str();
+  sub->add_flag("--json", s->json, "one JSON object per case on stdout");
+  sub->footer(
+      "Per tensor: max_abs, max_rel, err/bound, #wrong and the first mismatches with (b, h, i|j, k).\n"
+      "candidate.json in the candidate directory may state {\"lse_empty\", \"lse_base\", \"dtype\", \"layout\"}.\n"
+      "Exit: 0 pass, 1 a tensor failed or is missing, 2 bad input.\n\n"
+      "Example:\n"
+      "  burstlab check --case cases/01_full_mha_fp32 --candidate out/01_full_mha_fp32 --lse-base 2");
+  Command c;
+  c.app = sub;
+  c.run = [s]() -> int {
+    check::CandidateMeta over;
+    if (s->lse_empty == "+inf" || s->lse_empty == "inf") over.conv.empty_lse_pos_inf = true;
+    else if (s->lse_empty != "-inf") fail("lse-empty (", s->lse_empty, ") must be -inf or +inf");
+    if (s->lse_base == "2") over.conv.lse_log2 = true;
+    else if (s->lse_base != "e") fail("lse-base (", s->lse_base, ") must be e or 2");
+    if (!s->dtype.empty()) { parse_dtype(s->dtype); over.dtype = s->dtype; }
+    if (!s->layout.empty()) { parse_layout(s->layout); over.layout = s->layout; }
+    if (s->max_list < 0) fail("max-list (", s->max_list, ") must be >= 0");
+    std::vector<std::string> only;
+    for (size_t at = 0; at <= s->tensors.size() && !s->tensors.empty();) {
+      const size_t comma = std::min(s->tensors.find(',', at), s->tensors.size());
+      const std::string one = s->tensors.substr(at, comma - at);
+      at = comma + 1;
+      if (one != "O" && one != "LSE" && one != "dQ" && one != "dK" && one != "dV")
+        fail("tensors (", s->tensors, ") has '", one, "'; names: O, LSE, dQ, dK, dV");
+      only.push_back(one);
+    }
+    const auto dirs = case_dirs(s->case_dir);
+    const bool single = dirs.size() == 1 && dirs[0] == s->case_dir;
+    int failed = 0;
+    for (const std::string& d : dirs) {
+      const CaseData cd = check::read_case(d);
+      const check::Expected e = check::read_expected(d, cd.meta);
+      const std::string cand_dir = single ? s->cand : (fs::path(s->cand) / fs::path(d).filename()).string();
+      check::CheckResult r;
+      if (!fs::is_directory(cand_dir)) {  // a suite run that skipped a case: every tensor missing
+        r.case_name = cd.meta.name;
+        r.dtype = cd.meta.dtype;
+        for (const char* t : {"O", "LSE", "dQ", "dK", "dV"}) {
+          check::TensorCheck tc;
+          tc.m.tensor = t;
+          tc.missing = true;
+          r.tensors.push_back(tc);
+        }
+      } else {
+        const check::Candidate cand = check::read_candidate(cand_dir, cd.meta, over);
+        r = check::check_candidate(cd, e, cand, cand.dtype, s->max_list);
+      }
+      if (!only.empty()) {
+        std::vector<check::TensorCheck> keep;
+        for (const check::TensorCheck& t : r.tensors)
+          if (std::find(only.begin(), only.end(), t.m.tensor) != only.end()) keep.push_back(t);
+        r.tensors = keep;
+      }
+      failed += !r.pass();
+      if (s->json) std::printf("%s\n", check::check_json(r).c_str());
+      else std::printf("%s%s", check::format_check(r).c_str(), dirs.size() > 1 ? "\n" : "");
+    }
+    if (!s->json && dirs.size() > 1)
+      std::printf("%zu passed, %d failed\n", dirs.size() - failed, failed);
+    return failed ? kExitFail : kExitPass;
+  };
+  return c;
+}
+
+// ---- conform -----------------------------------------------------------------------------------
+// A column of the matrix. prepare() validates and sets up one case (throws Error when the column
+// cannot run that problem: cell "n/a"); the closure it returns runs it (any throw: cell FAIL).
+using RunFn = std::function<check::Candidate()>;
+struct Column {
+  std::string name;
+  std::vector<Dtype> dtypes;
+  std::function<RunFn(const CaseData& cd)> prepare;
+};
+
+check::Candidate candidate_of(Dtype t, Layout layout) {
+  check::Candidate c;
+  c.dtype = t;
+  c.layout = layout;
+  return c;
+}
+
+Column impl_column(const Impl& m) {
+  Column col;
+  col.name = m.name;
+  col.dtypes = m.suite_dtypes;
+  col.prepare = [&m](const CaseData& cd) -> RunFn {
+    check_impl(m, cd.meta.p, cd.meta.dtype, ImplOptions{}, m.has_backward);
+    auto r = std::make_shared<Runner>(m.prepare(cd.meta.p, cd.in, ImplOptions{}));
+    const bool bwd = m.has_backward && cd.meta.backward;
+    const Dtype t = cd.meta.dtype;
+    const Layout layout = cd.meta.layout;
+    return [r, bwd, t, layout] {
+      check::Candidate c = candidate_of(t, layout);
+      r->forward();
+      r->fetch_forward(c.O, c.LSE);
+      c.has_O = c.has_LSE = true;
+      if (bwd) {
+        r->backward();
+        r->fetch_backward(c.dQ, c.dK, c.dV);
+        c.has_dQ = c.has_dK = c.has_dV = true;
+      }
+      return c;
+    };
+  };
+  return col;
+}
+
+#ifdef BURSTLAB_TOOLS_DISTRIBUTED
+// One distributed session (SimSession for ring/burst, ExtSession for the algorithms of §7.7-7.11),
+// cpu engine, on SimComm threads; outputs gathered back to global BHSD.
+template <class T, class Session, class Options>
+RunFn dist_prepare(const CaseData& cd, const Options& o) {
+  struct S {
+    std::unique_ptr<dist::Engine<T>> engine;
+    std::unique_ptr<Session> session;
+  };
+  auto s = std::make_shared<S>();
+  s->engine = dist::make_cpu_engine<T>();
+  s->session = std::make_unique<Session>(cd.meta.p, cd.in.Q.view(), cd.in.K.view(), cd.in.V.view(), cd.in.dO.view(),
+                                         o, *s->engine);  // validates: Error = n/a
+  const Dtype t = cd.meta.dtype;
+  return [s, t] {
+    s->session->forward();
+    s->session->backward();
+    const auto res = s->session->result();
+    check::Candidate c = candidate_of(t, Layout::BHSD);
+    c.O = to_double(dist::gather(res.O, res.qp));
+    c.LSE = to_double(dist::gather(res.LSE, res.qp));
+    c.dQ = to_double(dist::gather(res.dQ, res.qp));
+    c.dK = to_double(dist::gather(res.dK, res.kp));
+    c.dV = to_double(dist::gather(res.dV, res.kp));
+    c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
+    return c;
+  };
+}
+
+// Every algorithm distributed/ knows, in the order of spec §7; names it does not know are skipped.
+std::vector<Column> dist_columns(int world, const std::string& partition) {
+  std::vector<Column> out;
+  for (const char* name : {"ring", "burst", "double-ring", "distflash", "attention2d", "ulysses", "allgather"}) {
+    Column col;
+    col.name = std::string(name) + "/cpu G=" + std::to_string(world);
+    col.dtypes = {Dtype::F64, Dtype::F32};
+#if __has_include("algos.hpp")
+    if (dist::is_ext_algo(name)) {
+      dist::ExtOptions o;
+      o.algo = dist::parse_ext_algo(name);
+      o.partition = dist::parse_partition(partition);
+      if (o.algo == dist::ExtAlgo::Attention2D) {  // its grid gathers cyclic token sets (§7.11)
+        o.partition = dist::PartitionKind::Striped;
+        o.grid = dist::default_grid(world);
+        col.name += " striped";
+      }
+      o.world = world;
+      o.backward = true;
+      col.prepare = [o](const CaseData& cd) {
+        return cd.meta.dtype == Dtype::F64 ? dist_prepare<double, dist::ExtSession<double>>(cd, o)
+                                           : dist_prepare<float, dist::ExtSession<float>>(cd, o);
+      };
+      out.push_back(col);
+      continue;
+    }
+#endif
+    dist::DistOptions o;
+    try {
+      o.algo = dist::parse_algo(name);
+    } catch (const Error&) {
+      continue;  // not built in this version of distributed/
+    }
+    o.partition = dist::parse_partition(partition);
+    o.world = world;
+    o.backward = true;
+    col.prepare = [o](const CaseData& cd) {
+      return cd.meta.dtype == Dtype::F64 ? dist_prepare<double, dist::SimSession<double>>(cd, o)
+                                         : dist_prepare<float, dist::SimSession<float>>(cd, o);
+    };
+    out.push_back(col);
+  }
+  return out;
+}
+#endif
+
+Command add_conform(CLI::App& app) {
+  struct S {
+    std::string suite_dir, dtype = "fp64,fp32", impl, partition = "contiguous";
+    bool full = false, json = false;
+    int world = 2;
+  };
+  auto s = std::make_shared<S>();
+  CLI::App* sub = app.add_subcommand(
+      "conform", "Run every built-in implementation over the case suite: one PASS/FAIL matrix (worst err/bound)");
+  sub->add_option("--suite", s->suite_dir, "a suite directory from `burstlab gen` (default: generate in memory)");
+  sub->add_flag("--full", s->full, "the full generated suite (default: the quick subset)");
+  sub->add_option("--dtype", s->dtype, "dtypes of the generated suite")->capture_default_str();
+  sub->add_option("--impl", s->impl, "only these columns (comma-separated names as printed)");
+  sub->add_option("--world", s->world, "ranks of the distributed columns (SimComm)")->capture_default_str();
+  sub->add_option("--partition", s->partition, "partition of the distributed columns")->capture_default_str();
+  sub->add_flag("--json", s->json, "one JSON object per cell instead of the matrix");
+  sub->footer(
+      "Cells: PASS/FAIL and the worst err/bound over O, LSE, dQ, dK, dV (spec §9); '-' = the column does\n"
+      "not run that dtype; 'n/a' = it cannot run that problem (reason listed below the matrix).\n"
+      "Exit: 0 every cell passed, 1 a cell failed.");
+  Command c;
+  c.app = sub;
+  c.run = [s]() -> int {
+    if (s->world < 1) fail("world (", s->world, ") must be >= 1");
+    std::vector<Column> cols;
+    for (const Impl& m : registry()) cols.push_back(impl_column(m));
+#ifdef BURSTLAB_TOOLS_DISTRIBUTED
+    for (Column& col : dist_columns(s->world, s->partition)) cols.push_back(col);
+#endif
+    if (!s->impl.empty()) {
+      std::vector<Column> keep;
+      std::string names;
+      for (const Column& col : cols) names += (names.empty() ? "" : ", ") + col.name;
+      size_t at = 0;
+      while (at <= s->impl.size()) {
+        const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
+        const std::string one = s->impl.substr(at, comma - at);
+        at = comma + 1;
+        if (one.empty()) continue;
+        auto it = std::find_if(cols.begin(), cols.end(),
+                               [&](const Column& col) { return col.name == one || col.name.rfind(one + "/", 0) == 0; });
+        if (it == cols.end()) fail("impl (", one, ") is not a column; columns: ", names);
+        for (; it != cols.end(); ++it)
+          if (it->name == one || it->name.rfind(one + "/", 0) == 0) keep.push_back(*it);
+      }
+      cols = keep;
+    }
+    // Rows: cases (from disk or generated).
+    std::vector<std::string> dirs;
+    std::vector<CaseMeta> metas;
+    if (!s->suite_dir.empty()) {
+      dirs = case_dirs(s->suite_dir);
+      for (const std::string& d : dirs)
+        metas.push_back(check::parse_case_json(check::read_file((fs::path(d) / "case.json").string()),
+                                               (fs::path(d) / "case.json").string()));
+    } else {
+      for (Dtype t : parse_dtypes(s->dtype)) {
+        const auto part = check::suite(!s->full, t);
+        metas.insert(metas.end(), part.begin(), part.end());
+      }
+    }
+    struct Cell { std::string text; bool fail = false; double worst = 0; std::string note; };
+    std::vector<std::vector<Cell>> cells(metas.size(), std::vector<Cell>(cols.size()));
+    std::vector<std::string> notes;
+    std::map<std::pair<std::string, std::string>, std::vector<std::string>> na;  // (column, reason) -> cases
+    Progress progress(static_cast<int>(metas.size()));
+    int failed = 0, passed = 0;
+    for (size_t r = 0; r < metas.size(); ++r) {
+      progress.step(metas[r].name);
+      const CaseData cd = dirs.empty() ? check::make_case(metas[r]) : check::read_case(dirs[r]);
+      const check::Expected e = !dirs.empty() && check::has_expected(dirs[r])
+                                    ? check::read_expected(dirs[r], cd.meta)
+                                    : check::compute_expected(cd);
+      for (size_t k = 0; k < cols.size(); ++k) {
+        Cell& cell = cells[r][k];
+        const Column& col = cols[k];
+        if (std::find(col.dtypes.begin(), col.dtypes.end(), cd.meta.dtype) == col.dtypes.end()) { cell.text = "-"; continue; }
+        RunFn run;
+        try {
+          run = col.prepare(cd);
+        } catch (const Error& ex) {
+          cell.text = "n/a";
+          cell.note = ex.what();
+          na[{col.name, ex.what()}].push_back(cd.meta.name);
+          continue;
+        }
+        try {
+          const check::CheckResult res = check::check_candidate(cd, e, run(), cd.meta.dtype);
+          cell.fail = !res.pass();
+          cell.worst = res.worst_err_bound();
+          cell.text = std::string(cell.fail ? "FAIL " : "PASS ") + fmt_ratio(cell.worst);
+          if (cell.fail)
+            for (const check::TensorCheck& t : res.tensors)
+              if (!t.pass()) {
+                cell.note = t.m.tensor + (t.missing ? " missing" : " " + (t.mismatches.empty() ? t.m.first_wrong : t.mismatches[0]));
+                notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": " + cell.note);
+                break;
+              }
+        } catch (const std::exception& ex) {
+          cell.fail = true;
+          cell.worst = HUGE_VAL;
+          cell.text = "FAIL error";
+          cell.note = ex.what();
+          notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+        }
+        (cell.fail ? failed : passed) += 1;
+      }
+    }
+    progress.done();
+    if (s->json) {
+      for (size_t r = 0; r < metas.size(); ++r)
+        for (size_t k = 0; k < cols.size(); ++k) {
+          const Cell& cell = cells[r][k];
+          Json j = {{"case", metas[r].name}, {"impl", cols[k].name}, {"cell", cell.text}, {"note", cell.note}};
+          if (cell.text != "-" && cell.text != "n/a") {
+            j["pass"] = !cell.fail;
+            j["worst_err_bound"] = std::isfinite(cell.worst) ? Json(cell.worst) : Json("inf");
+          }
+          std::printf("%s\n", j.dump().c_str());
+        }
+      return failed ? kExitFail : kExitPass;
+    }
+    size_t w0 = 4;
+    for (const CaseMeta& m : metas) w0 = std::max(w0, m.name.size());
+    std::printf("%-*s", static_cast<int>(w0), "case");
+    std::vector<int> w(cols.size());
+    for (size_t k = 0; k < cols.size(); ++k) {
+      w[k] = static_cast<int>(std::max<size_t>(cols[k].name.size(), 12));
+      std::printf("  %-*s", w[k], cols[k].name.c_str());
+    }
+    std::printf("\n");
+    for (size_t r = 0; r < metas.size(); ++r) {
+      std::printf("%-*s", static_cast<int>(w0), metas[r].name.c_str());
+      for (size_t k = 0; k < cols.size(); ++k) std::printf("  %-*s", w[k], cells[r][k].text.c_str());
+      std::printf("\n");
+    }
+    for (const auto& [key, cases] : na)
+      std::printf("n/a %s on %zu case%s (%s%s): %s\n", key.first.c_str(), cases.size(), cases.size() == 1 ? "" : "s",
+                  cases[0].c_str(), cases.size() > 1 ? ", ..." : "", key.second.c_str());
+    for (const std::string& n : notes) std::printf("%s\n", n.c_str());
+    std::printf("%d passed, %d failed (cells: PASS/FAIL worst err/bound, spec §9)\n", passed, failed);
+    return failed ? kExitFail : kExitPass;
+  };
+  return c;
+}
+
+}  // namespace
+
+std::vector<Command> add_case_commands(CLI::App& app) {
+  return {add_gen(app), add_oracle(app), add_check(app), add_conform(app)};
+}
+
+}  // namespace burstlab::tools

@@ -1,0 +1,232 @@
+// tools/cmd_simulate.cpp — `burstlab simulate`: predicted time of every schedule on a cluster
+// under the alpha-beta model of spec §7.10, and BurstEngine Table 1 next to the replay.
+#include "cmd_simulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "burstlab/error.hpp"
+#include "common.hpp"
+#include "double_ring.hpp"
+#include "schedule.hpp"
+#include "simulate.hpp"
+#include "table.hpp"
+
+namespace burstlab::tools {
+
+void print_double_ring(const Problem& p, const MaskData& md, const dist::Partition& qp, const dist::Partition& kp,
+                       int64_t eb, int K, bool fwd, bool bwd) {
+  const int G = qp.G;
+  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
+    const dist::Schedule s = dist::make_double_ring_schedule(dist::Algo::Burst, ph, p, md, qp, kp, K);
+    std::printf("\ndouble ring (%d nodes x %d GPUs per node), BurstAttention traffic; the (closed form) columns "
+                "below are the flat ring's §7.5, see the per-link lines after\n%s",
+                G / K, K, dist::trace(s, p, qp, kp, eb).c_str());
+    std::printf("bytes per link class (spec §7.9):\n");
+    for (int r = 0; r < G; ++r) {
+      const int64_t si = dist::schedule_bytes(s, r, true, eb);
+      std::printf("  rank %d: sent %lld B = intra %lld + inter %lld (closed form %lld + %lld)\n", r,
+                  static_cast<long long>(si),
+                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 0)),
+                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 1)),
+                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 0)),
+                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 1)));
+    }
+  }
+}
+
+namespace {
+
+struct SimFlags {
+  std::string algos = "ring,burst,double-ring,burst-double-ring,ulysses,allgather,attention2d,distflash";
+  std::string preset = "a800-32";
+  int nodes = 0, gpus_per_node = 0;  // 0: the preset's
+  int64_t seq = 65536, B = 1, H_q = 32, H_kv = 32, d = 128;
+  std::string mask = "causal", partition = "zigzag";
+  int elem_bytes = 2;
+  double intra_gbs = 0, inter_gbs = 0, intra_us = -1, inter_us = -1, tflops = 0;
+  bool json = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+int run_simulate(const SimFlags& f) {
+  dist::Cluster c = dist::cluster_preset(f.preset);
+  if (f.nodes > 0) c.nodes = f.nodes;
+  if (f.gpus_per_node > 0) c.gpus_per_node = f.gpus_per_node;
+  if (f.intra_gbs > 0) c.intra.bytes_per_s = f.intra_gbs * 1e9;
+  if (f.inter_gbs > 0) c.inter.bytes_per_s = f.inter_gbs * 1e9;
+  if (f.intra_us >= 0) c.intra.alpha_s = f.intra_us * 1e-6;
+  if (f.inter_us >= 0) c.inter.alpha_s = f.inter_us * 1e-6;
+  if (f.tflops > 0) c.flops_per_s = f.tflops * 1e12;
+  if (f.elem_bytes < 1) fail("elem-bytes (", f.elem_bytes, ") must be >= 1");
+  const int G = c.nodes * c.gpus_per_node, K = c.gpus_per_node;
+  const Problem p = make_problem(f.B, f.H_q, f.H_kv, f.seq, f.seq, f.d, f.mask, 1, nullptr);
+  const MaskData md = compile_mask(p);
+  const dist::Partition part = dist::make_partition(dist::parse_partition(f.partition), f.seq, G, "seq");
+  const int64_t eb = f.elem_bytes;
+
+  Table t;
+  t.columns = {{"algo", "algo", true},         {"phase", "phase", true},   {"compute_ms", "compute(ms)"},
+               {"comm_ms", "comm(ms)"},        {"total_ms", "total(ms)"},  {"exposed_ms", "exposed(ms)"},
+               {"serial_ms", "no-overlap(ms)"}, {"intra_MB", "intra(MB)"}, {"inter_MB", "inter(MB)"}};
+  for (const std::string& a : split(f.algos)) {
+    for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+      dist::Prediction with, without;
+      if (a == "ulysses") {
+        if (p.H_q % G || p.H_kv % G) {
+          t.add({text(a), text(dist::to_string(ph)), text("H % G != 0"), missing(), missing(), missing(), missing(),
+                 missing(), missing()});
+          continue;
+        }
+        with = without = dist::simulate_ulysses(ph, p, md, part, part, c, eb);
+      } else if (a == "allgather") {
+        with = without = dist::simulate_allgather(ph, p, md, part, part, c, eb);
+      } else if (a == "attention2d") {  // the cyclic partition and the most square grid
+        const dist::Partition cyc = dist::make_partition(dist::PartitionKind::Striped, f.seq, G, "seq");
+        with = without = dist::simulate_attention2d(ph, p, md, dist::default_grid(G), cyc, cyc, c, eb);
+      } else if (a == "distflash") {  // the contiguous partition; causal-type masks only
+        const dist::Partition con = dist::make_partition(dist::PartitionKind::Contiguous, f.seq, G, "seq");
+        with = dist::simulate_distflash(ph, p, md, con, con, c, eb, true);
+        without = dist::simulate_distflash(ph, p, md, con, con, c, eb, false);
+      } else {
+        dist::SimSpec spec;
+        dist::Schedule s;
+        if (a == "ring" || a == "burst") {
+          s = dist::make_schedule(dist::parse_algo(a), ph, p, md, part, part);
+        } else if (a == "double-ring" || a == "burst-double-ring") {
+          // double-ring: LoongTrain's DoubleRing (ring traffic, gradients not overlapped);
+          // burst-double-ring: BurstEngine (burst traffic, gradients overlapped).
+          const bool burst = a == "burst-double-ring";
+          s = dist::make_double_ring_schedule(burst ? dist::Algo::Burst : dist::Algo::Ring, ph, p, md, part, part, K);
+          spec.model = dist::CommModel::TopologyAware;
+          spec.double_ring = true;
+          spec.overlap_grads = burst;
+        } else {
+          fail("algo (", a, ") must be one of ring, burst, double-ring, burst-double-ring, ulysses, allgather, ",
+               "attention2d, distflash");
+        }
+        with = dist::simulate_schedule(s, p, part, part, c, eb, spec);
+        spec.overlap = false;
+        without = dist::simulate_schedule(s, p, part, part, c, eb, spec);
+      }
+      t.add({text(a), text(dist::to_string(ph)), number(with.compute_s * 1e3, "%.3f"),
+             number(with.comm_s * 1e3, "%.3f"), number(with.total_s * 1e3, "%.3f"),
+             number(with.exposed_comm_s * 1e3, "%.3f"), number(without.total_s * 1e3, "%.3f"),
+             number(double(with.bytes_intra) / 1e6, "%.2f"), number(double(with.bytes_inter) / 1e6, "%.2f")});
+    }
+  }
+  // BurstEngine Table 1 (fwd + bwd communication time) next to the schedules' replay with the
+  // paper's accounting (every tensor G moves, D and LSE left out; needs H_q = H_kv so one P).
+  Table t1;
+  t1.columns = {{"method", "method", true}, {"table1_ms", "Table 1(ms)"}, {"replay_ms", "replay(ms)"},
+                {"match", "match", true}};
+  bool all_match = true;
+  auto row = [&](const char* name, double closed, double replayed) {
+    const bool ok = std::abs(closed - replayed) <= 1e-12 * std::max(std::abs(closed), std::abs(replayed));
+    all_match = all_match && ok;
+    t1.add({text(name), number(closed * 1e3, "%.4f"), number(replayed * 1e3, "%.4f"), text(ok ? "yes" : "NO")});
+  };
+  const bool one_p = p.H_q == p.H_kv && f.seq % G == 0;
+  if (one_p) {
+    const double P = double(p.B * p.H_q * (f.seq / G) * p.d * eb);
+    const double Ti = c.intra.time(P), Te = c.inter.time(P);
+    auto replay = [&](dist::Algo base, bool dbl, bool grads) {
+      dist::SimSpec spec;
+      spec.table1 = true;
+      if (dbl) {
+        spec.model = dist::CommModel::TopologyAware;
+        spec.double_ring = true;
+        spec.overlap_grads = grads;
+      }
+      double total = 0;
+      for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+        const dist::Schedule s = dbl ? dist::make_double_ring_schedule(base, ph, p, md, part, part, K)
+                                     : dist::make_schedule(base, ph, p, md, part, part);
+        total += dist::simulate_schedule(s, p, part, part, c, eb, spec).comm_s;
+      }
+      return total;
+    };
+    row("RingAttention", dist::table1_ring(G, Ti, Te), replay(dist::Algo::Ring, false, false));
+    row("DoubleRing", dist::table1_double_ring(G, c.nodes, Ti, Te), replay(dist::Algo::Ring, true, false));
+    row("BurstAttention", dist::table1_burst(G, c.nodes, Ti, Te), replay(dist::Algo::Burst, true, true));
+  }
+  if (f.json) {
+    Json j = {{"cluster", c.name}, {"nodes", c.nodes}, {"gpus_per_node", K}, {"rows", t.json()}};
+    if (one_p) j["table1"] = t1.json();
+    std::printf("%s\n", j.dump(2).c_str());
+    return all_match ? 0 : 1;
+  }
+  std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, inter %.1f GB/s + %.1f us, "
+              "%.0f TFLOP/s per GPU\n  %s, mask %s, partition %s, %d-byte elements\n\n",
+              c.name.c_str(), c.note.c_str(), c.nodes, K, c.intra.bytes_per_s / 1e9, c.intra.alpha_s * 1e6,
+              c.inter.bytes_per_s / 1e9, c.inter.alpha_s * 1e6, c.flops_per_s / 1e12, shape_string(p).c_str(),
+              describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
+  t.print(stdout);
+  std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"
+              "intra/inter = bytes sent per link class (max over ranks). Model: spec §7.10.\n");
+  if (one_p) {
+    std::printf("\nBurstEngine Table 1 (forward + backward communication, N = G = %d rounds, N_inter = %d):\n", G,
+                c.nodes);
+    t1.print(stdout);
+    if (!all_match) std::printf("FAIL: the replay differs from Table 1\n");
+  } else {
+    std::printf("\n(Table 1 needs H_q = H_kv and seq %% G == 0: one message size P)\n");
+  }
+  return all_match ? 0 : 1;
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app) {
+  auto f = std::make_shared<SimFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "simulate", "Predict the time of each distributed schedule on a cluster (alpha-beta model, spec §7.10)");
+  sub->add_option("--algo", f->algos, "comma-separated: ring, burst, double-ring, burst-double-ring, ulysses, allgather, attention2d, "
+                  "distflash")
+      ->capture_default_str();
+  sub->add_option("--preset", f->preset, "a100-pcie | a100-roce | a800-32 | a800-64")->capture_default_str();
+  sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str();
+  sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)")->capture_default_str();
+  sub->add_option("--seq", f->seq, "sequence length N")->capture_default_str();
+  sub->add_option("-b,--batch", f->B, "batch B")->capture_default_str();
+  sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str();
+  sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str();
+  sub->add_option("-d", f->d, "head dimension")->capture_default_str();
+  sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
+  sub->add_option("--partition", f->partition, "contiguous | zigzag | striped")->capture_default_str();
+  sub->add_option("--elem-bytes", f->elem_bytes, "bytes per element (2 = bf16)")->capture_default_str();
+  sub->add_option("--intra-gbs", f->intra_gbs, "override intra-node bandwidth (GB/s)");
+  sub->add_option("--inter-gbs", f->inter_gbs, "override inter-node bandwidth per GPU (GB/s)");
+  sub->add_option("--intra-us", f->intra_us, "override intra-node latency (us)");
+  sub->add_option("--inter-us", f->inter_us, "override inter-node latency (us)");
+  sub->add_option("--tflops", f->tflops, "override attention TFLOP/s per GPU");
+  sub->add_flag("--json", f->json, "JSON instead of tables");
+  sub->footer(
+      "Presets: bandwidths from the papers' clusters; latencies and the FLOP rate are assumptions\n"
+      "(override them). Nothing runs: the schedules are replayed as data.\n\n"
+      "Examples:\n"
+      "  burstlab simulate --preset a800-32 --seq 1048576 --hq 32 --hkv 32\n"
+      "  burstlab simulate --preset a100-pcie --algo ring,burst,ulysses --seq 131072 --hq 32 --hkv 8");
+  sub->callback([f] {
+    try {
+      const int rc = run_simulate(*f);
+      if (rc) throw CLI::RuntimeError(rc);
+    } catch (const Error& e) {
+      throw CLI::ValidationError(e.what());  // main() prints it and exits 2
+    }
+  });
+}
+
+}  // namespace burstlab::tools
