@@ -45,7 +45,7 @@ Buffer<T> upload(Engine<T>& e, const std::vector<T>& host) {
 int64_t ext_closed_form_bytes(const ExtOptions& o, Phase phase, const Problem& p, const Partition& qp,
                               const Partition& kp, int r, bool sent, int64_t eb, int link) {
   switch (o.algo) {
-    case ExtAlgo::DoubleRing: return double_ring_bytes(o.base, phase, p, qp, kp, r, sent, eb, gpn(o), link);
+    case ExtAlgo::DoubleRing: return double_ring_bytes(o.base, phase, p, qp, kp, r, sent, eb, gpn(o), link, o.prefetch_inter);
     case ExtAlgo::Ulysses: return ulysses_bytes(phase, p, qp, kp, r, sent, eb);
     case ExtAlgo::AllGather: return allgather_bytes(phase, p, qp, kp, r, sent, eb);
     case ExtAlgo::Attention2D: return attention2d_bytes(phase, p, grid_of(o), qp, kp, r, sent, eb, o.overlap);
@@ -72,8 +72,9 @@ ExtSession<T>::ExtSession(const Problem& p, View4<const double> Q, View4<const d
   }
   if (o_.gpus_per_node > 0) o_.sim.gpus_per_node = o_.gpus_per_node;
   if (o.algo == ExtAlgo::DoubleRing) {
-    res_.fwd = make_double_ring_schedule(o.base, Phase::Forward, p, mask_, res_.qp, res_.kp, gpn(o));
-    if (o.backward) res_.bwd = make_double_ring_schedule(o.base, Phase::Backward, p, mask_, res_.qp, res_.kp, gpn(o));
+    res_.fwd = make_double_ring_schedule(o.base, Phase::Forward, p, mask_, res_.qp, res_.kp, gpn(o), o.prefetch_inter);
+    if (o.backward)
+      res_.bwd = make_double_ring_schedule(o.base, Phase::Backward, p, mask_, res_.qp, res_.kp, gpn(o), o.prefetch_inter);
   }
   shards_.resize(G);
   for (int r = 0; r < G; ++r) {  // each rank's slice, rounded to T, in engine memory

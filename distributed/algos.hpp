@@ -24,6 +24,7 @@ struct ExtOptions {
   int world = 1;
   int gpus_per_node = 0;     // double ring: K (must divide world); 0 = world (one node)
   Algo base = Algo::Burst;   // double ring: which tensors travel (burst = BurstAttention backward)
+  bool prefetch_inter = true;  // double ring: the separate inter-node buffer (spec §7.9; false: one hop per step)
   Grid grid{0, 0};           // attention2d: p_r x p_c (p_r = 0: default_grid(world))
   bool overlap = false;      // attention2d: the overlapped variant (Attention2D-O, §7.13)
   bool backward = true;

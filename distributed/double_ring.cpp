@@ -27,7 +27,7 @@ bool double_ring_inter_hop(int t, int G, int K) {
 }
 
 Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, const MaskData& mask,
-                                   const Partition& qp, const Partition& kp, int K) {
+                                   const Partition& qp, const Partition& kp, int K, bool prefetch_inter) {
   if (qp.G != kp.G) fail("q partition G (", qp.G, ") must equal kv partition G (", kp.G, ")");
   if (qp.N != p.N_q) fail("q partition N (", qp.N, ") must equal N_q (", p.N_q, ")");
   if (kp.N != p.N_k) fail("kv partition N (", kp.N, ") must equal N_k (", p.N_k, ")");
@@ -65,9 +65,26 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
       const int next = round_end ? mod(n + 1, M) * K + mod(g + 1, K) : n * K + mod(g + 1, K);
       const int prev = round_end ? mod(n - 1, M) * K + mod(g - 1, K) : n * K + mod(g - 1, K);
       const bool last = t == G - 1;
+      // Prefetch (read-only tensors, M > 1 and K > 1): no hop at a round end; instead, at a
+      // round start (t = aK, a < M-1) the held shard also goes to (n+1, g), landing at step
+      // (a+1)K, where (n+1, g) holds ((n-a) mod M) K + g by (7.14). Tags t*16 + 8 + i keep it
+      // apart from the intra hop of the same step (at most 5 items).
+      const bool pf = prefetch_inter && M > 1 && K > 1;
+      const int a = t / K;
       for (int i = 0; i < static_cast<int>(items.size()); ++i) {
         const Item& it = items[i];
         if (last && !it.accumulated) continue;
+        if (pf && !it.accumulated) {
+          if (t % K == 0 && a < M - 1) {
+            const int lands = (a + 1) * K, incoming = double_ring_shard(r, lands, G, K);
+            Message snd{it.name, i, travelling, mod(n + 1, M) * K + g, t * 16 + 8 + i, elems(it, travelling), false};
+            Message rcv{it.name, i, incoming, mod(n - 1, M) * K + g, t * 16 + 8 + i, elems(it, incoming), false};
+            snd.lands = rcv.lands = lands;
+            st.sends.push_back(snd);
+            st.recvs.push_back(rcv);
+          }
+          if (round_end) continue;  // the next shard is the prefetched one
+        }
         const int incoming = last ? r : double_ring_shard(r, t + 1, G, K);
         st.sends.push_back(Message{it.name, i, travelling, next, t * 16 + i, elems(it, travelling), it.accumulated});
         st.recvs.push_back(Message{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), false});
@@ -78,7 +95,7 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
 }
 
 int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r,
-                          bool sent, int64_t eb, int K, int link) {
+                          bool sent, int64_t eb, int K, int link, bool prefetch_inter) {
   const int G = qp.G;
   check(G, K);
   if (G == 1) return 0;
@@ -88,15 +105,28 @@ int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partit
   if (phase == Phase::Forward) ro_k = 2 * B * p.H_kv * d;                        // K, V
   else if (base == Algo::Ring) { ro_k = 2 * B * p.H_kv * d; acc_k = 2 * B * p.H_kv * d; }  // K, V; dK, dV
   else { ro_q = B * p.H_q * (2 * d + 2); acc_q = B * p.H_q * d; }                // Q, dO, D, LSE; dQ
+  const int M = G / K;
+  const bool pf = prefetch_inter && M > 1 && K > 1;
+  auto ro = [&](int shard) { return ro_q * qp.local_size(shard) + ro_k * kp.local_size(shard); };
+  auto acc = [&](int shard) { return acc_q * qp.local_size(shard) + acc_k * kp.local_size(shard); };
   int64_t e = 0;
   for (int t = 0; t < G; ++t) {
     const bool inter = double_ring_inter_hop(t, G, K);
-    if (link >= 0 && inter != (link == 1)) continue;
+    const bool in_class = link < 0 || inter == (link == 1);
     // Sent: the shard held at step t; received: the one held at step t + 1 (home after G-1).
     const int shard = sent ? double_ring_shard(r, t, G, K) : (t == G - 1 ? r : double_ring_shard(r, t + 1, G, K));
-    const int64_t nq = qp.local_size(shard), nk = kp.local_size(shard);
-    if (t < G - 1) e += ro_q * nq + ro_k * nk;
-    e += acc_q * nq + acc_k * nk;
+    if (in_class) e += acc(shard);
+    if (t == G - 1) continue;  // read-only tensors make G - 1 hops
+    if (!pf) {
+      if (in_class) e += ro(shard);
+      continue;
+    }
+    // Prefetch: intra hops after the non-final steps of a round; the inter hop posted at a
+    // round start t = aK (a < M-1) carries the shard held at t and delivers the one of (a+1)K.
+    const int a = t / K;
+    if (t % K != K - 1 && link != 1) e += ro(shard);
+    if (t % K == 0 && a < M - 1 && link != 0)
+      e += ro(sent ? double_ring_shard(r, t, G, K) : double_ring_shard(r, (a + 1) * K, G, K));
   }
   return e * eb;
 }

@@ -6,8 +6,13 @@
 // Per rank and phase the travelling tensors make G - M intra-node hops and M - 1 inter-node
 // hops (accumulated ones one more inter-node hop home): Table 1's (N - N_inter) intra and
 // N_inter inter transfers. Every rank crosses nodes in the same steps, so all NICs of a node
-// work at once (BurstEngine Fig. 4). Not yet done: prefetching the inter-node shard into a
-// third buffer during the intra rounds (the hops here run one per step). The schedule is an
+// work at once (BurstEngine Fig. 4). With prefetch_inter (the default), the read-only tensors'
+// inter-node hop is BurstEngine's separate inter-node buffer (Fig. 5): at the start of round a
+// (step aK) rank (n, g) posts the shard it holds to (n+1, g), into that rank's inter-node slots,
+// and the transfer stays in flight during the K intra-node steps; (n+1, g) computes on it at step
+// (a+1)K. The shard held at every step, hence every block and merge, is unchanged (bitwise equal
+// results); accumulated tensors (dQ; dK, dV) keep the one-hop-per-step path, since they are still
+// being accumulated during the round. The schedule is an
 // ordinary Schedule (schedule.hpp) with base algo Ring or Burst (which tensors travel: the
 // backward uses BurstAttention's traffic by default), so ring.hpp's executor runs it unchanged.
 #pragma once
@@ -31,12 +36,15 @@ int double_ring_shard(int r, int t, int G, int gpus_per_node);
 bool double_ring_inter_hop(int t, int G, int gpus_per_node);
 
 // Throws Error unless gpus_per_node >= 1 divides qp.G.
+// prefetch_inter: see above (only changes anything when M > 1 and K > 1).
 Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, const MaskData& mask,
-                                   const Partition& qp, const Partition& kp, int gpus_per_node);
+                                   const Partition& qp, const Partition& kp, int gpus_per_node,
+                                   bool prefetch_inter = true);
 
 // Closed form (spec §7.9, eq. 7.14-7.15): bytes rank r sends (sent) or receives over link class `link`
 // (0 intra, 1 inter, -1 both) in one phase of the double ring with base algo `base`.
 int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp,
-                          int r, bool sent, int64_t elem_bytes, int gpus_per_node, int link);
+                          int r, bool sent, int64_t elem_bytes, int gpus_per_node, int link,
+                          bool prefetch_inter = true);
 
 }  // namespace burstlab::dist

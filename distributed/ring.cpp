@@ -83,10 +83,13 @@ class RingRun {
       if (std::strcmp(items_[i].name, name) == 0) return i;
     return -1;
   }
-  // The buffer holding tensor `name` for the shard in use at step t.
+  // The buffer holding tensor `name` for the shard in use at step t: home at step 0, one of the
+  // inter-node slots at a step a prefetched hop landed on (spec §7.9), else the step's slot.
   T* at(const char* name, int t) {
     const int i = item_index(name);
     if (i < 0 || t == 0) return home_.at(name);
+    const auto l = landed_[i].find(t);
+    if (l != landed_[i].end()) return islots_[i][l->second].data;
     return slots_[i][t % 2].data;
   }
 
@@ -98,22 +101,52 @@ class RingRun {
       const int64_t n = it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size());
       slots_.push_back({e_.alloc(n), e_.alloc(n)});
     }
+    // The double ring's separate inter-node slots (spec §7.9): two per read-only tensor, one
+    // receiving the next round's shard while the other is read (and sent on) in this round.
+    islots_.assign(items_.size(), {});
+    landed_.assign(items_.size(), {});
+    std::vector<int> next_islot(items_.size(), 0);
+    for (const auto& steps : s_.steps[r_])
+      for (const Message& m : steps.recvs)
+        if (m.lands > 0 && islots_[m.item].empty()) {
+          const Item& it = items_[m.item];
+          const int64_t n = it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size());
+          islots_[m.item] = {e_.alloc(n), e_.alloc(n)};
+        }
     const int64_t eb = static_cast<int64_t>(sizeof(T));
+    // Prefetched hops in flight across steps: (landing step, request); destroyed (cancelled)
+    // before the buffers.
+    std::vector<std::pair<int, RequestPtr>> in_flight;
     for (int t = 0; t < G; ++t) {
       c_.set_context(s_.phase, t);
       const RankStep& st = s_.steps[r_][t];
       std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
       for (const Message& m : st.recvs) {
+        if (m.lands > 0) {  // into the inter-node slot not read this round
+          const int k = next_islot[m.item]++ % 2;
+          landed_[m.item][m.lands] = k;
+          in_flight.emplace_back(m.lands, c_.irecv(islots_[m.item][k].data, m.elems * eb, m.peer, m.tag,
+                                                   m.tensor.c_str()));
+          continue;
+        }
         // The last hop of an accumulated tensor lands in the home output.
         T* dst = (t == G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
         reqs.push_back(c_.irecv(dst, m.elems * eb, m.peer, m.tag, m.tensor.c_str()));
       }
+      auto prefetched = [&](int item) {
+        for (const Message& m : st.sends)
+          if (m.item == item && m.lands > 0) return true;
+        return false;
+      };
       auto send = [&](bool after) {
         for (const Message& m : st.sends) {
           if (m.after_compute != after) continue;
           // Home read-only inputs stay valid; everything else is rewritten before its next read.
-          const bool consume = t > 0 || items_[m.item].accumulated;
-          reqs.push_back(c_.isend(at(m.tensor.c_str(), t), m.elems * eb, m.peer, m.tag, m.tensor.c_str(), consume));
+          // A buffer that also feeds a prefetched hop is consumed by that (later-waited) send only.
+          const bool consume = (t > 0 || items_[m.item].accumulated) && (m.lands > 0 || !prefetched(m.item));
+          RequestPtr q = c_.isend(at(m.tensor.c_str(), t), m.elems * eb, m.peer, m.tag, m.tensor.c_str(), consume);
+          if (m.lands > 0) in_flight.emplace_back(m.lands, std::move(q));
+          else reqs.push_back(std::move(q));
         }
       };
       send(false);  // prefetch: overlaps with the compute below
@@ -121,6 +154,12 @@ class RingRun {
       e_.synchronize();
       send(true);  // gradients, after the compute that produced them
       wait_all(reqs);
+      // Prefetched hops landing at step t + 1 (both the receive and the send whose slot the
+      // next round reuses) must be complete before it.
+      std::vector<RequestPtr> due;
+      for (auto& f : in_flight)
+        if (f.second && f.first <= t + 1) due.push_back(std::move(f.second));
+      wait_all(due);
     }
   }
 
@@ -158,6 +197,8 @@ class RingRun {
   Buffer<T> O_part_, LSE_part_, D_;
   std::map<std::string, T*> home_;
   std::vector<std::vector<Buffer<T>>> slots_;
+  std::vector<std::vector<Buffer<T>>> islots_;  // [item] the two inter-node slots (double ring prefetch)
+  std::vector<std::map<int, int>> landed_;      // [item] landing step -> inter-node slot
 };
 
 void check_schedule(const Schedule& s, Phase want) {

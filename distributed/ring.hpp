@@ -6,7 +6,9 @@
 // slot t % 2 (at t = 0 on its home tensors); the receives for step t + 1 (into slot (t+1) % 2)
 // and the sends of read-only tensors are posted BEFORE the compute of step t, so on SimComm the
 // transfer threads copy while the rank computes. Accumulated tensors (dK, dV or dQ) are sent
-// after the compute that updates them. A step ends by waiting on all its requests.
+// after the compute that updates them. A step ends by waiting on all its requests, except the
+// double ring's prefetched inter-node hops (Message::lands > 0, spec §7.9): they go into two
+// extra inter-node slots per tensor and are waited for only before the step that reads them.
 #pragma once
 
 #include <cstdint>

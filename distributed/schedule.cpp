@@ -182,21 +182,24 @@ std::string trace(const Schedule& s, const Problem& p, const Partition& qp, cons
            << "(" << b.visible << ")";
       if (!st.skipped.empty()) os << "; skip " << st.skipped.size() << " masked";
       // Group messages by (peer, shard, before/after).
+      // Pass 2: the double ring's prefetched inter-node hop (spec §7.9), in flight until `lands`.
       auto list = [&](const std::vector<Message>& ms, bool is_send) {
-        for (int pass = 0; pass < 2; ++pass) {
+        for (int pass = 0; pass < 3; ++pass) {
           std::string names;
           int64_t bytes = 0;
-          int peer = -1, shard = -1;
+          int peer = -1, shard = -1, lands = 0;
           for (const Message& m : ms) {
-            if (m.after_compute != (pass == 1)) continue;
+            if ((m.lands > 0) != (pass == 2) || (pass < 2 && m.after_compute != (pass == 1))) continue;
             names += (names.empty() ? "" : ",") + m.tensor;
             bytes += m.elems * elem_bytes;
             peer = m.peer;
             shard = m.shard;
+            lands = m.lands;
           }
           if (names.empty()) continue;
-          os << "; " << (is_send ? (pass ? "then send " : "send ") : "recv ") << names << "[shard " << shard
-             << "] " << (is_send ? "-> " : "<- ") << peer << " (" << bytes << " B)";
+          os << "; " << (pass == 2 ? "inter-node " : "") << (is_send ? (pass == 1 ? "then send " : "send ") : "recv ")
+             << names << "[shard " << shard << "] " << (is_send ? "-> " : "<- ") << peer << " (" << bytes << " B"
+             << (pass == 2 ? ", in flight until step " + std::to_string(lands) : std::string()) << ")";
         }
       };
       list(st.sends, true);

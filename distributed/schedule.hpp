@@ -50,6 +50,11 @@ struct Message {
   int tag = 0;               // step * 16 + item
   int64_t elems = 0;         // elements (bytes = elems * sizeof(T))
   bool after_compute = false;  // sends only: posted after the step's compute (gradients)
+  // 0: an ordinary hop (received for the next step, waited for at the end of this one).
+  // > 0: the double ring's prefetched inter-node hop (spec §7.9): posted at the start of a node
+  // round, in flight during the whole round, received into the separate inter-node slots and
+  // waited for (both sides) only before step `lands`, the step whose compute first reads it.
+  int lands = 0;
 };
 
 struct RankStep {

@@ -44,6 +44,9 @@ Cluster cluster_preset(const std::string& name) {
 }
 
 double flops_per_pair(Phase phase, int64_t d) { return (phase == Phase::Backward ? 10.0 : 4.0) * double(d); }
+double flops_rate(const Cluster& c, Phase phase) {
+  return phase == Phase::Backward && c.flops_per_s_backward > 0 ? c.flops_per_s_backward : c.flops_per_s;
+}
 
 namespace {
 int mod(int a, int m) { return ((a % m) + m) % m; }
@@ -52,8 +55,9 @@ void check_cluster(const Cluster& c, int G) {
   if (c.gpus_per_node < 1 || c.nodes < 1 || c.nodes * c.gpus_per_node != G)
     fail("cluster nodes x gpus_per_node (", c.nodes, " x ", c.gpus_per_node, ") must equal the world size G (", G,
          ")");
-  if (c.intra.bytes_per_s <= 0 || c.inter.bytes_per_s <= 0 || c.flops_per_s <= 0)
-    fail("cluster bandwidths and flops_per_s must be > 0");
+  if (c.intra.bytes_per_s <= 0 || c.inter.bytes_per_s <= 0 || c.flops_per_s <= 0 ||
+      c.flops_per_s_backward < 0)
+    fail("cluster bandwidths and flops_per_s must be > 0 (flops_per_s_backward >= 0)");
 }
 }  // namespace
 
@@ -79,7 +83,7 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       const RankStep& st = s.steps[r][t];
       int64_t pairs = 0;
       for (const BlockTask& b : st.blocks) pairs += b.visible;
-      const double ct = fpp * double(pairs) / c.flops_per_s;
+      const double ct = fpp * double(pairs) / flops_rate(c, s.phase);
       comp[r] += ct;
       step_comp = std::max(step_comp, ct);
       // Messages: (item, peer, bytes).
@@ -186,7 +190,7 @@ Prediction simulate_ulysses(Phase phase, const Problem& p, const MaskData& mask,
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
   int64_t pairs = 0;
   for (int r = 0; r < G; ++r) pairs += all_pairs(mask, qp, kp, r);
-  const double ct = flops_per_pair(phase, d) * double(B * Hg) * double(pairs) / c.flops_per_s;
+  const double ct = flops_per_pair(phase, d) * double(B * Hg) * double(pairs) / flops_rate(c, phase);
   std::vector<std::vector<Round>> rounds(G, std::vector<Round>(2));
   for (int r = 0; r < G; ++r)
     for (int s = 0; s < G; ++s) {
@@ -220,7 +224,7 @@ Prediction simulate_allgather(Phase phase, const Problem& p, const MaskData& mas
   std::vector<double> comp(G);
   std::vector<std::vector<Round>> rounds(G, std::vector<Round>(phase == Phase::Backward ? 2 : 1));
   for (int r = 0; r < G; ++r) {
-    comp[r] = flops_per_pair(phase, p.d) * double(p.B * p.H_q) * double(all_pairs(mask, qp, kp, r)) / c.flops_per_s;
+    comp[r] = flops_per_pair(phase, p.d) * double(p.B * p.H_q) * double(all_pairs(mask, qp, kp, r)) / flops_rate(c, phase);
     for (int s = 0; s < G; ++s) {
       if (s == r) continue;
       rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // K
@@ -252,7 +256,7 @@ Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& m
     for (int jj = 0; jj < g.p_c; ++jj)
       for (int ii = 0; ii < g.p_r; ++ii)
         pairs += visible_in(m, qp.chunks[g.rank(i, jj)], kp.chunks[g.row_major(g.rank(ii, j))]);
-    comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / c.flops_per_s;
+    comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / flops_rate(c, phase);
     const int64_t kv = B * Hkv * d * eb;
     if (rt != r) for (int k = 0; k < 2; ++k) rounds[r][0].msgs.push_back({holder, kv * kp.local_size(r)});  // K, V
     for (int jj = 0; jj < g.p_c; ++jj) {
@@ -298,7 +302,7 @@ Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mas
       double ct = 0;
       if (st.role != FlashRole::Idle) {
         ct = flops_per_pair(phase, d) * double(B * Hq) *
-             double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / c.flops_per_s;
+             double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / flops_rate(c, phase);
         if (st.role == FlashRole::Helper) msgs.push_back({st.q, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(st.q)});
         if (bwd && st.role == FlashRole::Owner && st.k != r)
           for (int k = 0; k < 2; ++k) msgs.push_back({st.k, B * Hkv * d * eb * kp.local_size(st.k)});

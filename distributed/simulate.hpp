@@ -44,6 +44,7 @@ struct Cluster {
   int nodes = 1, gpus_per_node = 1;
   LinkCost intra, inter;
   double flops_per_s = 1e12;  // attention FLOP rate per device
+  double flops_per_s_backward = 0;  // the backward's rate, when measured apart (0: flops_per_s)
 };
 // Presets for the papers' clusters (bandwidths from the papers; latencies and FLOP rates are
 // stated assumptions, see each note): a100-pcie (1 x 8 A100, PCIe), a100-roce (4 x 8 A100,
@@ -73,6 +74,8 @@ struct Prediction {
 
 // FLOPs of one visible pair per q head: 4 d (forward), 10 d (backward).
 double flops_per_pair(Phase phase, int64_t d);
+// The FLOP rate that prices one phase: flops_per_s_backward for the backward when set (> 0).
+double flops_rate(const Cluster& c, Phase phase);
 
 // Replays one phase of a ring-family schedule.
 Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,

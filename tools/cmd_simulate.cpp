@@ -3,14 +3,17 @@
 #include "cmd_simulate.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "burstlab/error.hpp"
 #include "common.hpp"
+#include "cpu_engine.hpp"
 #include "double_ring.hpp"
 #include "schedule.hpp"
 #include "simulate.hpp"
@@ -29,11 +32,12 @@ void print_double_ring(const Problem& p, const MaskData& md, const dist::Partiti
                 G / K, K, dist::trace(s, p, qp, kp, eb).c_str());
     std::printf("bytes per link class (spec §7.9):\n");
     for (int r = 0; r < G; ++r) {
-      const int64_t si = dist::schedule_bytes(s, r, true, eb);
+      int64_t si[2] = {0, 0};  // the schedule's sends by link class (intra, inter)
+      for (const dist::RankStep& st : s.steps[r])
+        for (const dist::Message& m : st.sends) si[m.peer / K != r / K] += m.elems * eb;
       std::printf("  rank %d: sent %lld B = intra %lld + inter %lld (closed form %lld + %lld)\n", r,
-                  static_cast<long long>(si),
-                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 0)),
-                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 1)),
+                  static_cast<long long>(dist::schedule_bytes(s, r, true, eb)), static_cast<long long>(si[0]),
+                  static_cast<long long>(si[1]),
                   static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 0)),
                   static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 1)));
     }
@@ -50,8 +54,65 @@ struct SimFlags {
   std::string mask = "causal", partition = "zigzag";
   int elem_bytes = 2;
   double intra_gbs = 0, inter_gbs = 0, intra_us = -1, inter_us = -1, tflops = 0;
+  std::string flops;  // "measured": time the CPU engine (measure_cpu_rate) instead of the preset's rate
   bool json = false;
 };
+
+// The CPU engine's attention FLOP rate (spec §7.10's F) on a representative block: one full
+// (unmasked) 512 x 512 block of one head at the simulated d, fp32, through Engine::forward_block
+// and Engine::backward_block (what a ring step runs), FLOPs counted as (7.17): 4 d (forward),
+// 10 d (backward) per pair. Each pass is repeated until ~100 ms have elapsed (at least twice).
+struct MeasuredRate {
+  double fwd = 0, bwd = 0;  // FLOP/s
+  int64_t n = 0, d = 0;
+  int reps_fwd = 0, reps_bwd = 0;
+};
+MeasuredRate measure_cpu_rate(int64_t d) {
+  MeasuredRate m;
+  m.n = 512;
+  m.d = d;
+  const int64_t n = m.n;
+  const Problem p = make_problem(1, 1, 1, n, n, d, "none", 1, nullptr);
+  const MaskData md = compile_mask(p);
+  auto engine = dist::make_cpu_engine<float>(cpu::Tiles{});
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto rnd = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = u(gen);
+    return v;
+  };
+  std::vector<float> Q = rnd(n * d), K = rnd(n * d), V = rnd(n * d), dO = rnd(n * d);  // (1, 1, n, d)
+  std::vector<float> O(n * d), LSE(n), D(n), dQ(n * d), dK(n * d), dV(n * d);        // (1, 1, n, d), (1, 1, n)
+  auto v4 = [&](float* x) { return view4(x, Layout::BHSD, 1, 1, n, d); };
+  auto c4 = [&](float* x) { return as_const(v4(x)); };
+  auto v3 = [&](float* x) { return view3(x, 1, 1, n); };
+  const Positions pos = contiguous(0, n);
+  const double pairs = double(n) * double(n);
+  auto timed = [](auto&& body, int& reps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double s = 0;
+    for (reps = 0; reps < 2 || s < 0.1; ++reps) {
+      body();
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return s / reps;
+  };
+  const double tf = timed([&] { engine->forward_block(p, md, pos, pos, c4(Q.data()), c4(K.data()), c4(V.data()),
+                                                      v4(O.data()), v3(LSE.data())); },
+                          m.reps_fwd);
+  engine->compute_D(c4(O.data()), c4(dO.data()), v3(D.data()));
+  const double tb = timed(
+      [&] {
+        engine->backward_block(p, md, pos, pos, c4(Q.data()), c4(K.data()), c4(V.data()), c4(dO.data()),
+                               as_const(v3(LSE.data())), as_const(v3(D.data())), v4(dQ.data()),
+                               v4(dK.data()), v4(dV.data()));
+      },
+      m.reps_bwd);
+  m.fwd = dist::flops_per_pair(dist::Phase::Forward, d) * pairs / tf;
+  m.bwd = dist::flops_per_pair(dist::Phase::Backward, d) * pairs / tb;
+  return m;
+}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -70,6 +131,18 @@ int run_simulate(const SimFlags& f) {
   if (f.intra_us >= 0) c.intra.alpha_s = f.intra_us * 1e-6;
   if (f.inter_us >= 0) c.inter.alpha_s = f.inter_us * 1e-6;
   if (f.tflops > 0) c.flops_per_s = f.tflops * 1e12;
+  if (!f.flops.empty() && f.flops != "measured") fail("flops (", f.flops, ") must be 'measured'");
+  if (f.flops == "measured") {
+    if (f.tflops > 0) fail("flops (measured) and tflops (", f.tflops, ") both set the compute rate: give one");
+    const MeasuredRate m = measure_cpu_rate(f.d);
+    c.flops_per_s = m.fwd;
+    c.flops_per_s_backward = m.bwd;
+    if (!f.json)
+      std::printf("measured cpu engine (fp32, one %lld x %lld block, d=%lld, no mask): forward %.2f GFLOP/s (%d reps), "
+                "backward %.2f GFLOP/s (%d reps)\n",
+                static_cast<long long>(m.n), static_cast<long long>(m.n), static_cast<long long>(m.d), m.fwd / 1e9,
+                m.reps_fwd, m.bwd / 1e9, m.reps_bwd);
+  }
   if (f.elem_bytes < 1) fail("elem-bytes (", f.elem_bytes, ") must be >= 1");
   const int G = c.nodes * c.gpus_per_node, K = c.gpus_per_node;
   const Problem p = make_problem(f.B, f.H_q, f.H_kv, f.seq, f.seq, f.d, f.mask, 1, nullptr);
@@ -138,7 +211,9 @@ int run_simulate(const SimFlags& f) {
     all_match = all_match && ok;
     t1.add({text(name), number(closed * 1e3, "%.4f"), number(replayed * 1e3, "%.4f"), text(ok ? "yes" : "NO")});
   };
-  const bool one_p = p.H_q == p.H_kv && f.seq % G == 0;
+  // Table 1's N_inter = M counts the inter-node hops of a ring over M nodes; with one node there
+  // are none (the wrap-around hop is intra-node), so its expressions do not apply.
+  const bool one_p = p.H_q == p.H_kv && f.seq % G == 0 && c.nodes >= 2;
   if (one_p) {
     const double P = double(p.B * p.H_q * (f.seq / G) * p.d * eb);
     const double Ti = c.intra.time(P), Te = c.inter.time(P);
@@ -164,14 +239,20 @@ int run_simulate(const SimFlags& f) {
   }
   if (f.json) {
     Json j = {{"cluster", c.name}, {"nodes", c.nodes}, {"gpus_per_node", K}, {"rows", t.json()}};
+    if (f.flops == "measured")
+      j["measured_flops_per_s"] = {{"forward", c.flops_per_s}, {"backward", c.flops_per_s_backward}};
     if (one_p) j["table1"] = t1.json();
     std::printf("%s\n", j.dump(2).c_str());
     return all_match ? 0 : 1;
   }
   std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, inter %.1f GB/s + %.1f us, "
-              "%.0f TFLOP/s per GPU\n  %s, mask %s, partition %s, %d-byte elements\n\n",
+              "%.4g TFLOP/s per GPU%s\n  %s, mask %s, partition %s, %d-byte elements\n\n",
               c.name.c_str(), c.note.c_str(), c.nodes, K, c.intra.bytes_per_s / 1e9, c.intra.alpha_s * 1e6,
-              c.inter.bytes_per_s / 1e9, c.inter.alpha_s * 1e6, c.flops_per_s / 1e12, shape_string(p).c_str(),
+              c.inter.bytes_per_s / 1e9, c.inter.alpha_s * 1e6, c.flops_per_s / 1e12,
+              c.flops_per_s_backward > 0
+                  ? (" forward, " + std::to_string(c.flops_per_s_backward / 1e12) + " backward (measured)").c_str()
+                  : "",
+              shape_string(p).c_str(),
               describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
   std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"
@@ -182,7 +263,8 @@ int run_simulate(const SimFlags& f) {
     t1.print(stdout);
     if (!all_match) std::printf("FAIL: the replay differs from Table 1\n");
   } else {
-    std::printf("\n(Table 1 needs H_q = H_kv and seq %% G == 0: one message size P)\n");
+    std::printf("\n(Table 1 not compared: it needs H_q = H_kv and seq %% G == 0 (one message size P) and at least\n"
+                " 2 nodes (its N_inter = M inter-node hops; one node has none))\n");
   }
   return all_match ? 0 : 1;
 }
@@ -212,6 +294,9 @@ void add_simulate_command(CLI::App& app) {
   sub->add_option("--intra-us", f->intra_us, "override intra-node latency (us)");
   sub->add_option("--inter-us", f->inter_us, "override inter-node latency (us)");
   sub->add_option("--tflops", f->tflops, "override attention TFLOP/s per GPU");
+  sub->add_option("--flops", f->flops,
+                  "measured: time the CPU engine's forward/backward on one 512 x 512 block (~0.2 s), print and use "
+                  "those rates");
   sub->add_flag("--json", f->json, "JSON instead of tables");
   sub->footer(
       "Presets: bandwidths from the papers' clusters; latencies and the FLOP rate are assumptions\n"

@@ -2,6 +2,7 @@
 #include "distributed.hpp"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -229,6 +230,148 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
   return ok;
 }
 
+// Step-by-step trace of the two collective baselines (spec §7.7 Ulysses, §7.8 all-gather CP):
+// what each rank holds before and after each collective, what it sends to each peer, and its
+// bytes per phase next to the closed forms (7.10)-(7.13). The per-message sizes below are
+// derived from the data movement (rows x row width), independently of the closed-form formulas,
+// so a mismatch prints "NO" and the command fails (exit 1).
+std::string rows_of(const dist::Partition& part, int r) {
+  std::string s;
+  for (int c : part.rank_chunks[r]) s += (s.empty() ? "" : " ") + dist::chunk_name(part.chunks[c]);
+  return s + " (" + std::to_string(part.local_size(r)) + " rows)";
+}
+std::string heads(int64_t lo, int64_t n) { return "[" + std::to_string(lo) + "," + std::to_string(lo + n) + ")"; }
+
+bool print_collective_trace(const std::string& algo, const Problem& p, const MaskData& md, const dist::Partition& qp,
+                            const dist::Partition& kp, int64_t eb, bool fwd, bool bwd) {
+  const int G = qp.G;
+  const bool uly = algo == "ulysses";
+  if (uly) dist::check_ulysses(p, G);  // H_q % G == 0, H_kv % G == 0
+  const MaskParams m = md.params();
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
+  bool ok = true;
+  auto cell = [&](int64_t elems) { return std::to_string(elems * eb) + " B"; };
+  // Rank r's visible pairs of its queries against all keys (one (b, h)).
+  auto pairs_of = [&](int r) {
+    int64_t n = 0;
+    for (int qc : qp.rank_chunks[r])
+      for (const dist::Chunk& kc : kp.chunks) n += dist::visible_in(m, qp.chunks[qc], kc);
+    return n;
+  };
+  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
+    const bool bw = ph == dist::Phase::Backward;
+    std::vector<int64_t> sent(G, 0), recv(G, 0);  // elements per rank
+    std::printf("\n%s %s: G=%d, N_q=%lld, N_k=%lld, %lld-byte elements (collectives: every rank, every peer, at once)\n",
+                algo.c_str(), dist::to_string(ph).c_str(), G, static_cast<long long>(p.N_q),
+                static_cast<long long>(p.N_k), static_cast<long long>(eb));
+    if (uly) {
+      // Row widths: Q, dO (d) + LSE, D (1) in the backward; K, V (2d per kv head).
+      const int64_t wq = bw ? 2 * d + 2 : d, wkv = 2 * d;
+      const char* qname = bw ? "Q,dO,LSE,D" : "Q";
+      std::printf("before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
+                  static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
+                  bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
+      for (int r = 0; r < G; ++r)
+        std::printf("  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
+      std::printf("collective 1: all-to-all sequence -> heads of %s,K,V (rank r sends peer s its rows of head group s)\n",
+                  qname);
+      for (int r = 0; r < G; ++r) {
+        std::printf("  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv);
+          sent[r] += e;
+          recv[s] += e;
+          std::printf(" -> %d %s (q heads %s, kv heads %s);", s, cell(e).c_str(), heads(s * Hg, Hg).c_str(),
+                      heads(s * Hkvg, Hkvg).c_str());
+        }
+        std::printf("\n");
+      }
+      std::printf("after: rank r holds all N_q=%lld q rows of q heads [r Hg, (r+1) Hg) and all N_k=%lld kv rows of kv "
+                  "heads [r Hkvg, (r+1) Hkvg) (Hg=%lld, Hkvg=%lld), shards end to end in rank order\n",
+                  static_cast<long long>(p.N_q), static_cast<long long>(p.N_k), static_cast<long long>(Hg),
+                  static_cast<long long>(Hkvg));
+      for (int r = 0; r < G; ++r)
+        std::printf("  rank %d: q heads %s, kv heads %s; compute one %s over %lld visible pairs per head\n", r,
+                    heads(r * Hg, Hg).c_str(), heads(r * Hkvg, Hkvg).c_str(),
+                    bw ? "backward_block (6.2) into dQ, dK, dV of its heads" : "forward_block (6.1)",
+                    static_cast<long long>(visible_pairs(p)));
+      const char* back = bw ? "dQ,dK,dV" : "O,LSE";
+      std::printf("collective 2: all-to-all heads -> sequence of %s (rank r sends peer s the rows of shard s of head "
+                  "group r)\n",
+                  back);
+      for (int r = 0; r < G; ++r) {
+        std::printf("  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
+                               : B * Hg * qp.local_size(s) * (d + 1);
+          sent[r] += e;
+          recv[s] += e;
+          std::printf(" -> %d %s;", s, cell(e).c_str());
+        }
+        std::printf("\n");
+      }
+      std::printf("after: rank r holds %s of its own sequence rows of every head (no reduction: one producer per "
+                  "row)\n",
+                  back);
+    } else {
+      const int64_t wkv = 2 * p.H_kv * d;  // K, V of every kv head, per row
+      std::printf("before: rank r holds its q rows and kv rows of every head\n");
+      for (int r = 0; r < G; ++r)
+        std::printf("  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
+      std::printf("collective 1: all-gather K,V%s (rank r sends its kv rows to every peer)\n",
+                  bw ? " (again: nothing is kept between passes)" : "");
+      for (int r = 0; r < G; ++r) {
+        std::printf("  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = B * kp.local_size(r) * wkv;
+          sent[r] += e;
+          recv[s] += e;
+          std::printf(" -> %d %s;", s, cell(e).c_str());
+        }
+        std::printf("\n");
+      }
+      std::printf("after: every rank holds all N_k=%lld kv rows (shards end to end in rank order)\n",
+                  static_cast<long long>(p.N_k));
+      for (int r = 0; r < G; ++r)
+        std::printf("  rank %d: compute one %s of its q rows against all keys: %lld visible pairs per head\n", r,
+                    bw ? "backward_block (6.2): dQ at home, partial dK, dV of all N_k rows" : "forward_block (6.1)",
+                    static_cast<long long>(pairs_of(r)));
+      if (bw) {
+        std::printf("collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s sums "
+                    "them in rank order 0..G-1)\n");
+        for (int r = 0; r < G; ++r) {
+          std::printf("  rank %d:", r);
+          for (int s = 0; s < G; ++s) {
+            if (s == r) continue;
+            const int64_t e = B * kp.local_size(s) * wkv;
+            sent[r] += e;
+            recv[s] += e;
+            std::printf(" -> %d %s;", s, cell(e).c_str());
+          }
+          std::printf("\n");
+        }
+        std::printf("after: rank r holds dQ of its q rows and the summed dK, dV of its kv rows\n");
+      }
+    }
+    std::printf("bytes per rank (spec %s):\n", uly ? (bw ? "7.11" : "7.10") : (bw ? "7.13" : "7.12"));
+    for (int r = 0; r < G; ++r) {
+      const int64_t cs = uly ? dist::ulysses_bytes(ph, p, qp, kp, r, true, eb) : dist::allgather_bytes(ph, p, qp, kp, r, true, eb);
+      const int64_t cr = uly ? dist::ulysses_bytes(ph, p, qp, kp, r, false, eb) : dist::allgather_bytes(ph, p, qp, kp, r, false, eb);
+      const bool match = sent[r] * eb == cs && recv[r] * eb == cr;
+      ok = ok && match;
+      std::printf("  rank %d: sent %lld B (closed form %lld), received %lld B (closed form %lld)%s\n", r,
+                  static_cast<long long>(sent[r] * eb), static_cast<long long>(cs),
+                  static_cast<long long>(recv[r] * eb), static_cast<long long>(cr), match ? "" : "  NO");
+    }
+  }
+  if (!ok) std::printf("FAIL: traced bytes differ from the closed forms of spec §7.7-7.8\n");
+  return ok;
+}
+
 void add_schedule_command(CLI::App& app) {
   struct State {
     ShapeFlags shape;
@@ -248,7 +391,7 @@ void add_schedule_command(CLI::App& app) {
   add_shape_flags(sub, s->shape, false);
   add_dtype_flag(sub, s->run);
   add_pass_flag(sub, s->run);
-  sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring")->capture_default_str();
+  sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring | ulysses | allgather")->capture_default_str();
   sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
       ->capture_default_str();
   sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str();
@@ -259,7 +402,9 @@ void add_schedule_command(CLI::App& app) {
       "per-rank work and bytes next to the closed forms of spec §7.5.\n\n"
       "Examples:\n"
       "  burstlab schedule --algo ring --world 4 --partition zigzag --mask causal --nq 16 --nk 16\n"
-      "  burstlab schedule --algo burst --world 3 --partition striped --pass bwd --hq 4 --hkv 1");
+      "  burstlab schedule --algo burst --world 3 --partition striped --pass bwd --hq 4 --hkv 1\n"
+      "  burstlab schedule --algo ulysses --world 4 --hq 8 --hkv 4 --nq 16 --nk 16 -d 8   (collectives:\n"
+      "  what each rank holds before/after each all-to-all, bytes per peer, spec 7.10-7.13)");
   sub->callback([s] {
     try {
       const ShapeFlags& f = s->shape;
@@ -286,6 +431,12 @@ void add_schedule_command(CLI::App& app) {
                           pass.bwd);
         return;
       }
+      if (s->dist.algo == "ulysses" || s->dist.algo == "allgather") {  // spec §7.7-7.8: collectives
+        if (!print_collective_trace(s->dist.algo, p, md, qp, kp, eb, pass.fwd, pass.bwd)) std::exit(1);
+        return;
+      }
+      if (dist::is_ext_algo(s->dist.algo))
+        fail("algo (", s->dist.algo, ") has no schedule trace: use ring, burst, double-ring, ulysses or allgather");
       if (pass.fwd)
         std::printf("\n%s", dist::trace(dist::make_schedule(o.algo, dist::Phase::Forward, p, md, qp, kp), p, qp, kp, eb).c_str());
       if (pass.bwd)

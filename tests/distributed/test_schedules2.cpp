@@ -252,3 +252,89 @@ TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
       for (int r = 0; r < 4; ++r) EXPECT_NE(errors[r].find("rank 1"), std::string::npos) << errors[r];
     }
 }
+
+// BurstEngine's separate inter-node buffer (spec §7.9): the read-only tensors' inter-node hop is
+// posted at the start of each node round and lands K steps later, in flight during the whole
+// round. Every step computes on the same shard as the one-hop-per-step double ring, so results
+// are bitwise equal; bytes per link class equal the (prefetch) closed form, and the plain one
+// for even shards (7.15).
+TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
+  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  const Case c = make_case(1, 4, 2, 43, 38, 8, "causal+document:3");
+  int runs = 0;
+  for (auto [G, K] : {std::pair<int, int>{4, 2}, {6, 2}, {6, 3}, {8, 4}, {9, 3}})
+    for (Algo base : {Algo::Burst, Algo::Ring})
+      for (PartitionKind k : {PartitionKind::Contiguous, PartitionKind::Zigzag}) {
+        if (k == PartitionKind::Zigzag && std::min(c.p.N_q, c.p.N_k) < 2 * G) continue;
+        ExtOptions o;
+        o.algo = ExtAlgo::DoubleRing;
+        o.partition = k;
+        o.world = G;
+        o.gpus_per_node = K;
+        o.base = base;
+        o.sim.poison = true;
+        o.sim.reorder = true;
+        o.sim.seed = 3 + G;
+        const DistResult<double> pf = run(c, o, *engine);
+        expect_bytes(c, o, pf);
+        o.prefetch_inter = false;
+        const DistResult<double> plain = run(c, o, *engine);
+        expect_bytes(c, o, plain);
+        const std::string what = std::string(base == Algo::Burst ? "burst" : "ring") + " G=" + std::to_string(G) +
+                                 " K=" + std::to_string(K) + " " + to_string(k);
+        for (int r = 0; r < G; ++r) {
+          for (auto pr : {std::make_pair(&pf.O[r], &plain.O[r]), std::make_pair(&pf.dQ[r], &plain.dQ[r]),
+                          std::make_pair(&pf.dK[r], &plain.dK[r]), std::make_pair(&pf.dV[r], &plain.dV[r])})
+            ASSERT_EQ(std::memcmp(pr.first->data.data(), pr.second->data.data(), pr.first->data.size() * 8), 0)
+                << what << " rank " << r;
+          ASSERT_EQ(std::memcmp(pf.LSE[r].data.data(), plain.LSE[r].data.data(), pf.LSE[r].data.size() * 8), 0)
+              << what << " rank " << r;
+          ASSERT_TRUE(testutil::all_pass(check_rank(c, pf, r), what + " rank " + std::to_string(r)));
+        }
+        // The schedule: per rank M - 1 prefetched hops per read-only tensor, to (n+1, g), posted
+        // at t = aK and landing at (a+1)K; no read-only hop at a round end.
+        const int M = G / K;
+        for (const Schedule* s : {&pf.fwd, &pf.bwd})
+          for (int r = 0; r < G; ++r) {
+            int prefetched = 0;
+            for (int t = 0; t < G; ++t)
+              for (const Message& m : s->steps[r][t].sends) {
+                const Item& it = travelling_items(s->algo, s->phase)[m.item];
+                if (m.lands > 0) {
+                  ++prefetched;
+                  EXPECT_EQ(t % K, 0) << what;
+                  EXPECT_EQ(m.lands, t + K) << what;
+                  EXPECT_EQ(m.peer, ((r / K + 1) % M) * K + r % K) << what;
+                  EXPECT_FALSE(it.accumulated) << what;
+                } else if (!it.accumulated) {
+                  EXPECT_NE(t % K, K - 1) << what << " read-only hop at a round end";
+                }
+              }
+            int read_only = 0;
+            for (const Item& it : travelling_items(s->algo, s->phase)) read_only += it.accumulated ? 0 : 1;
+            EXPECT_EQ(prefetched, (M - 1) * read_only) << what << " rank " << r;
+          }
+        // Executed, not only planned: every read-only inter-node transfer is posted (logged) at a
+        // round start, K steps before the step that reads it.
+        for (int r = 0; r < G; ++r)
+          for (const Transfer& x : pf.logs[r])
+            if (x.link == Link::Inter && x.what != "dQ" && x.what != "dK" && x.what != "dV") {
+              EXPECT_EQ(x.step % K, 0) << what << " rank " << r << " " << x.what << " step " << x.step;
+            }
+        ++runs;
+      }
+  EXPECT_GE(runs, 16);
+  // Even shards: the per-class totals are those of one hop per step, eq. (7.15).
+  const Problem p = testutil::make_problem(2, 4, 2, 48, 48, 8, "causal", 1);
+  for (auto [G, K] : {std::pair<int, int>{4, 2}, {6, 3}, {8, 2}})
+    for (Algo base : {Algo::Burst, Algo::Ring})
+      for (Phase ph : {Phase::Forward, Phase::Backward}) {
+        const Partition part = make_partition(PartitionKind::Zigzag, 48, G);
+        for (int r = 0; r < G; ++r)
+          for (int link : {0, 1})
+            for (bool sent : {true, false})
+              EXPECT_EQ(double_ring_bytes(base, ph, p, part, part, r, sent, 2, K, link, true),
+                        double_ring_bytes(base, ph, p, part, part, r, sent, 2, K, link, false))
+                  << G << " " << K << " rank " << r << " link " << link;
+      }
+}

@@ -149,3 +149,28 @@ TEST(Simulator, Attention2DAndDistFlashReplayTheClosedFormBytes) {
     }
   }
 }
+
+// A separately measured backward rate (`burstlab simulate --flops measured`) prices only the
+// backward: halving it doubles every backward model's compute (7.17), the forward is unchanged.
+TEST(Simulator, BackwardRatePricesOnlyTheBackward) {
+  const int G = 4;
+  const SimCase s = setup(G, 6, "causal");
+  Cluster c = cluster_preset("a100-pcie");
+  c.nodes = 1;
+  c.gpus_per_node = G;
+  c.flops_per_s = 3e12;
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    const Schedule sch = make_schedule(Algo::Burst, ph, s.p, s.mask, s.part, s.part);
+    Cluster slow = c;
+    slow.flops_per_s_backward = c.flops_per_s / 2;
+    const double k = ph == Phase::Backward ? 2.0 : 1.0;
+    expect_close(simulate_schedule(sch, s.p, s.part, s.part, slow, 2, SimSpec{}).compute_s,
+                 k * simulate_schedule(sch, s.p, s.part, s.part, c, 2, SimSpec{}).compute_s, "ring family");
+    expect_close(simulate_ulysses(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
+                 k * simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s, "ulysses");
+    expect_close(simulate_allgather(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
+                 k * simulate_allgather(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s, "allgather");
+  }
+  c.flops_per_s_backward = -1;
+  EXPECT_THROW(simulate_ulysses(Phase::Forward, s.p, s.mask, s.part, s.part, c, 2), Error);
+}
