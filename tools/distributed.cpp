@@ -372,6 +372,95 @@ bool print_collective_trace(const std::string& algo, const Problem& p, const Mas
   return ok;
 }
 
+// spec §7.12: DistFlashAttn's balanced causal schedule as data: per step, who owns or helps
+// which block, what travels, and the bytes next to the closed forms (7.24)-(7.25).
+bool print_distflash_trace(const Problem& p, const MaskData& md, const dist::Partition& qp,
+                           const dist::Partition& kp, int64_t eb, bool fwd, bool bwd) {
+  dist::check_distflash(md, qp, kp);
+  const int P = qp.G;
+  const dist::FlashSchedule fs = dist::make_distflash_schedule(P);
+  const MaskParams m = md.params();
+  auto pairs = [&](int a, int b) {  // rank a's queries x rank b's keys (one (b, h))
+    int64_t n = 0;
+    for (int qc : qp.rank_chunks[a])
+      for (int kc : kp.rank_chunks[b]) n += dist::visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+    return n;
+  };
+  std::printf("\ndistflash: P=%d, contiguous, %zu steps; idle fraction (eq. 7.24, over P^2 worker-steps) = %.4f\n", P,
+              fs.steps.empty() ? size_t(0) : fs.steps[0].size(), dist::distflash_idle_fraction(fs));
+  const size_t T = fs.steps.empty() ? 0 : fs.steps[0].size();
+  for (size_t t = 0; t < T; ++t) {
+    std::printf("step %zu\n", t);
+    for (int r = 0; r < P; ++r) {
+      const dist::FlashStep& st = fs.steps[r][t];
+      std::printf("  rank %d: ", r);
+      if (st.role == dist::FlashRole::Idle) {
+        std::printf("idle");
+      } else {
+        std::printf("%s block Q[rank %d] x K[rank %d] (%lld pairs)", st.role == dist::FlashRole::Owner ? "owner " : "helper",
+                    st.q, st.k, static_cast<long long>(pairs(st.q, st.k)));
+        if (st.role == dist::FlashRole::Helper)
+          std::printf(" with its own K,V and Q fetched from rank %d; partial %s back to rank %d", st.q,
+                      bwd && !fwd ? "dQ" : "(O, LSE) [fwd] / dQ [bwd]", st.q);
+        if (st.role == dist::FlashRole::Owner && st.k != r) std::printf(" with K,V fetched from rank %d", st.k);
+      }
+      if (st.kv_dst >= 0) std::printf("; sends K,V -> %d", st.kv_dst);
+      if (st.q_dst >= 0) std::printf("; sends Q -> %d", st.q_dst);
+      std::printf("\n");
+    }
+  }
+  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
+    std::printf("%s bytes per rank (closed form 7.25):", dist::to_string(ph).c_str());
+    for (int r = 0; r < P; ++r)
+      std::printf(" r%d sent %lld recv %lld;", r, static_cast<long long>(dist::distflash_bytes(ph, p, qp, kp, r, true, eb)),
+                  static_cast<long long>(dist::distflash_bytes(ph, p, qp, kp, r, false, eb)));
+    std::printf("\n");
+  }
+  return true;
+}
+
+// spec §7.11: Attention2D's grid: where each rank sits, what it gathers in its row and column,
+// the one block it computes, and the bytes of (7.22)-(7.23) (overlapped: 7.26).
+bool print_attention2d_trace(const Problem& p, const MaskData& md, const dist::Partition& qp,
+                             const dist::Partition& kp, const std::string& grid, bool overlap, int64_t eb, bool fwd,
+                             bool bwd) {
+  const int P = qp.G;
+  const dist::Grid g = grid.empty() ? dist::default_grid(P) : dist::parse_grid(grid);
+  dist::check_attention2d(g, P, qp, kp);
+  const MaskParams m = md.params();
+  std::printf("\nattention2d%s: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n",
+              overlap ? " (overlapped: ring gather-compute-scatter)" : "", g.p_r, g.p_c);
+  for (int r = 0; r < P; ++r) {
+    const int i = g.row(r), j = g.col(r);
+    int64_t pairs = 0;
+    std::string qfrom, kvfrom;
+    for (int jj = 0; jj < g.p_c; ++jj) qfrom += (qfrom.empty() ? "" : ",") + std::to_string(g.rank(i, jj));
+    for (int ii = 0; ii < g.p_r; ++ii) kvfrom += (kvfrom.empty() ? "" : ",") + std::to_string(g.rank(ii, j));
+    for (int jj = 0; jj < g.p_c; ++jj)
+      for (int ii = 0; ii < g.p_r; ++ii) {
+        const int q_owner = g.rank(i, jj), kv_shard = g.row_major(g.rank(ii, j));
+        for (int qc : qp.rank_chunks[q_owner])
+          for (int kc : kp.rank_chunks[kv_shard]) pairs += dist::visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+      }
+    std::printf("  rank %d (row %d, col %d): K,V transposed to shard %d; gathers Q of row {%s} (tokens = %d mod %d), "
+                "K,V of column {%s} (tokens = %d mod %d); computes 1 block (%lld pairs); reduce-scatters (O, LSE) "
+                "in its row with the merge (4.5)\n",
+                r, i, j, g.row_major(r), qfrom.c_str(), i, g.p_r, kvfrom.c_str(), j, g.p_c,
+                static_cast<long long>(pairs));
+  }
+  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
+    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
+    std::printf("%s bytes per rank (closed form %s):", dist::to_string(ph).c_str(), overlap ? "7.26" : "7.22-7.23");
+    for (int r = 0; r < P; ++r)
+      std::printf(" r%d sent %lld recv %lld;", r,
+                  static_cast<long long>(dist::attention2d_bytes(ph, p, g, qp, kp, r, true, eb, overlap)),
+                  static_cast<long long>(dist::attention2d_bytes(ph, p, g, qp, kp, r, false, eb, overlap)));
+    std::printf("\n");
+  }
+  return true;
+}
+
 void add_schedule_command(CLI::App& app) {
   struct State {
     ShapeFlags shape;
@@ -391,7 +480,10 @@ void add_schedule_command(CLI::App& app) {
   add_shape_flags(sub, s->shape, false);
   add_dtype_flag(sub, s->run);
   add_pass_flag(sub, s->run);
-  sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring | ulysses | allgather")->capture_default_str();
+  sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring | ulysses | allgather | distflash | attention2d")
+      ->capture_default_str();
+  sub->add_option("--grid", s->dist.grid, "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square)");
+  sub->add_flag("--overlap", s->dist.overlap, "attention2d: the overlapped variant");
   sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
       ->capture_default_str();
   sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str();
@@ -435,8 +527,17 @@ void add_schedule_command(CLI::App& app) {
         if (!print_collective_trace(s->dist.algo, p, md, qp, kp, eb, pass.fwd, pass.bwd)) std::exit(1);
         return;
       }
+      if (s->dist.algo == "distflash") {
+        print_distflash_trace(p, md, qp, kp, eb, pass.fwd, pass.bwd);
+        return;
+      }
+      if (s->dist.algo == "attention2d") {
+        print_attention2d_trace(p, md, qp, kp, s->dist.grid, s->dist.overlap, eb, pass.fwd, pass.bwd);
+        return;
+      }
       if (dist::is_ext_algo(s->dist.algo))
-        fail("algo (", s->dist.algo, ") has no schedule trace: use ring, burst, double-ring, ulysses or allgather");
+        fail("algo (", s->dist.algo, ") has no schedule trace: use ring, burst, double-ring, ulysses, allgather, "
+             "distflash or attention2d");
       if (pass.fwd)
         std::printf("\n%s", dist::trace(dist::make_schedule(o.algo, dist::Phase::Forward, p, md, qp, kp), p, qp, kp, eb).c_str());
       if (pass.bwd)
