@@ -56,6 +56,7 @@ struct SimFlags {
   double intra_gbs = 0, inter_gbs = 0, intra_us = -1, inter_us = -1, tflops = 0;
   std::string flops;  // "measured": time the CPU engine (measure_cpu_rate) instead of the preset's rate
   bool json = false;
+  bool steps = false;  // also print the predicted time of every step (overlapped model)
 };
 
 // The CPU engine's attention FLOP rate (spec §7.10's F) on a representative block: one full
@@ -154,6 +155,7 @@ int run_simulate(const SimFlags& f) {
   t.columns = {{"algo", "algo", true},         {"phase", "phase", true},   {"compute_ms", "compute(ms)"},
                {"comm_ms", "comm(ms)"},        {"total_ms", "total(ms)"},  {"exposed_ms", "exposed(ms)"},
                {"serial_ms", "no-overlap(ms)"}, {"intra_MB", "intra(MB)"}, {"inter_MB", "inter(MB)"}};
+  std::vector<std::string> step_lines;  // --steps
   for (const std::string& a : split(f.algos)) {
     for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
       dist::Prediction with, without;
@@ -193,6 +195,15 @@ int run_simulate(const SimFlags& f) {
         with = dist::simulate_schedule(s, p, part, part, c, eb, spec);
         spec.overlap = false;
         without = dist::simulate_schedule(s, p, part, part, c, eb, spec);
+      }
+      if (f.steps) {
+        std::string line = a + " " + dist::to_string(ph) + " (" + std::to_string(with.step_s.size()) + " steps, ms):";
+        char buf[32];
+        for (double x : with.step_s) {
+          std::snprintf(buf, sizeof buf, " %.3f", x * 1e3);
+          line += buf;
+        }
+        step_lines.push_back(line);
       }
       t.add({text(a), text(dist::to_string(ph)), number(with.compute_s * 1e3, "%.3f"),
              number(with.comm_s * 1e3, "%.3f"), number(with.total_s * 1e3, "%.3f"),
@@ -257,6 +268,12 @@ int run_simulate(const SimFlags& f) {
   t.print(stdout);
   std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"
               "intra/inter = bytes sent per link class (max over ranks). Model: spec §7.10.\n");
+  if (f.steps) {
+    std::printf("\npredicted time per step, spec §7.10 (ring, burst, distflash: the slowest rank's step with overlap;\n"
+                "double rings: compute per step, their communication is priced per tensor over the whole phase;\n"
+                "ulysses, allgather, attention2d: one entry, the phase):\n");
+    for (const std::string& l : step_lines) std::printf("  %s\n", l.c_str());
+  }
   if (one_p) {
     std::printf("\nBurstEngine Table 1 (forward + backward communication, N = G = %d rounds, N_inter = %d):\n", G,
                 c.nodes);
@@ -298,6 +315,7 @@ void add_simulate_command(CLI::App& app) {
                   "measured: time the CPU engine's forward/backward on one 512 x 512 block (~0.2 s), print and use "
                   "those rates");
   sub->add_flag("--json", f->json, "JSON instead of tables");
+  sub->add_flag("--steps", f->steps, "also print the predicted time of every step of every schedule");
   sub->footer(
       "Presets: bandwidths from the papers' clusters; latencies and the FLOP rate are assumptions\n"
       "(override them). Nothing runs: the schedules are replayed as data.\n\n"
