@@ -30,7 +30,17 @@ struct DistFlags {
   bool poison = false, reorder = false;
   std::string grid;  // attention2d: "RxC" (empty: the most square grid)
   bool overlap = false;  // attention2d: Attention2D-O
+  int nodes = 0;  // --nodes M: world = M x gpus_per_node (0: use --world)
 };
+
+// G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary).
+int world_of(const DistFlags& f) {
+  if (f.nodes == 0) return f.world;
+  if (f.nodes < 1) fail("nodes (", f.nodes, ") must be >= 1");
+  if (f.gpus_per_node < 1)
+    fail("nodes (", f.nodes, ") needs --gpus-per-node (", f.gpus_per_node, ") >= 1: world = nodes x gpus-per-node");
+  return f.nodes * f.gpus_per_node;
+}
 
 // What one wrapped run leaves for the bytes table.
 struct DistReport {
@@ -51,9 +61,10 @@ dist::DistOptions options_of(const DistFlags& f) {
   dist::DistOptions o;
   o.algo = dist::is_ext_algo(f.algo) ? dist::Algo::Burst : dist::parse_algo(f.algo);  // ext: ext_options_of
   o.partition = dist::parse_partition(f.partition);
-  if (f.world < 1) fail("world (", f.world, ") must be >= 1");
+  const int world = world_of(f);
+  if (world < 1) fail("world (", world, ") must be >= 1");
   if (f.gpus_per_node < 0) fail("gpus-per-node (", f.gpus_per_node, ") must be >= 0 (0 = one node)");
-  o.world = f.world;
+  o.world = world;
   o.sim.poison = f.poison;
   o.sim.reorder = f.reorder;
   o.sim.gpus_per_node = f.gpus_per_node;
@@ -155,7 +166,7 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
   const DistFlags& f = st->f;
   Impl m;
   m.name = f.algo + "/" + base.name;
-  m.about = f.algo + " attention on SimComm, G=" + std::to_string(f.world) + ", " + f.partition + ", cpu engine";
+  m.about = f.algo + " attention on SimComm, G=" + std::to_string(world_of(f)) + ", " + f.partition + ", cpu engine";
   m.dtypes = {Dtype::F64, Dtype::F32};
   m.suite_dtypes = m.dtypes;
   m.has_backward = true;
@@ -214,14 +225,14 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
     }
   }
   header["distributed"] = {{"algo", st.f.algo},
-                           {"world", st.f.world},
+                           {"world", world_of(st.f)},
                            {"partition", st.f.partition},
                            {"gpus_per_node", st.f.gpus_per_node},
                            {"bytes", t.json()},
                            {"bytes_match_closed_forms", ok}};
   if (!json) {
     std::printf("distributed: %s, G=%d, partition %s, SimComm%s%s; bytes per rank per phase vs spec §7.5:\n",
-                st.f.algo.c_str(), st.f.world, st.f.partition.c_str(), st.f.poison ? " (poison)" : "",
+                st.f.algo.c_str(), world_of(st.f), st.f.partition.c_str(), st.f.poison ? " (poison)" : "",
                 st.f.reorder ? " (reorder)" : "");
     t.print(stdout);
     if (!ok) std::printf("FAIL: measured bytes differ from the closed forms of spec §7.5\n");
@@ -487,6 +498,7 @@ void add_schedule_command(CLI::App& app) {
   sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
       ->capture_default_str();
   sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str();
+  sub->add_option("--nodes", s->dist.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)");
   sub->add_option("--partition", s->dist.partition, "contiguous | zigzag | striped")->capture_default_str();
   sub->footer(
       "Each step lists, per rank, the blocks Q[chunk]xK[chunk](visible pairs) it computes (blocks the\n"
@@ -559,6 +571,7 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   run.add_option("--grid", st->f.grid, "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square)");
   run.add_flag("--overlap", st->f.overlap, "attention2d: the overlapped variant (ring gather-compute-scatter)");
   run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str();
+  run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)");
   run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
   run.add_option("--gpus-per-node", st->f.gpus_per_node, "link classes for --algo byte counts (0 = one node)")
       ->capture_default_str();
