@@ -152,25 +152,7 @@ void ExtSession<T>::backward() {
 template <class T>
 DistResult<T> ExtSession<T>::result() const {
   DistResult<T> res = res_;
-  const Problem& p = p_;
-  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {
-    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p.B, H, n, p.d);
-    if (b.data) e_.download(t.data.data(), b.data, b.n);
-    return t;
-  };
-  for (int r = 0; r < o_.world; ++r) {
-    const Shard<T>& x = shards_[r];
-    const int64_t nq = res_.qp.local_size(r), nk = res_.kp.local_size(r);
-    res.O.push_back(down4(x.O, p.H_q, nq));
-    Tensor3<T> L = make_tensor3<T>(p.B, p.H_q, nq);
-    if (x.LSE.data) e_.download(L.data.data(), x.LSE.data, x.LSE.n);
-    res.LSE.push_back(std::move(L));
-    if (o_.backward) {
-      res.dQ.push_back(down4(x.dQ, p.H_q, nq));
-      res.dK.push_back(down4(x.dK, p.H_kv, nk));
-      res.dV.push_back(down4(x.dV, p.H_kv, nk));
-    }
-  }
+  download_outputs(e_, p_, shards_, o_.backward, res);
   return res;
 }
 

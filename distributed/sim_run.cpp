@@ -136,27 +136,32 @@ void SimSession<T>::backward() {
 }
 
 template <class T>
-DistResult<T> SimSession<T>::result() const {
-  DistResult<T> res = res_;
-  const int G = o_.world;
-  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {
-    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p_.B, H, n, p_.d);
-    if (b.data) download(e_, b, t.data);
+void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
+                      DistResult<T>& res) {
+  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {  // (B, H, n, d) BHSD
+    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p.B, H, n, p.d);
+    if (b.data) download(e, b, t.data);
     return t;
   };
-  for (int r = 0; r < G; ++r) {
-    const Shard<T>& x = shards_[r];
-    const int64_t nq = res_.qp.local_size(r), nk = res_.kp.local_size(r);
-    res.O.push_back(down4(x.O, p_.H_q, nq));
-    Tensor3<T> L = make_tensor3<T>(p_.B, p_.H_q, nq);
-    if (x.LSE.data) download(e_, x.LSE, L.data);
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const Shard<T>& x = shards[r];
+    const int64_t nq = res.qp.local_size(int(r)), nk = res.kp.local_size(int(r));
+    res.O.push_back(down4(x.O, p.H_q, nq));
+    Tensor3<T> L = make_tensor3<T>(p.B, p.H_q, nq);  // (B, H_q, nq)
+    if (x.LSE.data) download(e, x.LSE, L.data);
     res.LSE.push_back(std::move(L));
-    if (o_.backward) {
-      res.dQ.push_back(down4(x.dQ, p_.H_q, nq));
-      res.dK.push_back(down4(x.dK, p_.H_kv, nk));
-      res.dV.push_back(down4(x.dV, p_.H_kv, nk));
+    if (backward) {
+      res.dQ.push_back(down4(x.dQ, p.H_q, nq));
+      res.dK.push_back(down4(x.dK, p.H_kv, nk));
+      res.dV.push_back(down4(x.dV, p.H_kv, nk));
     }
   }
+}
+
+template <class T>
+DistResult<T> SimSession<T>::result() const {
+  DistResult<T> res = res_;
+  download_outputs(e_, p_, shards_, o_.backward, res);
   return res;
 }
 
@@ -183,7 +188,8 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
   template Tensor4<T> slice<T, double>(View4<const double>, const Partition&, int);                \
   template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \
   template Tensor4<T> gather<T>(const std::vector<Tensor4<T>>&, const Partition&);                 \
-  template Tensor3<T> gather<T>(const std::vector<Tensor3<T>>&, const Partition&);
+  template Tensor3<T> gather<T>(const std::vector<Tensor3<T>>&, const Partition&);                 \
+  template void download_outputs<T>(Engine<T>&, const Problem&, const std::vector<Shard<T>>&, bool, DistResult<T>&);
 BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
 template class SimSession<float>;

@@ -76,6 +76,12 @@ class SimSession {
   bool have_forward_ = false;
 };
 
+// Every rank's outputs downloaded from engine memory into `res` (which holds the partitions):
+// O, LSE, and dQ, dK, dV when `backward`. Shared by SimSession and ExtSession.
+template <class T>
+void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
+                      DistResult<T>& res);
+
 // Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).
 template <class U, class T>
 Tensor4<U> slice(View4<const T> global, const Partition& part, int rank);
