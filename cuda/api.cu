@@ -48,6 +48,7 @@ std::string to_string(Variant v) {
     case Variant::Auto: return "auto";
     case Variant::V1: return "v1";
     case Variant::V2: return "v2";
+    case Variant::V3: return "v3";
   }
   return "?";
 }
@@ -55,7 +56,16 @@ Variant parse_variant(const std::string& s) {
   if (s == "auto") return Variant::Auto;
   if (s == "v1" || s == "1") return Variant::V1;
   if (s == "v2" || s == "2") return Variant::V2;
-  fail("variant (", s, ") must be one of auto, v1, v2");
+  if (s == "v3" || s == "3") return Variant::V3;
+  fail("variant (", s, ") must be one of auto, v1, v2, v3");
+}
+
+bool variant_available(Variant v, std::string* why) {
+  if (v != Variant::V3) return true;
+  const char* w = nullptr;
+  if (detail::v3_device_ok(&w)) return true;
+  if (why) *why = w;
+  return false;
 }
 
 DeviceMask::DeviceMask(const MaskData& m) {
@@ -169,11 +179,9 @@ bool v2_capable(const Problem& p, View4<const T> Q, View4<const T> K, View4<cons
 
 template <class T>
 void run_forward(const FwdArgs<T>& a, Variant v, cudaStream_t s) {
-  if (v == Variant::V2) {
-    if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-      detail::v2_forward<T>(a, s);
-      return;
-    }
+  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
+    if (v == Variant::V3) return detail::v3_forward<T>(a, s);
+    if (v == Variant::V2) return detail::v2_forward<T>(a, s);
   }
   detail::v1_forward<T>(a, s);
 }
@@ -185,13 +193,19 @@ Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, Vi
                         View4<T> O, Variant requested, std::string* why_not_v2) {
   std::string why;
   const bool ok = v2_capable<T>(p, Q, K, V, O, &why);
+  const char* why3 = nullptr;
+  const bool ok3 = ok && detail::v3_device_ok(&why3);
   if (why_not_v2) *why_not_v2 = why;
   if (requested == Variant::V1) return Variant::V1;
   if (requested == Variant::V2) {
     if (!ok) fail("variant (v2) cannot run this call: ", why);
     return Variant::V2;
   }
-  return ok ? Variant::V2 : Variant::V1;
+  if (requested == Variant::V3) {
+    if (!ok3) fail("variant (v3) cannot run this call: ", ok ? std::string(why3) : why);
+    return Variant::V3;
+  }
+  return ok3 ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
 }
 
 template <class T>
@@ -262,6 +276,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   validate_kv_side(p, "dK", dK);
   validate_kv_side(p, "dV", dV);
   check_gpu_limits(p);
+  if (opt.variant == Variant::V3) fail("variant (v3) has no backward yet; use auto or v2 (v2 runs)");
   bool use_v2 = false;
   if (opt.variant != Variant::V1) {
     std::string why;
@@ -317,7 +332,8 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_v4("dQ", dQ, p.B, p.H_q, q_pos.n, p.d);
   check_v4("dK", dK, p.B, p.H_kv, k_pos.n, p.d);
   check_v4("dV", dV, p.B, p.H_kv, k_pos.n, p.d);
-  if (opt.variant == Variant::V2) fail("variant (v2) has no backward_block; use auto or v1 (v1 runs)");
+  if (opt.variant == Variant::V2 || opt.variant == Variant::V3)
+    fail("variant (", to_string(opt.variant), ") has no backward_block; use auto or v1 (v1 runs)");
   BwdArgs<T, A> a;
   a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = D;
   a.dQ = dQ; a.dK = dK; a.dV = dV;

@@ -1,6 +1,6 @@
 // burstlab-cuda-bench — times the CUDA layer on the flash-attention grid (B*N tokens fixed,
 // H*d fixed), bf16, BSHD, flash-attention FLOP convention (spec §8, eq. 8.1-8.2). Outputs are
-// checked before timing: every output element finite, and v2 against v1 (fp32 CUDA cores,
+// checked before timing: every output element finite, and v2/v3 against v1 (fp32 CUDA cores,
 // itself checked against the fp64 oracle by tests/cuda) within a bound derived from bf16
 // rounding; a failed check makes the exit status 1. One CSV line per (pass, N, d, causal).
 #include <CLI/CLI.hpp>
@@ -63,7 +63,8 @@ double time_ms(F fn, int warmup, int reps) {
 
 int main(int argc, char** argv) {
   CLI::App app{"burstlab-cuda-bench: CUDA LAO kernels on the flash-attention grid (bf16, BSHD)"};
-  std::string ns = "1024,2048,4096,8192,16384", ds = "64,128", causals = "0,1", csv, variant = "v2";
+  std::string ns = "1024,2048,4096,8192,16384", ds = "64,128", causals = "0,1", csv, variant = "auto",
+              bwd_variant = "auto", label = "ours";
   int64_t tokens = 16384, hd = 2048, v1_max_n = 16384, bwd_max_n = 16384, bwd_check_max_n = 2048;
   int warmup = 3, reps = 10, bwd_reps = 5;
   app.add_option("--n", ns, "sequence lengths N (comma list)");
@@ -71,14 +72,16 @@ int main(int argc, char** argv) {
   app.add_option("--causal", causals, "0 = no mask, 1 = causal (comma list)");
   app.add_option("--tokens", tokens, "B*N (fixed over the grid)");
   app.add_option("--hd", hd, "H*d (fixed over the grid)");
-  app.add_option("--variant", variant, "forward variant to time: v1 | v2");
-  app.add_option("--v1-max-n", v1_max_n, "largest N at which v2 is checked against v1");
+  app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 (auto: the fastest that runs)");
+  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2");
+  app.add_option("--v1-max-n", v1_max_n, "largest N at which the forward is checked against v1");
   app.add_option("--bwd-max-n", bwd_max_n, "largest N at which the backward is timed");
-  app.add_option("--bwd-check-max-n", bwd_check_max_n, "largest N at which the v2 backward is checked against v1");
+  app.add_option("--bwd-check-max-n", bwd_check_max_n, "largest N at which the backward is checked against v1");
   app.add_option("--warmup", warmup, "untimed runs");
   app.add_option("--reps", reps, "timed runs (median reported)");
   app.add_option("--bwd-reps", bwd_reps, "timed backward runs");
   app.add_option("--csv", csv, "append CSV lines here");
+  app.add_option("--label", label, "first CSV field of our lines (scripts/bench_table.py columns)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "burstlab-cuda-bench: no GPU: %s\n", why.c_str());
       return 2;
     }
-    const bc::Variant var = bc::parse_variant(variant);
+    const bc::Variant var_req = bc::parse_variant(variant), bvar_req = bc::parse_variant(bwd_variant);
     std::printf("# device: %s\n", bc::device_description().c_str());
     std::ofstream out;
     if (!csv.empty()) out.open(csv, std::ios::app);
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
     const float max_v = static_cast<float>(bc::max_abs(Vb.data(), elems));
     bool all_ok = true;
     std::printf("%-4s %-3s %6s %4s %6s %3s %4s %10s %9s %12s %10s %s\n", "pass", "var", "N", "d",
-                "causal", "B", "H", "ms", "TFLOP/s", "max|v2-v1|", "bound", "check");
+                "causal", "B", "H", "ms", "TFLOP/s", "max|x-v1|", "bound", "check");
     for (int64_t d : parse_list(ds))
       for (int64_t causal : parse_list(causals))
         for (int64_t N : parse_list(ns)) {
@@ -117,9 +120,11 @@ int main(int argc, char** argv) {
           const auto C4 = [&](bc::bf16* x) { return as_const(V4(x)); };
           bc::DeviceBuffer<float> L(size_t(p.B * p.H_q * N)), L1(size_t(p.B * p.H_q * N));
           const auto L3 = [&](float* x) { return view3<float>(x, p.B, p.H_q, N); };
+          // The variant that runs (auto resolved: v3 on a compute capability 9.0 GPU, else v2).
+          const bc::Variant var = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), var_req);
           bc::Options opt;
           opt.variant = var;
-          // ---- check: outputs poisoned, finite after; v2 against v1
+          // ---- check: outputs poisoned, finite after; tensor-core variants against v1
           Ob.poison();
           L.poison();
           bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
           const size_t n_o = size_t(p.B * p.H_q * N * d);
           int64_t bad = bc::count_nonfinite(Ob.data(), n_o) + bc::count_nonfinite(L.data(), size_t(p.B * p.H_q * N));
           double diff = -1, bound = 0, ldiff = -1;
-          if (var == bc::Variant::V2 && N <= v1_max_n) {
+          if (var != bc::Variant::V1 && N <= v1_max_n) {
             bc::Options o1;
             o1.variant = bc::Variant::V1;
             Rb.poison();
@@ -136,7 +141,7 @@ int main(int argc, char** argv) {
             BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
             diff = bc::max_abs_diff(Ob.data(), Rb.data(), n_o);
             ldiff = bc::max_abs_diff(L.data(), L1.data(), size_t(p.B * p.H_q * N));
-            // Both sides are O = sum_j P_ij V_j with |O| <= (P|V|) <= max|V|. v2 rounds P to bf16
+            // Both sides are O = sum_j P_ij V_j with |O| <= (P|V|) <= max|V|. v2/v3 round P to bf16
             // (relative u each, so <= u max|V|) and both round O to bf16 (u max|V| each); fp32
             // accumulation differences are far below. Safety factor 2 as in spec §9.4:
             bound = 2.0 * 3.0 * std::ldexp(1.0, -8) * max_v;
@@ -154,9 +159,9 @@ int main(int argc, char** argv) {
                       bc::to_string(var).c_str(), (long long)N, (long long)d, (long long)causal,
                       (long long)p.B, (long long)p.H_q, ms, tf, diff, bound, ok ? "ok" : "FAIL");
           std::fflush(stdout);
-          if (out) out << "ours," << bc::to_string(var) << ",fwd," << N << "," << d << "," << causal << ","
+          if (out) out << label << "," << bc::to_string(var) << ",fwd," << N << "," << d << "," << causal << ","
                        << ms << "," << tf << "," << (ok ? "ok" : "FAIL") << "\n";
-          // ---- backward at N <= bwd_max_n (variant as requested; v1 when v2 cannot run it)
+          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v2 where it runs, else v1)
           if (N <= bwd_max_n) {
             bc::DeviceBuffer<float> Lb(size_t(p.B * p.H_q * N));
             bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
@@ -167,12 +172,17 @@ int main(int argc, char** argv) {
                                      V4(gr[1]->data()), V4(gr[2]->data()), o);
             };
             for (auto* g : grads) g->poison();
-            run_bwd(opt, grads);
+            bc::Options bopt;
+            bopt.variant = bvar_req;
+            std::string bwhy;
+            const bool bv2 = bvar_req != bc::Variant::V1 &&
+                             bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), bc::Variant::Auto, &bwhy) != bc::Variant::V1;
+            run_bwd(bopt, grads);
             BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
             int64_t bbad = 0;
             for (auto* g : grads) bbad += bc::count_nonfinite(g->data(), n_o);
             double worst = -1;  // max over dQ, dK, dV of max|v2 - v1| / max|v1|
-            if (var == bc::Variant::V2 && N <= bwd_check_max_n) {
+            if (bv2 && N <= bwd_check_max_n) {
               bc::DeviceBuffer<bc::bf16> r0(n_o), r1(n_o), r2(n_o);
               bc::DeviceBuffer<bc::bf16>* refs[3] = {&r0, &r1, &r2};
               bc::Options o1;
@@ -189,18 +199,14 @@ int main(int argc, char** argv) {
               if (!(worst <= 8 * std::ldexp(1.0, -8))) bbad += 1;
             }
             all_ok = all_ok && bbad == 0;
-            const double bms = time_ms([&] { run_bwd(opt, grads); }, 1, bwd_reps);
+            const double bms = time_ms([&] { run_bwd(bopt, grads); }, 1, bwd_reps);
             const double btf = backward_flops(p) / (bms * 1e-3) / 1e12;
-            std::string bvar = "v1";
-            {
-              std::string why;
-              if (var == bc::Variant::V2 && bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), bc::Variant::Auto, &why) == bc::Variant::V2) bvar = "v2";
-            }
+            const std::string bvar = bv2 ? "v2" : "v1";
             std::printf("%-4s %-3s %6lld %4lld %6lld %3lld %4lld %10.3f %9.1f %12.3e %10s %s\n", "bwd", bvar.c_str(),
                         (long long)N, (long long)d, (long long)causal, (long long)p.B, (long long)p.H_q,
                         bms, btf, worst, "rel", bbad == 0 ? "ok" : "FAIL");
             std::fflush(stdout);
-            if (out) out << "ours," << bvar << ",bwd," << N << "," << d << "," << causal << "," << bms << "," << btf
+            if (out) out << label << "," << bvar << ",bwd," << N << "," << d << "," << causal << "," << bms << "," << btf
                          << "," << (bbad == 0 ? "ok" : "FAIL") << "\n";
           }
         }

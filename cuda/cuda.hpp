@@ -108,9 +108,13 @@ class DeviceMask {
 };
 
 // ---------------------------------------------------------------- options
-enum class Variant { Auto = 0, V1 = 1, V2 = 2 };
-std::string to_string(Variant v);  // "auto", "v1", "v2"
-Variant parse_variant(const std::string& s);  // "auto|v1|v2"; throws Error naming "variant"
+enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3 };
+std::string to_string(Variant v);  // "auto", "v1", "v2", "v3"
+Variant parse_variant(const std::string& s);  // "auto|v1|v2|v3"; throws Error naming "variant"
+
+// Whether the current device can run variant v at all (v3: compute capability 9.0, sm_90a);
+// v1/v2/auto: true. Says why not in *why. Whether a given call qualifies: forward_variant.
+bool variant_available(Variant v, std::string* why = nullptr);
 
 struct Options {
   Variant variant = Variant::Auto;  // Auto: the fastest variant that supports the call
@@ -118,8 +122,10 @@ struct Options {
   cudaStream_t stream = nullptr;
 };
 
-// Which variant an Auto (or explicit) forward call would run, and why not v2 when it is not.
-// Throws Error when `requested` is V2 and v2 cannot run the call (naming the reason).
+// Which variant an Auto (or explicit) forward call would run: v3 (sm_90a wgmma) on a compute
+// capability 9.0 device, else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why
+// the tensor-core variants cannot run the call (empty when they can). Throws Error when
+// `requested` is V2 or V3 and that variant cannot run the call (naming the reason).
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);

@@ -28,6 +28,13 @@ bool require_gpu_env() {
   return e && std::strcmp(e, "0") != 0 && *e;
 }
 
+// v3 is sm_90a code: on another GPU its cases skip (Auto's choice is asserted separately).
+#define REQUIRE_VARIANT(v)                                                                     \
+  do {                                                                                         \
+    std::string why_v_;                                                                        \
+    if (!bc::variant_available(v, &why_v_)) GTEST_SKIP() << why_v_;                            \
+  } while (0)
+
 #define REQUIRE_GPU()                                                                          \
   do {                                                                                         \
     std::string why_;                                                                          \
@@ -181,14 +188,15 @@ std::vector<FwdCase> fwd_cases() {
   std::vector<FwdCase> out;
   struct DV { const char* dt; bc::Variant v; };
   const DV dvs[] = {{"f64", bc::Variant::V1}, {"f32", bc::Variant::V1}, {"bf16", bc::Variant::V1},
-                    {"bf16", bc::Variant::V2}, {"f16", bc::Variant::V2}, {"f16", bc::Variant::Auto}};
+                    {"bf16", bc::Variant::V2}, {"f16", bc::Variant::V2}, {"bf16", bc::Variant::V3},
+                    {"f16", bc::Variant::V3}, {"f16", bc::Variant::Auto}};
   uint64_t seed = 100;
   int k = 0;
   for (const DV& dv : dvs) {
-    const bool fast = dv.v == bc::Variant::V2;
+    const bool fast = dv.v == bc::Variant::V2 || dv.v == bc::Variant::V3;
     for (const Shape& s : fwd_shapes(fast)) {
       for (size_t mi = 0; mi < kMasks.size(); ++mi) {
-        // Auto runs a thinner sweep (it is v1 or v2 underneath, each swept on its own).
+        // Auto runs a thinner sweep (it is v1, v2 or v3 underneath, each swept on its own).
         if (dv.v == bc::Variant::Auto && mi % 3 != 0) continue;
         FwdCase c{dv.dt, dv.v, s, kMasks[mi], (k % 2) ? Layout::BSHD : Layout::BHSD,
                   kValues[k % kValues.size()], seed++};
@@ -222,6 +230,7 @@ class CudaForward : public ::testing::TestWithParam<FwdCase> {};
 TEST_P(CudaForward, MatchesOracle) {
   REQUIRE_GPU();
   const FwdCase& c = GetParam();
+  REQUIRE_VARIANT(c.variant);
   if (c.dtype == "f64") run_fwd_case<double>(c);
   else if (c.dtype == "f32") run_fwd_case<float>(c);
   else if (c.dtype == "bf16") run_fwd_case<bc::bf16>(c);
@@ -437,6 +446,9 @@ std::vector<BlockCase> block_cases() {
     out.push_back({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
     out.push_back({"bf16", bc::Variant::V2, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
     out.push_back({"f16", bc::Variant::V2, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
+    out.push_back({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
+    out.push_back({"bf16", bc::Variant::V3, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
+    out.push_back({"f16", bc::Variant::V3, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
   }
   return out;
 }
@@ -445,6 +457,7 @@ class CudaBlocks : public ::testing::TestWithParam<BlockCase> {};
 TEST_P(CudaBlocks, ComposeToTheWhole) {
   REQUIRE_GPU();
   const BlockCase& c = GetParam();
+  REQUIRE_VARIANT(c.variant);
   if (c.dtype == "f64") run_block_case<double>(c);
   else if (c.dtype == "f32") run_block_case<float>(c);
   else if (c.dtype == "bf16") run_block_case<bc::bf16>(c);
@@ -489,14 +502,32 @@ TEST(CudaValidation, BadShapesThrowBeforeLaunch) {
   View3<float> ld = view3<float>(dummy, 1, 1, 8);
   EXPECT_THROW(bc::forward<float>(pd, qd, qd, qd, od, ld), Error);
   EXPECT_THROW(bc::parse_variant("v9"), Error);
+  EXPECT_EQ(bc::parse_variant("v3"), bc::Variant::V3);
 }
 
-TEST(CudaValidation, AutoPicksV2OnlyWhereItApplies) {
+TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   Problem p = make_problem(1, 2, 2, 8, 8, 64);
   alignas(16) static bc::bf16 buf[2 * 8 * 128];
   auto v = [&](int64_t d) { return view4<const bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
   auto o = [&](int64_t d) { return view4<bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
-  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto), bc::Variant::V2);
+  // v3 exactly on a compute capability 9.0 device (asked of the runtime here, not of the API).
+  int dev = 0, major = 0, minor = 0;
+  const bool hopper = bc::gpu_available() && cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                      major == 9 && minor == 0;
+  EXPECT_EQ(bc::variant_available(bc::Variant::V3), hopper);
+  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto),
+            hopper ? bc::Variant::V3 : bc::Variant::V2);
+  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::V2), bc::Variant::V2);
+  if (!hopper) {
+    try {
+      bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::V3);
+      ADD_FAILURE() << "expected burstlab::Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("variant (v3)"), std::string::npos) << e.what();
+    }
+  }
   Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
   std::string why;
   EXPECT_EQ(bc::forward_variant<bc::bf16>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);

@@ -1,0 +1,313 @@
+// cuda/v3_fwd.cu — variant 3 forward: Hopper warpgroup MMA (wgmma, sm_90a), fp32 accumulation.
+// Spec §4.1 (eq. 4.1-4.4), §6.1 (blocks over global positions), §4.3 (fold into a running
+// partial). One CTA = (b, h, Br = 64 WGS query rows): WGS warpgroups of 4 warps, each owning 64
+// rows. Q stays in shared memory for the whole CTA; K/V tiles of BC keys are double-buffered
+// (cp.async by every thread into the 128-byte-swizzled layout of wgmma.cuh). Per key tile:
+//   S = Q K^T     wgmma m64nBCk16, A = Q and B = K from shared memory (descriptors, K-major);
+//   softmax       online, base 2, in registers (the accumulator layout is mma.sync's, so the
+//                 row statistics and masks are v2's);
+//   O += P V      wgmma m64nDk16, A = P from registers (rounded to the storage dtype, the u_P
+//                 term of spec §9.1), B = V from shared memory (MN-major: transposed).
+// Masks exactly as v2: the CTA's row intervals (eq. 3.4) bound the key tiles visited; tiles
+// visible everywhere skip the predicate; block-sparse tiles with no visible bit are skipped;
+// indexed positions predicate every tile.
+// Limits: bf16/fp16, d in {64, 128}, the alignment rules of v2, a device of compute capability
+// 9.0 (sm_90a code). The API's dispatcher checks all of these before choosing v3.
+#include <climits>
+#include <cstdint>
+
+#include "detail.cuh"
+#include "wgmma.cuh"
+
+namespace burstlab::cuda::detail {
+
+namespace {
+
+using v2::cp_async_commit;
+using v2::cp_async_wait;
+using v2::ex2;
+using v2::kLn2;
+using v2::kLog2e;
+using v2::Mma;
+
+template <int D, int WGS, int BC>
+struct Cfg3 {
+  static constexpr int kD = D, kBc = BC, kBr = 64 * WGS, kThreads = 128 * WGS;
+  static constexpr int kWarps = 4 * WGS;
+  // Q + 2 x (K, V), plus 1 KB to align the first tile to the swizzle pattern (1024 bytes).
+  static constexpr size_t smem_bytes(size_t elem) { return size_t(kBr + 4 * kBc) * D * elem + 1024; }
+};
+
+template <class T, class C>
+__global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::kD, kWarps = C::kWarps, kBc = C::kBc, kBr = C::kBr, kThreads = C::kThreads;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));  // (Br, D) sw128
+  T* sK = sQ + kBr * D;  // 2 x [(Bc, D) K, (Bc, D) V], sw128
+  __shared__ int red[4][kWarps];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp / 4;
+  const int64_t q0 = int64_t(blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+  const int64_t nq = a.nq, nk = a.nk;
+  const T* Kg = a.K.row(b, hk, 0);
+  const T* Vg = a.V.row(b, hk, 0);
+  const int64_t ks = a.K.stride[2], vs = a.V.stride[2];
+  const int wrow = warp * 16;  // my warp's first row in the CTA (= wgmma's row of warp w % 4 in WG wg)
+
+  v3::load_sw128<T, kBr, D, kThreads>(sQ, a.Q.row(b, h, q0), a.Q.stride[2],
+                                      static_cast<int>(nq - q0 < kBr ? nq - q0 : kBr), tid);
+  cp_async_commit();
+
+  // ---- mask facts of my rows g, g + 8: local key interval [llo, lhi) (eq. 3.4), as in v2.
+  const bool kidx = a.kp.index != nullptr;
+  int llo[2], lhi[2];
+  int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    int64_t lo = 0, hi = nk;
+    if (!kidx && r < nq) local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
+    llo[ri] = static_cast<int>(lo);
+    lhi[ri] = static_cast<int>(hi);
+    if (r < nq) {
+      if (lo < hi) { my_hlo = min(my_hlo, int(lo)); my_hhi = max(my_hhi, int(hi)); }
+      my_flo = max(my_flo, int(lo));
+      my_fhi = min(my_fhi, int(hi));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    my_hlo = min(my_hlo, __shfl_xor_sync(0xffffffffu, my_hlo, o));
+    my_hhi = max(my_hhi, __shfl_xor_sync(0xffffffffu, my_hhi, o));
+    my_flo = max(my_flo, __shfl_xor_sync(0xffffffffu, my_flo, o));
+    my_fhi = min(my_fhi, __shfl_xor_sync(0xffffffffu, my_fhi, o));
+  }
+  if (lane == 0) { red[0][warp] = my_hlo; red[1][warp] = my_hhi; red[2][warp] = my_flo; red[3][warp] = my_fhi; }
+  __syncthreads();
+  int hull_lo = INT_MAX, hull_hi = INT_MIN, full_lo = INT_MIN, full_hi = INT_MAX;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    hull_lo = min(hull_lo, red[0][w]); hull_hi = max(hull_hi, red[1][w]);
+    full_lo = max(full_lo, red[2][w]); full_hi = min(full_hi, red[3][w]);
+  }
+  if (kidx) { full_lo = INT_MAX; full_hi = INT_MIN; }  // indexed keys: predicate everywhere
+  const int t_begin = hull_lo < hull_hi ? static_cast<int>(hull_lo / kBc) : 0;
+  const int t_end = hull_lo < hull_hi ? static_cast<int>((hull_hi + kBc - 1) / kBc) : 0;
+  const bool has_block = a.mask.block != nullptr;
+  const bool block_rect = has_block && !kidx && a.qp.index == nullptr;
+  const int64_t i_first = a.qp.start + q0, i_last = a.qp.start + (nq - q0 < kBr ? nq : q0 + kBr);
+
+  // Visits tile t? Sets *full when no element needs the predicate. CTA-uniform (barriers when a
+  // block mask is present).
+  auto classify = [&](int t, bool* full) -> bool {
+    const int64_t j0 = int64_t(t) * kBc, j1 = j0 + kBc;
+    bool any = true, all = !has_block;
+    if (block_rect) {
+      const int64_t jg0 = a.kp.start + j0, jg1 = a.kp.start + (j1 < nk ? j1 : nk);
+      const int64_t br0 = i_first / a.mask.block_q, br1 = (i_last - 1) / a.mask.block_q;
+      const int64_t bc0 = jg0 / a.mask.block_k, bc1 = (jg1 - 1) / a.mask.block_k;
+      const int64_t nc = bc1 - bc0 + 1, cells = (br1 - br0 + 1) * nc;
+      int an = 0, al = 1;
+      for (int64_t c = tid; c < cells; c += kThreads) {
+        const int bit = a.mask.block[(br0 + c / nc) * a.mask.n_block_k + bc0 + c % nc] != 0;
+        an |= bit;
+        al &= bit;
+      }
+      any = __syncthreads_or(an) != 0;
+      all = __syncthreads_and(al) != 0;
+    }
+    *full = all && full_lo <= j0 && j1 <= full_hi;
+    return any;
+  };
+  auto next_tile = [&](int t, bool* full) -> int {
+    while (t < t_end && !classify(t, full)) ++t;
+    return t;
+  };
+  auto pred = [&](int ri, int jl) -> bool {
+    if (jl >= nk) return false;
+    if (!kidx) {
+      if (jl < llo[ri] || jl >= lhi[ri]) return false;
+      if (!has_block) return true;
+    }
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    if (r >= nq) return false;
+    const int64_t ig = a.qp[r];
+    const int64_t jg = a.kp[jl];
+    if (kidx) {
+      int64_t lo, hi;
+      row_range(a.mask, ig, &lo, &hi);
+      if (jg < lo || jg >= hi) return false;
+    }
+    return block_bit(a.mask, ig, jg);
+  };
+  auto rows_in = [&](int64_t j0) { return static_cast<int>(nk - j0 < kBc ? nk - j0 : kBc); };
+
+  float acc[D / 2];  // O~ (4.3): wgmma accumulator, my 2 rows x D/4 columns
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+
+  bool full = false;
+  int t = next_tile(t_begin, &full);
+  int buf = 0;
+  if (t < t_end) {
+    v3::load_sw128<T, kBc, D, kThreads>(sK, Kg + int64_t(t) * kBc * ks, ks, rows_in(int64_t(t) * kBc), tid);
+    v3::load_sw128<T, kBc, D, kThreads>(sK + kBc * D, Vg + int64_t(t) * kBc * vs, vs, rows_in(int64_t(t) * kBc), tid);
+  }
+  cp_async_commit();
+  while (t < t_end) {
+    const int64_t j0 = int64_t(t) * kBc;
+    bool full_next = false;
+    const int tn = next_tile(t + 1, &full_next);
+    T* const cK = sK + buf * (2 * kBc * D);
+    T* const cV = cK + kBc * D;
+    if (tn < t_end) {
+      T* const nK = sK + (buf ^ 1) * (2 * kBc * D);
+      v3::load_sw128<T, kBc, D, kThreads>(nK, Kg + int64_t(tn) * kBc * ks, ks, rows_in(int64_t(tn) * kBc), tid);
+      v3::load_sw128<T, kBc, D, kThreads>(nK + kBc * D, Vg + int64_t(tn) * kBc * vs, vs, rows_in(int64_t(tn) * kBc), tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();       // Q and tile t landed (tile tn may still be in flight)
+    v3::fence_proxy_async();  // ... and are visible to wgmma's async proxy
+    __syncthreads();
+
+    float s[kBc / 2];  // S = Q K^T (2.1), unscaled; s[4 nt + e] is v2's s[nt][e]
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k<kBr>(sQ, wg * 64, kk), v3::desc_k<kBc>(cK, 0, kk), kk);
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(s);
+
+    // ---- online softmax (4.1)-(4.3) in base 2; masked x = -inf; predicate in partial tiles only.
+    if (full) {
+#pragma unroll
+      for (int i = 0; i < kBc / 2; ++i) s[i] *= sl2;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBc / 2; ++i)
+        s[i] = pred((i >> 1) & 1, static_cast<int>(j0) + (i >> 2) * 8 + 2 * t4 + (i & 1)) ? s[i] * sl2 : -INFINITY;
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_r[ri], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
+      const float alpha = ex2(m_r[ri] - m_use);              // 0 when m = -inf
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = ex2(s[4 * nt + 2 * ri + e] - m_use);
+          s[4 * nt + 2 * ri + e] = p;
+          sum += p;
+        }
+      l_r[ri] = l_r[ri] * alpha + sum;  // thread-partial; quad-summed at the end
+      m_r[ri] = m_new;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) { acc[4 * i + 2 * ri] *= alpha; acc[4 * i + 2 * ri + 1] *= alpha; }
+    }
+    uint32_t pa[kBc / 16][4];  // P as wgmma A fragments (the m16n8k16 A layout per warp), rounded to T
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    v3::pin(acc);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn<kBc>(cV, kk), 1);
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(acc);
+    __syncthreads();  // every warpgroup is done with buffer `buf` before it is refilled
+    buf ^= 1;
+    t = tn;
+    full = full_next;
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (v2's)
+  float L[2], inv[2], Lold[2] = {0.f, 0.f};
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float l = l_r[ri];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    L[ri] = l > 0.f ? m_r[ri] * kLn2 + logf(l) : -INFINITY;
+    inv[ri] = l > 0.f ? 1.f / l : 0.f;
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    if (a.accumulate && r < nq) Lold[ri] = a.LSE(b, h, r);
+  }
+  __syncwarp();  // all reads of the old LSE before any write
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    if (r >= nq) continue;
+    T* orow = a.O.row(b, h, r);
+    float wa = 0.f, wb = 1.f, Lnew = L[ri];
+    if (a.accumulate) merge_weights<float>(Lold[ri], L[ri], &wa, &wb, &Lnew);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t4);
+      float x0 = acc[4 * i + 2 * ri] * inv[ri], x1 = acc[4 * i + 2 * ri + 1] * inv[ri];
+      if (a.accumulate) {
+        const float2 old = Mma<T>::unpack(*dst);
+        x0 = (wa != 0.f ? wa * old.x : 0.f) + (wb != 0.f ? wb * x0 : 0.f);
+        x1 = (wa != 0.f ? wa * old.y : 0.f) + (wb != 0.f ? wb * x1 : 0.f);
+      }
+      *dst = Mma<T>::pack(x0, x1);
+    }
+    if (t4 == 0) a.LSE(b, h, r) = Lnew;
+  }
+#else
+  __trap();  // built without sm_90a: the dispatcher never launches v3 then
+#endif
+}
+
+template <class T, class C>
+void launch(const FwdArgs<T>& a, cudaStream_t s) {
+  const size_t smem = C::smem_bytes(sizeof(T));
+  allow_smem(reinterpret_cast<const void*>(&v3_fwd_kernel<T, C>), smem);
+  const dim3 grid(static_cast<unsigned>((a.nq + C::kBr - 1) / C::kBr), static_cast<unsigned>(a.Hq),
+                  static_cast<unsigned>(a.B));
+  v3_fwd_kernel<T, C><<<grid, C::kThreads, smem, s>>>(a);
+  BURSTLAB_CUDA_LAUNCH_CHECK("v3_fwd_kernel");
+}
+
+}  // namespace
+
+bool v3_device_ok(const char** why) {
+  int dev = 0, major = 0, minor = 0;  // the current device: sm_90a code runs on 9.0 only
+  const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  if (!ok || major * 10 + minor != 90) { *why = "v3 needs a compute capability 9.0 GPU (sm_90a: H100/H200)"; return false; }
+  return true;
+}
+
+template <class T>
+void v3_forward(const FwdArgs<T>& a, cudaStream_t s) {
+  if (a.nq == 0) return;
+  if (a.d == 64) launch<T, Cfg3<64, 2, 128>>(a, s);
+  else if (a.d == 128) launch<T, Cfg3<128, 2, 128>>(a, s);
+  else fail("d (", a.d, ") must be 64 or 128 for v3");
+}
+
+template void v3_forward<bf16>(const FwdArgs<bf16>&, cudaStream_t);
+template void v3_forward<f16>(const FwdArgs<f16>&, cudaStream_t);
+
+}  // namespace burstlab::cuda::detail

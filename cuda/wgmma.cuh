@@ -1,0 +1,101 @@
+// cuda/wgmma.cuh — Hopper (sm_90a) tensor-core building blocks of the v3 kernels: warpgroup MMA
+// (wgmma.mma_async) with fp32 accumulators, shared-memory matrix descriptors over the 128-byte
+// swizzle, and the tile layout and loader that produce that swizzle. Internal; include from .cu
+// files compiled for sm_90a only (cuda/CMakeLists.txt).
+//
+// Shared-memory tile layout ("sw128"): a (ROWS, D) tile of 16-bit elements is stored as D/64
+// panels of (ROWS, 64), each row 128 bytes; 16-byte chunk c of row r sits at chunk c ^ (r % 8)
+// of that row. Panels start on 1024-byte boundaries, so this is exactly the hardware's 128B
+// swizzle and wgmma reads it through a descriptor with no base offset.
+//   K-major operand (Q or K as the B of S = Q K^T): 8-row groups 1024 bytes apart (SBO), the
+//   k16 step advances the start address 32 bytes inside a panel, then to the next panel.
+//   MN-major operand (V as the B of O = P V, transposed): N = d runs along the panel rows
+//   (64 elements), the next 64 columns of d are one panel further (LBO = ROWS * 128 bytes), K =
+//   key index steps 8 rows per SBO = 1024 bytes, and the k16 step advances 16 rows = 2048 bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "mma.cuh"
+
+namespace burstlab::cuda::detail::v3 {
+
+using v2::cp_async16;
+using v2::smem_u32;
+
+// Element offset of 16-byte chunk c (of D/8) of row r in a sw128 (ROWS, D) tile.
+template <int ROWS>
+__device__ __forceinline__ int sw128(int r, int c) {
+  return (c >> 3) * (ROWS * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+// ROWS x D tile from global rows [0, nvalid) (row stride in elements) into a sw128 tile; rows
+// >= nvalid are zero-filled (cp.async with src-size 0 reads nothing).
+template <class T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_sw128(T* s, const T* g, int64_t rstride, int nvalid, int tid) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int i = tid; i < ROWS * CH; i += NT) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = r < nvalid;
+    cp_async16(s + sw128<ROWS>(r, c), ok ? g + r * rstride + c * 8 : g, ok ? 16 : 0);
+  }
+}
+
+// Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading and stride
+// byte offsets (all >> 4), swizzle mode 1 = 128B in bits 62-63; base offset 0 (1024-aligned).
+__device__ __forceinline__ uint64_t desc(const void* p, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t a = smem_u32(p);
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) |
+         (uint64_t(sbo_bytes >> 4) << 32) | (uint64_t(1) << 62);
+}
+// K-major sw128 operand at k16 step kk of a (ROWS, D) tile whose first row is `row0`.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k(const void* tile, int row0, int kk) {
+  const char* p = static_cast<const char*>(tile) + (kk >> 2) * (ROWS * 128) + row0 * 128 + (kk & 3) * 32;
+  return desc(p, 16, 1024);
+}
+// MN-major sw128 operand (transposed B) at k16 step kk: rows 16 kk .. 16 kk + 15 of the tile.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mn(const void* tile, int kk) {
+  return desc(static_cast<const char*>(tile) + kk * 2048, ROWS * 128, 1024);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Generic-proxy writes (cp.async, st.shared) made visible to the async proxy (wgmma reads).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator accesses across wgmma issue/wait points.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+#include "wgmma_ops.inc"
+
+// Wgmma<T>::ss<N, TRANS_B>(d, desc_a, desc_b, acc): d (64 x N per warpgroup, N/2 per thread)
+// = (acc ? d : 0) + A B; rs: A from registers (4 x b32 per thread, the m16n8k16 A layout per warp).
+template <class T> struct Wgmma;
+template <> struct Wgmma<bf16> {
+  template <int N, int TB> __device__ static void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    if constexpr (N == 64) mma_ss_bf16_n64<TB>(d, a, b, acc); else mma_ss_bf16_n128<TB>(d, a, b, acc);
+  }
+  template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
+    if constexpr (N == 64) mma_rs_bf16_n64<TB>(d, a, b, acc); else mma_rs_bf16_n128<TB>(d, a, b, acc);
+  }
+};
+template <> struct Wgmma<f16> {
+  template <int N, int TB> __device__ static void ss(float* d, uint64_t a, uint64_t b, int acc) {
+    if constexpr (N == 64) mma_ss_f16_n64<TB>(d, a, b, acc); else mma_ss_f16_n128<TB>(d, a, b, acc);
+  }
+  template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
+    if constexpr (N == 64) mma_rs_f16_n64<TB>(d, a, b, acc); else mma_rs_f16_n128<TB>(d, a, b, acc);
+  }
+};
+
+}  // namespace burstlab::cuda::detail::v3
