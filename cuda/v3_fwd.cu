@@ -15,6 +15,8 @@
 // 9.0 (sm_90a code). The API's dispatcher checks all of these before choosing v3.
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "detail.cuh"
 #include "wgmma.cuh"
@@ -30,16 +32,17 @@ using v2::kLn2;
 using v2::kLog2e;
 using v2::Mma;
 
-template <int D, int WGS, int BC>
+// WGS warpgroups (Br = 64 WGS query rows), BC keys per tile, MINB CTAs per SM (register cap).
+template <int D, int WGS, int BC, int MINB>
 struct Cfg3 {
-  static constexpr int kD = D, kBc = BC, kBr = 64 * WGS, kThreads = 128 * WGS;
+  static constexpr int kD = D, kBc = BC, kBr = 64 * WGS, kThreads = 128 * WGS, kMinBlocks = MINB;
   static constexpr int kWarps = 4 * WGS;
   // Q + 2 x (K, V), plus 1 KB to align the first tile to the swizzle pattern (1024 bytes).
   static constexpr size_t smem_bytes(size_t elem) { return size_t(kBr + 4 * kBc) * D * elem + 1024; }
 };
 
 template <class T, class C>
-__global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdArgs<T> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::kD, kWarps = C::kWarps, kBc = C::kBc, kBr = C::kBr, kThreads = C::kThreads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -49,7 +52,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4;
-  const int64_t q0 = int64_t(blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+  // Query tiles in reverse: under causal masks the last tiles have the most keys, so they start
+  // first and the short ones fill the tail of the grid.
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
   const int64_t nq = a.nq, nk = a.nk;
   const T* Kg = a.K.row(b, hk, 0);
   const T* Vg = a.V.row(b, hk, 0);
@@ -149,49 +154,74 @@ __global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
   for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const float c2 = sl2 > 0.f ? sl2 : 1.f;  // multiplier folded into the exponent (see softmax)
 
+  // Key tiles in visit order tau_0, tau_1, ...; K and V each double-buffered. Iteration i
+  // issues S_i = Q K_{tau_i}^T and O += P_{i-1} V_{tau_{i-1}} back to back, so the tensor cores
+  // run the P V product while this warpgroup does the softmax of S_i (FA3's intra-warpgroup
+  // overlap). Loads issued in iteration i: K_{tau_{i+1}} and V_{tau_i} (one iteration ahead of use).
+  T* const sV = sK + 2 * kBc * D;  // V buffers follow the two K buffers
+  const uint64_t dQ0 = v3::desc_k_base<kBr>(sQ, wg * 64);  // my warpgroup's 64 rows of Q
   bool full = false;
   int t = next_tile(t_begin, &full);
-  int buf = 0;
-  if (t < t_end) {
+  if (t < t_end)
     v3::load_sw128<T, kBc, D, kThreads>(sK, Kg + int64_t(t) * kBc * ks, ks, rows_in(int64_t(t) * kBc), tid);
-    v3::load_sw128<T, kBc, D, kThreads>(sK + kBc * D, Vg + int64_t(t) * kBc * vs, vs, rows_in(int64_t(t) * kBc), tid);
-  }
   cp_async_commit();
-  while (t < t_end) {
+  // P_{i-1} as wgmma A fragments (m16n8k16 A layout per warp), rounded to T. Before the first
+  // tile it is P = 0 against a zeroed V buffer: the P V product is then issued unconditionally
+  // (exactly +0), which keeps every wgmma out of data-dependent branches (ptxas serializes
+  // wgmma that it cannot prove warpgroup-uniform).
+  uint32_t pa[kBc / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  for (int e = tid; e < kBc * D / 8; e += kThreads)
+    reinterpret_cast<uint4*>(sV + kBc * D)[e] = make_uint4(0u, 0u, 0u, 0u);
+  int i = 0;
+  for (; t < t_end; ++i) {
     const int64_t j0 = int64_t(t) * kBc;
     bool full_next = false;
     const int tn = next_tile(t + 1, &full_next);
-    T* const cK = sK + buf * (2 * kBc * D);
-    T* const cV = cK + kBc * D;
-    if (tn < t_end) {
-      T* const nK = sK + (buf ^ 1) * (2 * kBc * D);
-      v3::load_sw128<T, kBc, D, kThreads>(nK, Kg + int64_t(tn) * kBc * ks, ks, rows_in(int64_t(tn) * kBc), tid);
-      v3::load_sw128<T, kBc, D, kThreads>(nK + kBc * D, Vg + int64_t(tn) * kBc * vs, vs, rows_in(int64_t(tn) * kBc), tid);
-    }
+    T* const cK = sK + (i & 1) * (kBc * D);
+    T* const pV = sV + ((i + 1) & 1) * (kBc * D);  // V of tau_{i-1}
+    if (tn < t_end)
+      v3::load_sw128<T, kBc, D, kThreads>(sK + ((i + 1) & 1) * (kBc * D), Kg + int64_t(tn) * kBc * ks, ks,
+                                          rows_in(int64_t(tn) * kBc), tid);
+    v3::load_sw128<T, kBc, D, kThreads>(sV + (i & 1) * (kBc * D), Vg + j0 * vs, vs, rows_in(j0), tid);
     cp_async_commit();
-    cp_async_wait<1>();       // Q and tile t landed (tile tn may still be in flight)
+    cp_async_wait<1>();       // K_{tau_i} and V_{tau_{i-1}} (and Q) landed
     v3::fence_proxy_async();  // ... and are visible to wgmma's async proxy
     __syncthreads();
 
     float s[kBc / 2];  // S = Q K^T (2.1), unscaled; s[4 nt + e] is v2's s[nt][e]
+    const uint64_t dQ = v3::opaque(dQ0), dK = v3::opaque(v3::desc_k_base<kBc>(cK, 0));
+    const uint64_t dV = v3::opaque(v3::desc_mn_base<kBc>(pV));
+    v3::pin(acc);
     v3::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k<kBr>(sQ, wg * 64, kk), v3::desc_k<kBc>(cK, 0, kk), kk);
+      v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k_step<kBr>(dQ, kk), v3::desc_k_step<kBc>(dK, kk), kk);
     v3::commit();
-    v3::wait<0>();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(dV, kk), 1);
+    v3::commit();
+    v3::wait<1>();  // S done; P V may still run
     v3::pin(s);
 
-    // ---- online softmax (4.1)-(4.3) in base 2; masked x = -inf; predicate in partial tiles only.
-    if (full) {
+    // ---- online softmax (4.1)-(4.3) in base 2: x = S scale log2(e), masked x = -inf; the
+    // predicate runs in partial tiles only. The scale is folded into the exponent's
+    // FMA (p = 2^(S c2 - m)); max commutes with it since c2 > 0 (a non-positive scale is applied
+    // first instead, a uniform and rare branch).
+    if (!(sl2 > 0.f)) {
 #pragma unroll
-      for (int i = 0; i < kBc / 2; ++i) s[i] *= sl2;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBc / 2; ++i)
-        s[i] = pred((i >> 1) & 1, static_cast<int>(j0) + (i >> 2) * 8 + 2 * t4 + (i & 1)) ? s[i] * sl2 : -INFINITY;
+      for (int e = 0; e < kBc / 2; ++e) s[e] *= sl2;
     }
+    if (!full) {
+#pragma unroll
+      for (int e = 0; e < kBc / 2; ++e)
+        s[e] = pred((e >> 1) & 1, static_cast<int>(j0) + (e >> 2) * 8 + 2 * t4 + (e & 1)) ? s[e] : -INFINITY;
+    }
+    float alpha[2];
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
       float mx = -INFINITY;
@@ -199,24 +229,28 @@ __global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
       for (int nt = 0; nt < kBc / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[ri], mx);
+      const float m_new = fmaxf(m_r[ri], mx * c2);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
-      const float alpha = ex2(m_r[ri] - m_use);              // 0 when m = -inf
+      alpha[ri] = ex2(m_r[ri] - m_use);                      // 0 when m = -inf
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kBc / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = ex2(s[4 * nt + 2 * ri + e] - m_use);
+          const float p = ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
           s[4 * nt + 2 * ri + e] = p;
           sum += p;
         }
-      l_r[ri] = l_r[ri] * alpha + sum;  // thread-partial; quad-summed at the end
+      l_r[ri] = l_r[ri] * alpha[ri] + sum;  // thread-partial; quad-summed at the end
       m_r[ri] = m_new;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) { acc[4 * i + 2 * ri] *= alpha; acc[4 * i + 2 * ri + 1] *= alpha; }
     }
-    uint32_t pa[kBc / 16][4];  // P as wgmma A fragments (the m16n8k16 A layout per warp), rounded to T
+    v3::wait<0>();  // P_{i-1} V done: O may be rescaled and pa refilled
+    v3::pin(acc);
+    v3::pin(pa);
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[4 * c + e] *= alpha[e >> 1];
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
       pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
@@ -224,20 +258,25 @@ __global__ void __launch_bounds__(C::kThreads, 1) v3_fwd_kernel(FwdArgs<T> a) {
       pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
     }
-    v3::pin(acc);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn<kBc>(cV, kk), 1);
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(acc);
-    __syncthreads();  // every warpgroup is done with buffer `buf` before it is refilled
-    buf ^= 1;
+    __syncthreads();  // every warpgroup is done with K_{tau_i} and V_{tau_{i-1}} before refills
     t = tn;
     full = full_next;
   }
   cp_async_wait<0>();
+  {  // the last P V: V of the last visited tile (iteration i - 1's buffer; the zeroed one if none)
+    v3::fence_proxy_async();
+    __syncthreads();
+    const T* lV = sV + ((i + 1) & 1) * (kBc * D);
+    v3::pin(acc);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(v3::desc_mn_base<kBc>(lV), kk), 1);
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(acc);
+    v3::pin(pa);
+  }
 
   // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (v2's)
   float L[2], inv[2], Lold[2] = {0.f, 0.f};
@@ -299,12 +338,30 @@ bool v3_device_ok(const char** why) {
   return true;
 }
 
+// Tuning knob for the benchmark only: BURSTLAB_V3_CFG = 0 (default), 1, 2 (cuda/README.md).
+int v3_tuning_cfg() {
+  static const int v = [] {
+    const char* e = std::getenv("BURSTLAB_V3_CFG");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <class T>
 void v3_forward(const FwdArgs<T>& a, cudaStream_t s) {
   if (a.nq == 0) return;
-  if (a.d == 64) launch<T, Cfg3<64, 2, 128>>(a, s);
-  else if (a.d == 128) launch<T, Cfg3<128, 2, 128>>(a, s);
-  else fail("d (", a.d, ") must be 64 or 128 for v3");
+  const int cfg = std::is_same<T, bf16>::value ? v3_tuning_cfg() : 0;  // tuning: bf16 only
+  if (a.d == 64) {
+    if (cfg == 1) launch<T, Cfg3<64, 2, 64, 2>>(a, s);
+    else if (cfg == 2) launch<T, Cfg3<64, 3, 64, 1>>(a, s);
+    else launch<T, Cfg3<64, 2, 128, 1>>(a, s);
+  } else if (a.d == 128) {
+    if (cfg == 1) launch<T, Cfg3<128, 2, 64, 2>>(a, s);
+    else if (cfg == 2) launch<T, Cfg3<128, 3, 64, 1>>(a, s);
+    else launch<T, Cfg3<128, 2, 128, 1>>(a, s);
+  } else {
+    fail("d (", a.d, ") must be 64 or 128 for v3");
+  }
 }
 
 template void v3_forward<bf16>(const FwdArgs<bf16>&, cudaStream_t);

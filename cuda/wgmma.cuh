@@ -30,15 +30,26 @@ __device__ __forceinline__ int sw128(int r, int c) {
 }
 
 // ROWS x D tile from global rows [0, nvalid) (row stride in elements) into a sw128 tile; rows
-// >= nvalid are zero-filled (cp.async with src-size 0 reads nothing).
+// >= nvalid are zero-filled (cp.async with src-size 0 reads nothing). Each thread copies one
+// fixed chunk column of every RSTEP-th row: RSTEP is a multiple of 8, so the swizzle of its
+// chunk is the same in every row it copies and its addresses advance by constants (few live
+// registers across the main loop, which holds the accumulators).
 template <class T, int ROWS, int D, int NT>
 __device__ __forceinline__ void load_sw128(T* s, const T* g, int64_t rstride, int nvalid, int tid) {
   constexpr int CH = D / 8;
+  constexpr int RSTEP = NT / CH;
+  static_assert(NT % CH == 0 && RSTEP % 8 == 0, "load_sw128: thread count must cover whole 8-row groups");
+  const int r0 = tid / CH, c = tid % CH;
+  T* const dst = s + sw128<ROWS>(r0, c);
+  const T* src = g + r0 * rstride + c * 8;
 #pragma unroll
-  for (int i = tid; i < ROWS * CH; i += NT) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = r < nvalid;
-    cp_async16(s + sw128<ROWS>(r, c), ok ? g + r * rstride + c * 8 : g, ok ? 16 : 0);
+  for (int k = 0; k * RSTEP < ROWS; ++k) {
+    const int r = r0 + k * RSTEP;
+    if (r < ROWS) {
+      const bool ok = r < nvalid;
+      cp_async16(dst + k * RSTEP * 64, ok ? src : g, ok ? 16 : 0);
+    }
+    src += RSTEP * rstride;
   }
 }
 
@@ -49,16 +60,28 @@ __device__ __forceinline__ uint64_t desc(const void* p, uint32_t lbo_bytes, uint
   return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) |
          (uint64_t(sbo_bytes >> 4) << 32) | (uint64_t(1) << 62);
 }
-// K-major sw128 operand at k16 step kk of a (ROWS, D) tile whose first row is `row0`.
+// Descriptors of a K-major sw128 tile (Q, K: 8-row groups 1024 bytes apart) whose first row is
+// `row0`, and of an MN-major one (V, transposed B: panels ROWS x 128 bytes apart).
 template <int ROWS>
-__device__ __forceinline__ uint64_t desc_k(const void* tile, int row0, int kk) {
-  const char* p = static_cast<const char*>(tile) + (kk >> 2) * (ROWS * 128) + row0 * 128 + (kk & 3) * 32;
-  return desc(p, 16, 1024);
+__device__ __forceinline__ uint64_t desc_k_base(const void* tile, int row0) {
+  return desc(static_cast<const char*>(tile) + row0 * 128, 16, 1024);
 }
-// MN-major sw128 operand (transposed B) at k16 step kk: rows 16 kk .. 16 kk + 15 of the tile.
 template <int ROWS>
-__device__ __forceinline__ uint64_t desc_mn(const void* tile, int kk) {
-  return desc(static_cast<const char*>(tile) + kk * 2048, ROWS * 128, 1024);
+__device__ __forceinline__ uint64_t desc_mn_base(const void* tile) {
+  return desc(tile, ROWS * 128, 1024);
+}
+// The k16 step kk: K-major advances 32 bytes inside a 128-byte panel row, then a panel; MN-major
+// advances 16 rows (2048 bytes). Start addresses are in 16-byte units in the low bits.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k_step(uint64_t base, int kk) {
+  return base + uint64_t(((kk >> 2) * (ROWS * 128) + (kk & 3) * 32) >> 4);
+}
+__device__ __forceinline__ uint64_t desc_mn_step(uint64_t base, int kk) { return base + uint64_t(kk * 128); }
+// Hides a value from the optimizer so that per-step descriptors are formed next to their use
+// rather than hoisted out of the main loop (16 live 64-bit registers each otherwise).
+__device__ __forceinline__ uint64_t opaque(uint64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -74,6 +97,14 @@ template <int N>
 __device__ __forceinline__ void pin(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
 #include "wgmma_ops.inc"
