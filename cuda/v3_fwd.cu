@@ -155,6 +155,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const float c2 = sl2 > 0.f ? sl2 : 1.f;  // multiplier folded into the exponent (see softmax)
+  // Visibility is the row interval [llo, lhi) alone (lhi <= nk; rows past nq are never stored).
+  const bool band_only = !kidx && !has_block;
 
   // Key tiles in visit order tau_0, tau_1, ...; K and V each double-buffered. Iteration i
   // issues S_i = Q K_{tau_i}^T and O += P_{i-1} V_{tau_{i-1}} back to back, so the tensor cores
@@ -217,9 +219,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
       for (int e = 0; e < kBc / 2; ++e) s[e] *= sl2;
     }
     if (!full) {
+      if (band_only) {  // causal, windows, documents on contiguous keys: the row interval alone
+        const int c0 = static_cast<int>(j0) + 2 * t4;
 #pragma unroll
-      for (int e = 0; e < kBc / 2; ++e)
-        s[e] = pred((e >> 1) & 1, static_cast<int>(j0) + (e >> 2) * 8 + 2 * t4 + (e & 1)) ? s[e] : -INFINITY;
+        for (int e = 0; e < kBc / 2; ++e) {
+          const int jl = c0 + (e >> 2) * 8 + (e & 1), ri = (e >> 1) & 1;
+          s[e] = (jl >= llo[ri] && jl < lhi[ri]) ? s[e] : -INFINITY;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kBc / 2; ++e)
+          s[e] = pred((e >> 1) & 1, static_cast<int>(j0) + (e >> 2) * 8 + 2 * t4 + (e & 1)) ? s[e] : -INFINITY;
+      }
     }
     float alpha[2];
 #pragma unroll
