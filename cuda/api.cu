@@ -276,8 +276,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   validate_kv_side(p, "dK", dK);
   validate_kv_side(p, "dV", dV);
   check_gpu_limits(p);
-  if (opt.variant == Variant::V3) fail("variant (v3) has no backward yet; use auto or v2 (v2 runs)");
-  bool use_v2 = false;
+  bool use_v2 = false, use_v3 = false;
   if (opt.variant != Variant::V1) {
     std::string why;
     bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
@@ -289,7 +288,12 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
       if (!ok) why = w;
     }
     if (opt.variant == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
-    use_v2 = ok;
+    const char* why3 = nullptr;
+    const bool ok3 = ok && detail::v3_device_ok(&why3);
+    if (opt.variant == Variant::V3 && !ok3)
+      fail("variant (v3) cannot run this backward: ", ok ? std::string(why3) : why);
+    use_v3 = ok3 && opt.variant != Variant::V2;
+    use_v2 = ok && !use_v3;
   }
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
@@ -304,7 +308,8 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   a.nq = p.N_q; a.nk = p.N_k; a.d = p.d; a.scale = static_cast<A>(scale_of(p));
   a.accumulate = false;
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    if (use_v2) detail::v2_backward<T>(a, opt.stream);  // deterministic by construction
+    if (use_v3) detail::v3_backward<T>(a, opt.stream);       // both deterministic by
+    else if (use_v2) detail::v2_backward<T>(a, opt.stream);  // construction (no atomics)
     else detail::v1_backward<T, T>(a, opt.stream);
   } else {
     detail::v1_backward<T, T>(a, opt.stream);

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "B*N (fixed over the grid)");
   app.add_option("--hd", hd, "H*d (fixed over the grid)");
   app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 (auto: the fastest that runs)");
-  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2");
+  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2 | v3");
   app.add_option("--v1-max-n", v1_max_n, "largest N at which the forward is checked against v1");
   app.add_option("--bwd-max-n", bwd_max_n, "largest N at which the backward is timed");
   app.add_option("--bwd-check-max-n", bwd_check_max_n, "largest N at which the backward is checked against v1");
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           if (out) out << label << "," << bc::to_string(var) << ",fwd," << N << "," << d << "," << causal << ","
                        << ms << "," << tf << "," << (ok ? "ok" : "FAIL") << "\n";
-          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v2 where it runs, else v1)
+          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v3 / v2 where they run, else v1)
           if (N <= bwd_max_n) {
             bc::DeviceBuffer<float> Lb(size_t(p.B * p.H_q * N));
             bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
@@ -175,8 +175,11 @@ int main(int argc, char** argv) {
             bc::Options bopt;
             bopt.variant = bvar_req;
             std::string bwhy;
-            const bool bv2 = bvar_req != bc::Variant::V1 &&
-                             bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), bc::Variant::Auto, &bwhy) != bc::Variant::V1;
+            // The backward that runs: as forward_variant's choice (v3 on compute capability 9.0,
+            // else v2; v1 when the tensor-core variants cannot run it), unless asked by name.
+            const bc::Variant fauto = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), bc::Variant::Auto, &bwhy);
+            const bool bv2 = bvar_req != bc::Variant::V1 && fauto != bc::Variant::V1;
+            const std::string bvar = !bv2 ? "v1" : bvar_req == bc::Variant::Auto ? bc::to_string(fauto) : bc::to_string(bvar_req);
             run_bwd(bopt, grads);
             BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
             int64_t bbad = 0;
@@ -201,7 +204,6 @@ int main(int argc, char** argv) {
             all_ok = all_ok && bbad == 0;
             const double bms = time_ms([&] { run_bwd(bopt, grads); }, 1, bwd_reps);
             const double btf = backward_flops(p) / (bms * 1e-3) / 1e12;
-            const std::string bvar = bv2 ? "v2" : "v1";
             std::printf("%-4s %-3s %6lld %4lld %6lld %3lld %4lld %10.3f %9.1f %12.3e %10s %s\n", "bwd", bvar.c_str(),
                         (long long)N, (long long)d, (long long)causal, (long long)p.B, (long long)p.H_q,
                         bms, btf, worst, "rel", bbad == 0 ? "ok" : "FAIL");

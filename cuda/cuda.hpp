@@ -125,7 +125,8 @@ struct Options {
 // Which variant an Auto (or explicit) forward call would run: v3 (sm_90a wgmma) on a compute
 // capability 9.0 device, else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why
 // the tensor-core variants cannot run the call (empty when they can). Throws Error when
-// `requested` is V2 or V3 and that variant cannot run the call (naming the reason).
+// `requested` is V2 or V3 and that variant cannot run the call (naming the reason). `backward`
+// chooses the same way, also asking the gradients' and O/dO's alignment.
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);

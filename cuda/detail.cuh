@@ -94,6 +94,7 @@ template <class T> void v2_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // v3 (sm_90a wgmma) has v2's limits plus a compute capability 9.0 device.
 bool v3_device_ok(const char** why);
 template <class T> void v3_forward(const FwdArgs<T>& a, cudaStream_t s);
+template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

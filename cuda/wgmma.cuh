@@ -114,18 +114,26 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 template <class T> struct Wgmma;
 template <> struct Wgmma<bf16> {
   template <int N, int TB> __device__ static void ss(float* d, uint64_t a, uint64_t b, int acc) {
-    if constexpr (N == 64) mma_ss_bf16_n64<TB>(d, a, b, acc); else mma_ss_bf16_n128<TB>(d, a, b, acc);
+    if constexpr (N == 32) mma_ss_bf16_n32<TB>(d, a, b, acc);
+    else if constexpr (N == 64) mma_ss_bf16_n64<TB>(d, a, b, acc);
+    else mma_ss_bf16_n128<TB>(d, a, b, acc);
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
-    if constexpr (N == 64) mma_rs_bf16_n64<TB>(d, a, b, acc); else mma_rs_bf16_n128<TB>(d, a, b, acc);
+    if constexpr (N == 32) mma_rs_bf16_n32<TB>(d, a, b, acc);
+    else if constexpr (N == 64) mma_rs_bf16_n64<TB>(d, a, b, acc);
+    else mma_rs_bf16_n128<TB>(d, a, b, acc);
   }
 };
 template <> struct Wgmma<f16> {
   template <int N, int TB> __device__ static void ss(float* d, uint64_t a, uint64_t b, int acc) {
-    if constexpr (N == 64) mma_ss_f16_n64<TB>(d, a, b, acc); else mma_ss_f16_n128<TB>(d, a, b, acc);
+    if constexpr (N == 32) mma_ss_f16_n32<TB>(d, a, b, acc);
+    else if constexpr (N == 64) mma_ss_f16_n64<TB>(d, a, b, acc);
+    else mma_ss_f16_n128<TB>(d, a, b, acc);
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
-    if constexpr (N == 64) mma_rs_f16_n64<TB>(d, a, b, acc); else mma_rs_f16_n128<TB>(d, a, b, acc);
+    if constexpr (N == 32) mma_rs_f16_n32<TB>(d, a, b, acc);
+    else if constexpr (N == 64) mma_rs_f16_n64<TB>(d, a, b, acc);
+    else mma_rs_f16_n128<TB>(d, a, b, acc);
   }
 };
 

@@ -292,8 +292,8 @@ std::vector<Impl> build_registry() {
     r.push_back(broken_impl());
 #ifdef BURSTLAB_HAVE_CUDA
   r.push_back(cuda_impl("cuda", cuda::Variant::Auto,
-                        "LAO on the GPU (cuda/): bf16/fp16 with d in {64,128} run tensor cores (forward "
-                        "v3 wgmma on H100/H200, else v2; backward v2), the rest v1"));
+                        "LAO on the GPU (cuda/): bf16/fp16 with d in {64,128} run tensor cores (v3 wgmma "
+                        "on H100/H200, else v2), the rest v1"));
   r.push_back(cuda_impl("cuda-v1", cuda::Variant::V1, "LAO on the GPU, v1 only: CUDA cores, every dtype and d"));
   {
     Impl v2 = cuda_impl("cuda-v2", cuda::Variant::V2,

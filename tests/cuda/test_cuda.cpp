@@ -255,6 +255,16 @@ std::vector<FwdCase> bwd_cases() {
                        kValues[k % kValues.size()], seed++});
         ++k;
       }
+  // The tensor-core backward variants by name (Auto runs v3 on compute capability 9.0, else v2).
+  const std::vector<Shape> fast = {{1, 1, 1, 1, 1, 64}, {2, 4, 2, 113, 203, 64},
+                                   {1, 2, 2, 203, 113, 128}, {1, 2, 1, 300, 300, 128}};
+  for (const char* dt : {"bf16", "f16"})
+    for (bc::Variant v : {bc::Variant::V2, bc::Variant::V3})
+      for (const Shape& s : fast)
+        for (const std::string& m : kMasks) {
+          out.push_back({dt, v, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
+          ++k;
+        }
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 2, 1023, 1023, 64}, "causal", Layout::BSHD, Values::Normal, 777});
   out.push_back({"f32", bc::Variant::Auto, {1, 4, 2, 1023, 511, 128}, "window:100,20", Layout::BHSD, Values::Normal, 778});
   return out;
@@ -277,6 +287,7 @@ void run_bwd_case(const FwdCase& c, bool deterministic) {
   DT4<T> dQ = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);
   DT4<T> dK = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
   DT4<T> dV = dev_empty<T>(c.layout, s.B, s.Hkv, s.Nk, s.d);
+  opt.variant = c.variant;  // the forward ran auto; the backward runs the case's variant
   bc::backward<T>(p, Q.cview(), K.cview(), V.cview(), O.cview(), dO.cview(), L.cview(), dQ.view(),
                   dK.view(), dV.view(), opt);
   BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -304,6 +315,7 @@ class CudaBackward : public ::testing::TestWithParam<FwdCase> {};
 TEST_P(CudaBackward, MatchesOracle) {
   REQUIRE_GPU();
   const FwdCase& c = GetParam();
+  REQUIRE_VARIANT(c.variant);
   const bool det = c.seed % 3 == 0;
   if (c.dtype == "f64") run_bwd_case<double>(c, det);
   else if (c.dtype == "f32") run_bwd_case<float>(c, det);
@@ -316,6 +328,8 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
 TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
+  run_bwd_case<bc::bf16>({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 903}, true);
+  run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
 }
 

@@ -1,0 +1,378 @@
+// cuda/v3_bwd.cu — variant 3 backward: v2's two passes without atomics (spec §5, eq. 5.1-5.7;
+// §5.3) on Hopper warpgroup MMA (wgmma, sm_90a). One warpgroup per CTA, 64 rows (dQ pass) or
+// 64 keys (dK/dV pass) — wgmma's M — and several CTAs per SM to hide each other's latency.
+//   D      (5.1) by the v1 compute_D kernel.
+//   dQ     CTA = (b, h, 64 query rows); key tiles of BC double-buffered: S = Q K^T and
+//          dP = dO V^T (wgmma, both operands in shared memory, K-major), P = 2^(S c - LSE) (5.2),
+//          dS = P (dP - D) (5.5) in registers, dQ += dS K (dS from registers, K transposed)
+//          (5.6).
+//   dK,dV  CTA = (b, kv-head, 64 keys); loops over the group's q-heads and the query tiles of
+//          BQ rows that see the keys (double-buffered Q, dO, LSE, D): S^T = K Q^T, dP^T = V dO^T,
+//          dV += P^T dO (5.3), dK += dS^T Q (5.7), the B operands transposed.
+// Every output element is written by one thread in a fixed order, no atomics: bitwise
+// repeatable. P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
+// Masks exactly as v2 (row intervals bound the tiles, fully visible tiles skip the predicate).
+// Limits: whole-problem backward only (backward_block runs v1), bf16/fp16, d in {64, 128},
+// v2's alignment rules, a compute capability 9.0 device.
+#include <climits>
+#include <cstdint>
+
+#include "detail.cuh"
+#include "wgmma.cuh"
+
+namespace burstlab::cuda::detail {
+namespace {
+
+using v2::cp_async_commit;
+using v2::cp_async_wait;
+using v2::ex2;
+using v2::kLog2e;
+using v2::Mma;
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kRows = 64;      // dQ: query rows per CTA; dK/dV: keys per CTA
+
+__device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
+
+// Packs accumulator columns 16 kk .. 16 kk + 15 of x (the m64nN layout) as a wgmma A fragment.
+template <class T, int N>
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[N / 16][4], const float* x) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    pa[kk][0] = Mma<T>::pack(x[8 * kk + 0], x[8 * kk + 1]);
+    pa[kk][1] = Mma<T>::pack(x[8 * kk + 2], x[8 * kk + 3]);
+    pa[kk][2] = Mma<T>::pack(x[8 * kk + 4], x[8 * kk + 5]);
+    pa[kk][3] = Mma<T>::pack(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
+// ------------------------------------------------------------------ dQ
+template <class T, int D, int BC>
+__global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(align1024(smem_raw));  // (64, D) sw128
+  T* sdO = sQ + kRows * D;                             // (64, D)
+  T* sKV = sdO + kRows * D;                            // 2 x [(BC, D) K, (BC, D) V]
+  __shared__ int red[4][4];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z,
+                hk = h / a.group;
+  const int64_t nq = a.nq, nk = a.nk;
+  const int nvq = static_cast<int>(nq - q0 < kRows ? nq - q0 : kRows);
+  v3::load_sw128<T, kRows, D, kThreads>(sQ, a.Q.row(b, h, q0), a.Q.stride[2], nvq, tid);
+  v3::load_sw128<T, kRows, D, kThreads>(sdO, a.dO.row(b, h, q0), a.dO.stride[2], nvq, tid);
+  cp_async_commit();
+  const T* Kg = a.K.row(b, hk, 0);
+  const T* Vg = a.V.row(b, hk, 0);
+  const int64_t ks = a.K.stride[2], vs = a.V.stride[2];
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+
+  // my rows g, g + 8: interval (3.4), LSE in base 2, D (as v2)
+  int llo[2], lhi[2];
+  float L2[2], Dr[2];
+  int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = q0 + warp * 16 + g + 8 * ri;
+    int64_t lo = 0, hi = 0;
+    L2[ri] = INFINITY;  // rows past nq: P = 2^-inf = 0
+    Dr[ri] = 0.f;
+    if (r < nq) {
+      local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
+      L2[ri] = a.LSE(b, h, r) * kLog2e;
+      Dr[ri] = a.D(b, h, r);
+      if (lo < hi) { my_hlo = min(my_hlo, int(lo)); my_hhi = max(my_hhi, int(hi)); }
+      my_flo = max(my_flo, int(lo));
+      my_fhi = min(my_fhi, int(hi));
+    }
+    llo[ri] = int(lo);
+    lhi[ri] = int(hi);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    my_hlo = min(my_hlo, __shfl_xor_sync(0xffffffffu, my_hlo, o));
+    my_hhi = max(my_hhi, __shfl_xor_sync(0xffffffffu, my_hhi, o));
+    my_flo = max(my_flo, __shfl_xor_sync(0xffffffffu, my_flo, o));
+    my_fhi = min(my_fhi, __shfl_xor_sync(0xffffffffu, my_fhi, o));
+  }
+  if (lane == 0) { red[0][warp] = my_hlo; red[1][warp] = my_hhi; red[2][warp] = my_flo; red[3][warp] = my_fhi; }
+  __syncthreads();
+  int hull_lo = INT_MAX, hull_hi = INT_MIN, full_lo = INT_MIN, full_hi = INT_MAX;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    hull_lo = min(hull_lo, red[0][w]); hull_hi = max(hull_hi, red[1][w]);
+    full_lo = max(full_lo, red[2][w]); full_hi = min(full_hi, red[3][w]);
+  }
+  const bool has_block = a.mask.block != nullptr;
+  const int t_begin = hull_lo < hull_hi ? hull_lo / BC : 0;
+  const int t_end = hull_lo < hull_hi ? (hull_hi + BC - 1) / BC : 0;
+  auto rows_in = [&](int64_t j0) { return static_cast<int>(nk - j0 < BC ? nk - j0 : BC); };
+
+  float acc[D / 2];  // dQ / scale: my 2 rows x D/4 columns (wgmma accumulator)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+  const uint64_t dQd0 = v3::desc_k_base<kRows>(sQ, 0), dOd0 = v3::desc_k_base<kRows>(sdO, 0);
+  int t = t_begin, buf = 0;
+  if (t < t_end) {
+    v3::load_sw128<T, BC, D, kThreads>(sKV, Kg + int64_t(t) * BC * ks, ks, rows_in(int64_t(t) * BC), tid);
+    v3::load_sw128<T, BC, D, kThreads>(sKV + BC * D, Vg + int64_t(t) * BC * vs, vs, rows_in(int64_t(t) * BC), tid);
+  }
+  cp_async_commit();
+  for (; t < t_end; ++t) {
+    const int j0 = t * BC;
+    const bool full = !has_block && full_lo <= j0 && j0 + BC <= full_hi;
+    T* const cK = sKV + buf * (2 * BC * D);
+    T* const cV = cK + BC * D;
+    if (t + 1 < t_end) {
+      T* const nK = sKV + (buf ^ 1) * (2 * BC * D);
+      const int64_t jn = int64_t(t + 1) * BC;
+      v3::load_sw128<T, BC, D, kThreads>(nK, Kg + jn * ks, ks, rows_in(jn), tid);
+      v3::load_sw128<T, BC, D, kThreads>(nK + BC * D, Vg + jn * vs, vs, rows_in(jn), tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    v3::fence_proxy_async();
+    __syncthreads();
+
+    float s[BC / 2], dp[BC / 2];  // S = Q K^T, dP = dO V^T (5.4); s[4 nt + e] is v2's s[nt][e]
+    const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
+    const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
+    v3::pin(acc);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      v3::Wgmma<T>::template ss<BC, 0>(s, v3::desc_k_step<kRows>(dQd, kk), v3::desc_k_step<BC>(dK, kk), kk);
+      v3::Wgmma<T>::template ss<BC, 0>(dp, v3::desc_k_step<kRows>(dOd, kk), v3::desc_k_step<BC>(dV, kk), kk);
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(s);
+    v3::pin(dp);
+    // dS = P (dP - D), P = 2^(S scale log2e - LSE log2e) on visible pairs, else 0
+#pragma unroll
+    for (int e = 0; e < BC / 2; ++e) {
+      const int ri = (e >> 1) & 1, jl = j0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
+      bool vis = full;
+      if (!vis) {
+        vis = jl >= llo[ri] && jl < lhi[ri];  // includes jl >= nk and rows past nq
+        if (vis && has_block) vis = block_bit(a.mask, a.qp[q0 + warp * 16 + g + 8 * ri], a.kp.start + jl);
+      }
+      const float p = vis ? ex2(fmaf(s[e], sl2, -L2[ri])) : 0.f;
+      s[e] = p * (dp[e] - Dr[ri]);
+    }
+    uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
+    pack_a<T, BC>(da, s);
+    const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      v3::Wgmma<T>::template rs<D, 1>(acc, da[kk], v3::desc_mn_step(dKt, kk), 1);  // dQ += dS K
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(acc);
+    v3::pin(da);
+    __syncthreads();
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+  const float sc = static_cast<float>(a.scale);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = q0 + warp * 16 + g + 8 * ri;
+    if (r >= nq) continue;
+    T* row = a.dQ.row(b, h, r);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t4) =
+          Mma<T>::pack(sc * acc[4 * i + 2 * ri], sc * acc[4 * i + 2 * ri + 1]);
+  }
+#else
+  __trap();
+#endif
+}
+
+// ------------------------------------------------------------------ dK, dV
+template <class T, int D, int BQ>
+__global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (64, D) sw128
+  T* sV = sK + kRows * D;                              // (64, D)
+  T* sQO = sV + kRows * D;                             // 2 x [(BQ, D) Q, (BQ, D) dO]
+  float* sLD = reinterpret_cast<float*>(sQO + 4 * BQ * D);  // 2 x [(BQ) LSE log2e, (BQ) D]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int64_t j0 = int64_t(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t nq = a.nq, nk = a.nk, G = a.group;
+  const int nvk = static_cast<int>(nk - j0 < kRows ? nk - j0 : kRows);
+  v3::load_sw128<T, kRows, D, kThreads>(sK, a.K.row(b, hk, j0), a.K.stride[2], nvk, tid);
+  v3::load_sw128<T, kRows, D, kThreads>(sV, a.V.row(b, hk, j0), a.V.stride[2], nvk, tid);
+  cp_async_commit();
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const int64_t jend = j0 + nvk;  // keys [j0, jend) of this CTA (global = local here)
+  const bool has_block = a.mask.block != nullptr;
+  const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
+  const int n_it = static_cast<int>(G) * nqt;  // (q-head of the group, query tile)
+
+  // Does query tile qt see any key of this CTA; are all its pairs visible? Warp-uniform (each
+  // warp computes it alike from the rows' intervals, eq. 3.4), no barrier (as v2).
+  auto classify = [&](int qt, bool* full) -> bool {
+    bool any = false, all = !has_block;
+#pragma unroll
+    for (int u = 0; u < BQ / 32; ++u) {
+      const int64_t i = int64_t(qt) * BQ + u * 32 + lane;
+      bool a_ = false, l_ = false;
+      if (i < nq) {
+        int64_t lo, hi;
+        row_range(a.mask, a.qp[i], &lo, &hi);
+        a_ = lo < jend && hi > j0 && lo < hi;
+        l_ = lo <= j0 && hi >= j0 + kRows;
+      }
+      any = any || __any_sync(0xffffffffu, a_);
+      all = all && __all_sync(0xffffffffu, l_);
+    }
+    *full = all && any;
+    return any;
+  };
+  auto next_it = [&](int it, bool* full) -> int {
+    while (it < n_it && !classify(it % nqt, full)) ++it;
+    return it;
+  };
+  auto load_q = [&](int it, int bufi) {
+    const int64_t h = hk * G + it / nqt, i0 = int64_t(it % nqt) * BQ;
+    const int nv = static_cast<int>(nq - i0 < BQ ? nq - i0 : BQ);
+    T* dst = sQO + bufi * (2 * BQ * D);
+    v3::load_sw128<T, BQ, D, kThreads>(dst, a.Q.row(b, h, i0), a.Q.stride[2], nv, tid);
+    v3::load_sw128<T, BQ, D, kThreads>(dst + BQ * D, a.dO.row(b, h, i0), a.dO.stride[2], nv, tid);
+    float* l = sLD + bufi * (2 * BQ);
+    for (int i = tid; i < BQ; i += kThreads) {
+      const bool ok = i < nv;
+      l[i] = ok ? a.LSE(b, h, i0 + i) * kLog2e : INFINITY;  // rows past nq: P = 0
+      l[BQ + i] = ok ? a.D(b, h, i0 + i) : 0.f;
+    }
+  };
+
+  float dk[D / 2], dv[D / 2];  // my 2 keys x D/4 columns (wgmma accumulators)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int krow = warp * 16;
+  const uint64_t dKd0 = v3::desc_k_base<kRows>(sK, 0), dVd0 = v3::desc_k_base<kRows>(sV, 0);
+  bool full = false;
+  int it = next_it(0, &full), buf = 0;
+  if (it < n_it) load_q(it, 0);
+  cp_async_commit();
+  while (it < n_it) {
+    bool full_next = false;
+    const int itn = next_it(it + 1, &full_next);
+    if (itn < n_it) load_q(itn, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    v3::fence_proxy_async();
+    __syncthreads();
+    const T* cQ = sQO + buf * (2 * BQ * D);
+    const T* cO = cQ + BQ * D;
+    const float* cL = sLD + buf * (2 * BQ);
+    const float* cD = cL + BQ;
+    const int64_t i0 = int64_t(it % nqt) * BQ;
+
+    float s[BQ / 2], dp[BQ / 2];  // S^T = K Q^T, dP^T = V dO^T: my keys x BQ rows
+    const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
+    const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
+    v3::pin(dk);
+    v3::pin(dv);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      v3::Wgmma<T>::template ss<BQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<BQ>(dQb, kk), kk);
+      v3::Wgmma<T>::template ss<BQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<BQ>(dOb, kk), kk);
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(s);
+    v3::pin(dp);
+    // P^T and dS^T; element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
+#pragma unroll
+    for (int e = 0; e < BQ / 2; ++e) {
+      const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
+      const int64_t jg = j0 + krow + g + 8 * ((e >> 1) & 1), ig = i0 + il;
+      bool vis = full;
+      if (!vis) vis = ig < nq && jg < nk && visible(a.mask, a.qp[ig], a.kp.start + jg);
+      const float p = vis ? ex2(fmaf(s[e], sl2, -cL[il])) : 0.f;
+      s[e] = p;                      // P^T
+      dp[e] = p * (dp[e] - cD[il]);  // dS^T (5.5)
+    }
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+    pack_a<T, BQ>(pa, s);
+    pack_a<T, BQ>(sa, dp);
+    const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      v3::Wgmma<T>::template rs<D, 1>(dv, pa[kk], v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
+      v3::Wgmma<T>::template rs<D, 1>(dk, sa[kk], v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(dk);
+    v3::pin(dv);
+    v3::pin(pa);
+    v3::pin(sa);
+    __syncthreads();
+    buf ^= 1;
+    it = itn;
+    full = full_next;
+  }
+  cp_async_wait<0>();
+  const float sc = static_cast<float>(a.scale);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t j = j0 + krow + g + 8 * ri;
+    if (j >= nk) continue;
+    T* rk = a.dK.row(b, hk, j);
+    T* rv = a.dV.row(b, hk, j);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(rk + i * 8 + 2 * t4) = Mma<T>::pack(sc * dk[4 * i + 2 * ri], sc * dk[4 * i + 2 * ri + 1]);
+      *reinterpret_cast<uint32_t*>(rv + i * 8 + 2 * t4) = Mma<T>::pack(dv[4 * i + 2 * ri], dv[4 * i + 2 * ri + 1]);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <class T, int D, int BC, int BQ>
+void launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s) {
+  if (a.nq > 0) {
+    const size_t smem = size_t(2 * kRows + 4 * BC) * D * sizeof(T) + 1024;
+    allow_smem(reinterpret_cast<const void*>(&v3_bwd_dq_kernel<T, D, BC>), smem);
+    const dim3 grid(static_cast<unsigned>((a.nq + kRows - 1) / kRows), static_cast<unsigned>(a.Hq),
+                    static_cast<unsigned>(a.B));
+    v3_bwd_dq_kernel<T, D, BC><<<grid, kThreads, smem, s>>>(a);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v3_bwd_dq_kernel");
+  }
+  if (a.nk > 0) {
+    const size_t smem = size_t(2 * kRows + 4 * BQ) * D * sizeof(T) + 4 * BQ * sizeof(float) + 1024;
+    allow_smem(reinterpret_cast<const void*>(&v3_bwd_dkdv_kernel<T, D, BQ>), smem);
+    const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.B));
+    v3_bwd_dkdv_kernel<T, D, BQ><<<grid, kThreads, smem, s>>>(a);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v3_bwd_dkdv_kernel");
+  }
+}
+
+}  // namespace
+
+template <class T>
+void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s) {
+  if (a.d == 64) launch_bwd<T, 64, 128, 64>(a, s);
+  else if (a.d == 128) launch_bwd<T, 128, 64, 32>(a, s);
+  else fail("d (", a.d, ") must be 64 or 128 for v3");
+}
+
+template void v3_backward<bf16>(const BwdArgs<bf16, bf16>&, cudaStream_t);
+template void v3_backward<f16>(const BwdArgs<f16, f16>&, cudaStream_t);
+
+}  // namespace burstlab::cuda::detail
