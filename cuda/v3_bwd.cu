@@ -16,6 +16,8 @@
 // v2's alignment rules, a compute capability 9.0 device.
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "detail.cuh"
 #include "wgmma.cuh"
@@ -365,11 +367,31 @@ void launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s) {
 
 }  // namespace
 
+// Tuning knob for the benchmark only: BURSTLAB_V3_BWD_CFG = 0 (default) or 1 (cuda/README.md).
+int v3_bwd_cfg() {
+  static const int v = [] {
+    const char* e = std::getenv("BURSTLAB_V3_BWD_CFG");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <class T>
 void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s) {
-  if (a.d == 64) launch_bwd<T, 64, 128, 64>(a, s);
-  else if (a.d == 128) launch_bwd<T, 128, 64, 32>(a, s);
-  else fail("d (", a.d, ") must be 64 or 128 for v3");
+  const int cfg = std::is_same<T, bf16>::value ? v3_bwd_cfg() : 0;  // tuning: bf16 only
+  // Defaults measured on an H200 (docs/performance-gpu.md): key tiles of 64 in the dQ pass and
+  // query tiles of 64 in the dK/dV pass (d = 64: 113 vs 90 TFLOP/s at N = 8K; d = 128: 157 vs
+  // 152); cfg 1 keeps the first shapes (dQ key tiles of 128 at d = 64, dK/dV query tiles of 32
+  // at d = 128).
+  if (a.d == 64) {
+    if (cfg == 1) launch_bwd<T, 64, 128, 64>(a, s);
+    else launch_bwd<T, 64, 64, 64>(a, s);
+  } else if (a.d == 128) {
+    if (cfg == 1) launch_bwd<T, 128, 64, 32>(a, s);
+    else launch_bwd<T, 128, 64, 64>(a, s);
+  } else {
+    fail("d (", a.d, ") must be 64 or 128 for v3");
+  }
 }
 
 template void v3_backward<bf16>(const BwdArgs<bf16, bf16>&, cudaStream_t);
