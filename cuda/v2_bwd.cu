@@ -19,6 +19,7 @@
 
 #include "detail.cuh"
 #include "mma.cuh"
+#include "tile_mask.cuh"
 
 namespace burstlab::cuda::detail {
 namespace {
@@ -64,31 +65,15 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dq_kernel(BwdArgs<T, T> a) {
       local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
       L2[ri] = a.LSE(b, h, r) * kLog2e;
       Dr[ri] = a.D(b, h, r);
-      if (lo < hi) { my_hlo = min(my_hlo, int(lo)); my_hhi = max(my_hhi, int(hi)); }
-      my_flo = max(my_flo, int(lo));
-      my_fhi = min(my_fhi, int(hi));
+      tiles::add_row(lo, hi, &my_hlo, &my_hhi, &my_flo, &my_fhi);
     }
     llo[ri] = int(lo);
     lhi[ri] = int(hi);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    my_hlo = min(my_hlo, __shfl_xor_sync(0xffffffffu, my_hlo, o));
-    my_hhi = max(my_hhi, __shfl_xor_sync(0xffffffffu, my_hhi, o));
-    my_flo = max(my_flo, __shfl_xor_sync(0xffffffffu, my_flo, o));
-    my_fhi = min(my_fhi, __shfl_xor_sync(0xffffffffu, my_fhi, o));
-  }
-  if (lane == 0) { red[0][warp] = my_hlo; red[1][warp] = my_hhi; red[2][warp] = my_flo; red[3][warp] = my_fhi; }
-  __syncthreads();
-  int hull_lo = INT_MAX, hull_hi = INT_MIN, full_lo = INT_MIN, full_hi = INT_MAX;
-#pragma unroll
-  for (int w = 0; w < kW; ++w) {
-    hull_lo = min(hull_lo, red[0][w]); hull_hi = max(hull_hi, red[1][w]);
-    full_lo = max(full_lo, red[2][w]); full_hi = min(full_hi, red[3][w]);
-  }
+  const tiles::Hull hull = tiles::cta_hull<kW>(my_hlo, my_hhi, my_flo, my_fhi, red);
   const bool has_block = a.mask.block != nullptr;
-  const int t_begin = hull_lo < hull_hi ? hull_lo / kBc : 0;
-  const int t_end = hull_lo < hull_hi ? (hull_hi + kBc - 1) / kBc : 0;
+  const int t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
+  const int t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
   auto rows_in = [&](int64_t j0) { return static_cast<int>(nk - j0 < kBc ? nk - j0 : kBc); };
   auto pred = [&](int ri, int jl) -> bool {
     if (jl < llo[ri] || jl >= lhi[ri]) return false;  // includes jl >= nk and rows past nq
@@ -107,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dq_kernel(BwdArgs<T, T> a) {
   cp_async_commit();
   for (; t < t_end; ++t) {
     const int j0 = t * kBc;
-    const bool full = !has_block && full_lo <= j0 && j0 + kBc <= full_hi;
+    const bool full = !has_block && hull.full_lo <= j0 && j0 + kBc <= hull.full_hi;
     T* const cK = sKV + buf * (2 * kBc * D);
     T* const cV = cK + kBc * D;
     if (t + 1 < t_end) {
@@ -205,25 +190,9 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dkdv_kernel(BwdArgs<T, T> a) 
   const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
   const int n_it = static_cast<int>(G) * nqt;  // (q-head of the group, query tile)
 
-  // Does query tile qt see any key of this CTA; are all its pairs visible? Warp-uniform (each
-  // warp computes it alike from the rows' intervals, eq. 3.4), no barrier.
+  // Does query tile qt see any key of this CTA; are all its pairs visible (tile_mask.cuh)?
   auto classify = [&](int qt, bool* full) -> bool {
-    bool any = false, all = !has_block;
-#pragma unroll
-    for (int u = 0; u < BQ / 32; ++u) {
-      const int64_t i = int64_t(qt) * BQ + u * 32 + lane;
-      bool a_ = false, l_ = false;
-      if (i < nq) {
-        int64_t lo, hi;
-        row_range(a.mask, a.qp[i], &lo, &hi);
-        a_ = lo < jend && hi > j0 && lo < hi;
-        l_ = lo <= j0 && hi >= j0 + kRows;
-      }
-      any = any || __any_sync(0xffffffffu, a_);
-      all = all && __all_sync(0xffffffffu, l_);
-    }
-    *full = all && any;
-    return any;
+    return tiles::bwd_q_tile<BQ, kRows>(a, qt, j0, jend, has_block, full);
   };
   auto next_it = [&](int it, bool* full) -> int {
     while (it < n_it && !classify(it % nqt, full)) ++it;

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "detail.cuh"
+#include "tile_mask.cuh"
 #include "wgmma.cuh"
 
 namespace burstlab::cuda::detail {
@@ -65,7 +66,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
                                       static_cast<int>(nq - q0 < kBr ? nq - q0 : kBr), tid);
   cp_async_commit();
 
-  // ---- mask facts of my rows g, g + 8: local key interval [llo, lhi) (eq. 3.4), as in v2.
+  // ---- mask facts of my rows g, g + 8: local key interval [llo, lhi) (eq. 3.4); the CTA's hull
+  // of key tiles and the keys every row sees (tile_mask.cuh, shared with v2).
   const bool kidx = a.kp.index != nullptr;
   int llo[2], lhi[2];
   int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
@@ -76,76 +78,24 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
     if (!kidx && r < nq) local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
     llo[ri] = static_cast<int>(lo);
     lhi[ri] = static_cast<int>(hi);
-    if (r < nq) {
-      if (lo < hi) { my_hlo = min(my_hlo, int(lo)); my_hhi = max(my_hhi, int(hi)); }
-      my_flo = max(my_flo, int(lo));
-      my_fhi = min(my_fhi, int(hi));
-    }
+    if (r < nq) tiles::add_row(lo, hi, &my_hlo, &my_hhi, &my_flo, &my_fhi);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    my_hlo = min(my_hlo, __shfl_xor_sync(0xffffffffu, my_hlo, o));
-    my_hhi = max(my_hhi, __shfl_xor_sync(0xffffffffu, my_hhi, o));
-    my_flo = max(my_flo, __shfl_xor_sync(0xffffffffu, my_flo, o));
-    my_fhi = min(my_fhi, __shfl_xor_sync(0xffffffffu, my_fhi, o));
-  }
-  if (lane == 0) { red[0][warp] = my_hlo; red[1][warp] = my_hhi; red[2][warp] = my_flo; red[3][warp] = my_fhi; }
-  __syncthreads();
-  int hull_lo = INT_MAX, hull_hi = INT_MIN, full_lo = INT_MIN, full_hi = INT_MAX;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    hull_lo = min(hull_lo, red[0][w]); hull_hi = max(hull_hi, red[1][w]);
-    full_lo = max(full_lo, red[2][w]); full_hi = min(full_hi, red[3][w]);
-  }
-  if (kidx) { full_lo = INT_MAX; full_hi = INT_MIN; }  // indexed keys: predicate everywhere
-  const int t_begin = hull_lo < hull_hi ? static_cast<int>(hull_lo / kBc) : 0;
-  const int t_end = hull_lo < hull_hi ? static_cast<int>((hull_hi + kBc - 1) / kBc) : 0;
+  tiles::Hull hull = tiles::cta_hull<kWarps>(my_hlo, my_hhi, my_flo, my_fhi, red);
+  if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }  // indexed keys: predicate everywhere
+  const int t_begin = hull.lo < hull.hi ? static_cast<int>(hull.lo / kBc) : 0;
+  const int t_end = hull.lo < hull.hi ? static_cast<int>((hull.hi + kBc - 1) / kBc) : 0;
   const bool has_block = a.mask.block != nullptr;
   const bool block_rect = has_block && !kidx && a.qp.index == nullptr;
   const int64_t i_first = a.qp.start + q0, i_last = a.qp.start + (nq - q0 < kBr ? nq : q0 + kBr);
-
-  // Visits tile t? Sets *full when no element needs the predicate. CTA-uniform (barriers when a
-  // block mask is present).
-  auto classify = [&](int t, bool* full) -> bool {
-    const int64_t j0 = int64_t(t) * kBc, j1 = j0 + kBc;
-    bool any = true, all = !has_block;
-    if (block_rect) {
-      const int64_t jg0 = a.kp.start + j0, jg1 = a.kp.start + (j1 < nk ? j1 : nk);
-      const int64_t br0 = i_first / a.mask.block_q, br1 = (i_last - 1) / a.mask.block_q;
-      const int64_t bc0 = jg0 / a.mask.block_k, bc1 = (jg1 - 1) / a.mask.block_k;
-      const int64_t nc = bc1 - bc0 + 1, cells = (br1 - br0 + 1) * nc;
-      int an = 0, al = 1;
-      for (int64_t c = tid; c < cells; c += kThreads) {
-        const int bit = a.mask.block[(br0 + c / nc) * a.mask.n_block_k + bc0 + c % nc] != 0;
-        an |= bit;
-        al &= bit;
-      }
-      any = __syncthreads_or(an) != 0;
-      all = __syncthreads_and(al) != 0;
-    }
-    *full = all && full_lo <= j0 && j1 <= full_hi;
-    return any;
-  };
+  // Next visited tile from t (CTA-uniform; barriers inside when a block mask is present).
   auto next_tile = [&](int t, bool* full) -> int {
-    while (t < t_end && !classify(t, full)) ++t;
+    while (t < t_end && !tiles::fwd_tile<kThreads>(a.mask, a.kp, nk, int64_t(t) * kBc, int64_t(t + 1) * kBc,
+                                                   block_rect, has_block, i_first, i_last, hull, full))
+      ++t;
     return t;
   };
   auto pred = [&](int ri, int jl) -> bool {
-    if (jl >= nk) return false;
-    if (!kidx) {
-      if (jl < llo[ri] || jl >= lhi[ri]) return false;
-      if (!has_block) return true;
-    }
-    const int64_t r = q0 + wrow + g + 8 * ri;
-    if (r >= nq) return false;
-    const int64_t ig = a.qp[r];
-    const int64_t jg = a.kp[jl];
-    if (kidx) {
-      int64_t lo, hi;
-      row_range(a.mask, ig, &lo, &hi);
-      if (jg < lo || jg >= hi) return false;
-    }
-    return block_bit(a.mask, ig, jg);
+    return tiles::fwd_visible(a, kidx, has_block, llo[ri], lhi[ri], q0 + wrow + g + 8 * ri, jl);
   };
   auto rows_in = [&](int64_t j0) { return static_cast<int>(nk - j0 < kBc ? nk - j0 : kBc); };
 

@@ -1,0 +1,121 @@
+// cuda/tile_mask.cuh — which key tiles (query tiles) a CTA visits and which of them need the
+// per-element predicate, shared by the tensor-core variants (v2, v3). Spec §3: masks are
+// predicates on global positions; eq. 3.4 gives each query row's visible key interval, the
+// block bitmap refines it. Internal; include from .cu only.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "detail.cuh"
+
+namespace burstlab::cuda::detail::tiles {
+
+// The CTA's key facts from every thread's rows (local key indices): the hull [lo, hi) of keys
+// any row sees, and [full_lo, full_hi), the keys every row sees. Each thread passes the facts of
+// its own rows (empty: INT_MAX, INT_MIN, INT_MIN, INT_MAX); a block-wide barrier inside.
+struct Hull {
+  int lo, hi, full_lo, full_hi;
+};
+template <int kWarps>
+__device__ __forceinline__ Hull cta_hull(int hlo, int hhi, int flo, int fhi, int (&red)[4][kWarps]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    hlo = min(hlo, __shfl_xor_sync(0xffffffffu, hlo, o));
+    hhi = max(hhi, __shfl_xor_sync(0xffffffffu, hhi, o));
+    flo = max(flo, __shfl_xor_sync(0xffffffffu, flo, o));
+    fhi = min(fhi, __shfl_xor_sync(0xffffffffu, fhi, o));
+  }
+  if (lane == 0) { red[0][warp] = hlo; red[1][warp] = hhi; red[2][warp] = flo; red[3][warp] = fhi; }
+  __syncthreads();
+  Hull h{INT_MAX, INT_MIN, INT_MIN, INT_MAX};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    h.lo = min(h.lo, red[0][w]); h.hi = max(h.hi, red[1][w]);
+    h.full_lo = max(h.full_lo, red[2][w]); h.full_hi = min(h.full_hi, red[3][w]);
+  }
+  return h;
+}
+
+// Adds one row's local interval [lo, hi) to a thread's facts (rows past nq are not passed).
+__device__ __forceinline__ void add_row(int64_t lo, int64_t hi, int* hlo, int* hhi, int* flo, int* fhi) {
+  if (lo < hi) { *hlo = min(*hlo, int(lo)); *hhi = max(*hhi, int(hi)); }
+  *flo = max(*flo, int(lo));
+  *fhi = min(*fhi, int(hi));
+}
+
+// Forward: does key tile [j0, j1) (local) meet any visible block cell of the CTA's query rows
+// [i_first, i_last) (global), and are all those cells visible? CTA-uniform: barriers inside when
+// block_rect (contiguous positions with a block mask), so every thread calls it with the same
+// tile. Sets *full when, in addition, every row's interval covers the tile.
+template <int kThreads>
+__device__ __forceinline__ bool fwd_tile(const MaskParams& m, const Positions& kp, int64_t nk, int64_t j0,
+                                         int64_t j1, bool block_rect, bool has_block, int64_t i_first,
+                                         int64_t i_last, const Hull& hull, bool* full) {
+  bool any = true, all = !has_block;
+  if (block_rect) {
+    const int64_t jg0 = kp.start + j0, jg1 = kp.start + (j1 < nk ? j1 : nk);
+    const int64_t br0 = i_first / m.block_q, br1 = (i_last - 1) / m.block_q;
+    const int64_t bc0 = jg0 / m.block_k, bc1 = (jg1 - 1) / m.block_k;
+    const int64_t nc = bc1 - bc0 + 1, cells = (br1 - br0 + 1) * nc;
+    int an = 0, al = 1;
+    for (int64_t c = threadIdx.x; c < cells; c += kThreads) {
+      const int bit = m.block[(br0 + c / nc) * m.n_block_k + bc0 + c % nc] != 0;
+      an |= bit;
+      al &= bit;
+    }
+    any = __syncthreads_or(an) != 0;
+    all = __syncthreads_and(al) != 0;
+  }
+  *full = all && hull.full_lo <= j0 && j1 <= hull.full_hi;
+  return any;
+}
+
+// Forward, general predicate: is local key jl visible from local query row r, whose local key
+// interval is [llo, lhi) when keys are contiguous (kidx: keys indexed, the interval is unused)?
+template <class T>
+__device__ __forceinline__ bool fwd_visible(const FwdArgs<T>& a, bool kidx, bool has_block, int llo,
+                                            int lhi, int64_t r, int jl) {
+  if (jl >= a.nk) return false;
+  if (!kidx) {
+    if (jl < llo || jl >= lhi) return false;
+    if (!has_block) return true;
+  }
+  if (r >= a.nq) return false;
+  const int64_t ig = a.qp[r];
+  const int64_t jg = a.kp[jl];
+  if (kidx) {
+    int64_t lo, hi;
+    row_range(a.mask, ig, &lo, &hi);
+    if (jg < lo || jg >= hi) return false;
+  }
+  return block_bit(a.mask, ig, jg);
+}
+
+// dK/dV pass: does query tile qt (BQ rows) see any of the keys [j0, jend) (global = local), and
+// do all its rows see all ROWS keys [j0, j0 + ROWS) with no block mask? Warp-uniform: each warp
+// computes it alike from the rows' intervals (eq. 3.4), no barrier.
+template <int BQ, int ROWS, class T, class G>
+__device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64_t j0, int64_t jend,
+                                           bool has_block, bool* full) {
+  const int lane = threadIdx.x % 32;
+  bool any = false, all = !has_block;
+#pragma unroll
+  for (int u = 0; u < BQ / 32; ++u) {
+    const int64_t i = int64_t(qt) * BQ + u * 32 + lane;
+    bool a_ = false, l_ = false;
+    if (i < a.nq) {
+      int64_t lo, hi;
+      row_range(a.mask, a.qp[i], &lo, &hi);
+      a_ = lo < jend && hi > j0 && lo < hi;
+      l_ = lo <= j0 && hi >= j0 + ROWS;
+    }
+    any = any || __any_sync(0xffffffffu, a_);
+    all = all && __all_sync(0xffffffffu, l_);
+  }
+  *full = all && any;
+  return any;
+}
+
+}  // namespace burstlab::cuda::detail::tiles
