@@ -126,6 +126,17 @@ double grad_atol(const Problem& p, const Inputs& in) {
          std::max({max_abs(in.Q.data), max_abs(in.K.data), 1.0});
 }
 
+// Tolerances of the cpu-vs-cpu properties below. Both sides are fp64 cpu runs on normal values
+// (gen_spec(..., with_values = false)) with N_q, N_k <= 64, d <= 16, G <= 3; they differ only in
+// the order or grouping of the same sums (tiles, key order, merge tree, head repetition). A sum
+// of n terms reordered moves by at most gamma(n) (Higham, §9.1) times the magnitude of the terms;
+// N_k <= 64 gives gamma(64) = 7.1e-15, times max|V| for O (P|V| <= max|V|, eq. 9.3); for LSE
+// the relative error gamma(64) of l becomes an absolute error of log l, plus u_64 |LSE| (eq. 9.4).
+// Hence atol 1e-13 max|V| for O and 1e-13 for LSE (14x that estimate); 1e-14 where only one regrouping of a 3-way merge or of per-head sums
+// differs (a few u_64 of the result). Gradients sum up to G N_q = 192 rows of such terms:
+// grad_atol's 1e-13 is per unit of the term scale derived above, and rtol 1e-11 covers the
+// larger elements. A wrong mask or index moves an element by ~max|V| / N_k >= max|V| / 64,
+// eleven orders of magnitude above these tolerances.
 #define RC_ASSERT_CLOSE(x, y, rtol, atol)                 \
   do {                                                    \
     std::string why_;                                     \
@@ -342,7 +353,8 @@ RC_GTEST_PROP(CpuProperty, OnesGiveOnesOnVisibleRowsAndZeroOnEmptyRows, ()) {
         }
   };
   // fp32: O_acc (GEMM) and l (row sums) round independently, and every rescale by alpha
-  // (eq. 4.3) rounds both: a few u_f32 per key.
+  // (eq. 4.3) rounds both: a few u_f32 per key; 3e-7 = 5 u_f32 (u_f32 = 2^-24 = 6.0e-8) per key.
+  // fp64: the same 5 u_64 per key is 5.6e-16 (N_k + 2) <= 3.7e-14 for N_k <= 64, under 1e-13.
   check(double(), 1e-13);
   check(float(), 3e-7 * double(p.N_k + 2));
 }

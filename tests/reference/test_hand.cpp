@@ -246,7 +246,9 @@ TEST(Hand, GqaEqualsPerHeadSum) {
 }
 
 // BSHD and BHSD inputs of one seed hold the same logical values, and the oracle gives the same
-// logical outputs for both.
+// logical outputs for both. 1e-14: the two runs can differ only in the order of the oracle's
+// sums (N_k = 9 keys, d = 5, G = 2) over N(0,1) values, gamma(9) = 1.0e-15 of O(1) magnitudes;
+// a transposed or misread layout changes elements by O(1).
 TEST(Hand, LayoutsAgree) {
   const Problem p = testutil::make_problem(2, 4, 2, 7, 9, 5, "window:2,1+document:2", 4);
   const Inputs a = make_inputs(p, Layout::BHSD, Dtype::F64, 3), b = make_inputs(p, Layout::BSHD, Dtype::F64, 3);
