@@ -1,8 +1,6 @@
 // distributed/algos.cpp — spec §7.7-7.9 on SimComm.
 #include "algos.hpp"
 
-#include <algorithm>
-
 #include "baselines.hpp"
 #include "burstlab/error.hpp"
 #include "double_ring.hpp"
@@ -34,12 +32,6 @@ ExtAlgo parse_ext_algo(const std::string& s) {
 namespace {
 int gpn(const ExtOptions& o) { return o.gpus_per_node > 0 ? o.gpus_per_node : o.world; }
 Grid grid_of(const ExtOptions& o) { return o.grid.p_r == 0 ? default_grid(o.world) : o.grid; }
-template <class T>
-Buffer<T> upload(Engine<T>& e, const std::vector<T>& host) {
-  Buffer<T> b = e.alloc(static_cast<int64_t>(host.size()));
-  e.upload(b.data, host.data(), b.n);
-  return b;
-}
 }  // namespace
 
 int64_t ext_closed_form_bytes(const ExtOptions& o, Phase phase, const Problem& p, const Partition& qp,
@@ -76,34 +68,13 @@ ExtSession<T>::ExtSession(const Problem& p, View4<const double> Q, View4<const d
     if (o.backward)
       res_.bwd = make_double_ring_schedule(o.base, Phase::Backward, p, mask_, res_.qp, res_.kp, gpn(o), o.prefetch_inter);
   }
-  shards_.resize(G);
-  for (int r = 0; r < G; ++r) {  // each rank's slice, rounded to T, in engine memory
-    Shard<T>& x = shards_[r];
-    x.Q = upload(e, slice<T>(Q, res_.qp, r).data);
-    x.K = upload(e, slice<T>(K, res_.kp, r).data);
-    x.V = upload(e, slice<T>(V, res_.kp, r).data);
-    if (o.backward) x.dO = upload(e, slice<T>(dO, res_.qp, r).data);
-  }
+  shards_ = upload_shards(e, Q, K, V, dO, res_.qp, res_.kp, o.backward);
   res_.logs.assign(G, {});
 }
 
 template <class T>
 void ExtSession<T>::run(Phase phase) {
-  for (auto& log : res_.logs)  // keep only the latest run of each phase
-    log.erase(std::remove_if(log.begin(), log.end(),
-                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
-              log.end());
-  SimWorld world(o_.world, o_.sim);
-  struct Keep {  // per-rank outcome and logs, also when run() throws
-    SimWorld& w;
-    ExtSession& s;
-    ~Keep() {
-      s.errors_ = w.errors();
-      for (size_t r = 0; r < w.logs().size(); ++r)
-        s.res_.logs[r].insert(s.res_.logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
-    }
-  } keep{world, *this};
-  world.run([&](Communicator& comm) {
+  run_pass(o_.world, o_.sim, phase, res_.logs, errors_, [&](Communicator& comm) {
     Shard<T>& x = shards_[comm.rank()];
     const bool fwd = phase == Phase::Forward;
     switch (o_.algo) {
@@ -130,8 +101,6 @@ void ExtSession<T>::run(Phase phase) {
         else distflash_backward(comm, e_, p_, mask_, flash_, res_.qp, res_.kp, x);
         break;
     }
-    comm.set_context(Phase::Other, 0);
-    comm.barrier();  // every rank observes a failure of any other rank
   });
 }
 
@@ -144,8 +113,7 @@ void ExtSession<T>::forward() {
 
 template <class T>
 void ExtSession<T>::backward() {
-  if (!o_.backward) fail("ExtSession::backward: the session was built with backward = false");
-  if (!have_forward_) fail("ExtSession::backward: run forward() first (the backward uses its O and LSE)");
+  check_can_backward("ExtSession", o_.backward, have_forward_);
   run(Phase::Backward);
 }
 
@@ -161,15 +129,7 @@ DistResult<T> run_sim_ext(const Problem& p, View4<const double> Q, View4<const d
                           View4<const double> dO, const ExtOptions& o, Engine<T>& e,
                           std::vector<std::string>* rank_errors) {
   ExtSession<T> s(p, Q, K, V, dO, o, e);
-  try {
-    s.forward();
-    if (o.backward) s.backward();
-  } catch (...) {
-    if (rank_errors) *rank_errors = s.errors();
-    throw;
-  }
-  if (rank_errors) *rank_errors = s.errors();
-  return s.result();
+  return run_passes(s, o.backward, rank_errors);
 }
 
 template class ExtSession<float>;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "shard_ops.hpp"
 
 namespace burstlab::dist {
 
@@ -36,13 +37,6 @@ Grid parse_grid(const std::string& s) {
 }
 
 namespace {
-
-int64_t at(int64_t b, int64_t h, int64_t off, int64_t H, int64_t L, int64_t w) { return ((b * H + h) * L + off) * w; }
-
-template <class T>
-View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
-  return view4(data, Layout::BHSD, B, H, n, d);
-}
 
 // One rank's view of its grid: row and column members, and the rank holding each K, V shard
 // after the transpose.
@@ -94,11 +88,7 @@ struct Ctx {
   std::vector<T> host;
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_) : c(c_), e(e_), p(p_) {}
 
-  void self_copy(T* dst, const T* src, int64_t n) {
-    host.resize(static_cast<size_t>(n));
-    e.download(host.data(), src, n);
-    e.upload(dst, host.data(), n);
-  }
+  void self_copy(T* dst, const T* src, int64_t n) { host_copy(e, host, dst, src, n); }
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
   // `from` (the transposes).
   void exchange(const T* src, int64_t n_src, int to, T* dst, int64_t n_dst, int from, int tag, const char* what,
@@ -110,6 +100,36 @@ struct Ctx {
     }
     reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
     reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
+  }
+  // (7.22) transpose: this rank's K, V (B, H_kv, n_k, d) go to the rank holding them row-major;
+  // Kt, Vt (B, H_kv, nt, d) receive shard g.row_major(r), the one this rank holds after it.
+  void transpose_kv(const Grid& g, const Partition& kp, const Shard<T>& x, T* Kt, T* Vt) {
+    const int r = c.rank(), shard_t = g.row_major(r);
+    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
+    std::vector<RequestPtr> reqs;
+    exchange(x.K.data, n_home, holder_after_transpose(g, r), Kt, n_t, shard_t, 1, "K", reqs);
+    exchange(x.V.data, n_home, holder_after_transpose(g, r), Vt, n_t, shard_t, 2, "V", reqs);
+    wait_all(reqs);
+  }
+  // The inverse, for the gradients: dKt, dVt (B, H_kv, nt, d) back to the column-major cyclic
+  // owner, x.dK, x.dV (B, H_kv, n_k, d) from the rank holding the row-major shard r.
+  void transpose_back(const Grid& g, const Partition& kp, const T* dKt, const T* dVt, Shard<T>& x) {
+    const int r = c.rank(), shard_t = g.row_major(r);
+    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
+    std::vector<RequestPtr> reqs;
+    exchange(dKt, n_t, shard_t, x.dK.data, n_home, holder_after_transpose(g, r), 12, "dK", reqs);
+    exchange(dVt, n_t, shard_t, x.dV.data, n_home, holder_after_transpose(g, r), 13, "dV", reqs);
+    wait_all(reqs);
+  }
+  // Kt, Vt (B, H_kv, nt, d) into this rank's own block of the column buffers Kc, Vc (B, H_kv,
+  // col.total, d): the column ring (§7.13 phase A) starts from it.
+  void place_own_column_block(const T* Kt, const T* Vt, int64_t nt, T* Kc, T* Vc, const Members& col) {
+    const int64_t Hkv = p.H_kv, d = p.d, NC = col.total;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        self_copy(Kc + at(b, h, col.off[col.me], Hkv, NC, d), Kt + at(b, h, 0, Hkv, nt, d), nt * d);
+        self_copy(Vc + at(b, h, col.off[col.me], Hkv, NC, d), Vt + at(b, h, 0, Hkv, nt, d), nt * d);
+      }
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   void gather(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
@@ -152,15 +172,7 @@ struct Ctx {
   // Sum in member order (bitwise reproducible) into dst (B, H, rows[me], w).
   void scatter_sum(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
     Buffer<T> stage = scatter(src, H, w, m, tag, what);
-    const int64_t piece = p.B * H * m.rows[m.me] * w, K = static_cast<int64_t>(m.ranks.size());
-    std::vector<T> all(static_cast<size_t>(K * piece)), sum(static_cast<size_t>(piece));
-    e.download(all.data(), stage.data, K * piece);
-    for (int64_t i = 0; i < piece; ++i) {
-      T acc = all[i];
-      for (int64_t k = 1; k < K; ++k) acc += all[k * piece + i];
-      sum[i] = acc;
-    }
-    e.upload(dst, sum.data(), piece);
+    host_sum_pieces(e, stage.data, static_cast<int64_t>(m.ranks.size()), p.B * H * m.rows[m.me] * w, dst);
   }
   // The merge (4.5) as the reduction, in member order, into O (B, H_q, rows[me], d), LSE.
   void scatter_merge(const T* O_src, const T* L_src, T* O, T* L, const Members& m, int tag) {
@@ -180,27 +192,20 @@ struct Ctx {
 template <class T>
 void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
                          const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_attention2d(g, G, qp, kp);
+  const int r = comm.rank();
+  check_attention2d(g, comm.size(), qp, kp);
   Ctx<T> c(comm, e, p);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  if (!x.O.data || x.O.n != B * Hq * x.n_q * d) x.O = e.alloc(B * Hq * x.n_q * d);
-  if (!x.LSE.data || x.LSE.n != B * Hq * x.n_q) x.LSE = e.alloc(B * Hq * x.n_q);
+  prepare_forward(e, p, qp, kp, r, x);
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int shard_t = g.row_major(r);  // the K, V shard this rank holds after the transpose
-  const int64_t nt = kp.local_size(shard_t);
+  const int64_t nt = kp.local_size(g.row_major(r));  // the K, V shard this rank holds after the transpose
   Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
   Buffer<T> Qr = e.alloc(B * Hq * row.total * d), Kc = e.alloc(B * Hkv * col.total * d),
             Vc = e.alloc(B * Hkv * col.total * d);
   Buffer<T> Or = e.alloc(B * Hq * row.total * d), Lr = e.alloc(B * Hq * row.total);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);  // transpose K, V to the row-major cyclic distribution
-  const int to = holder_after_transpose(g, r);
-  c.exchange(x.K.data, B * Hkv * x.n_k * d, to, Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
-  c.exchange(x.V.data, B * Hkv * x.n_k * d, to, Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
-  wait_all(reqs);
+  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
   comm.set_context(Phase::Forward, 1);  // gather Q in rows, K, V in columns
   c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
   c.gather(Kt.data, Kc.data, Hkv, d, col, 4, "K", reqs);
@@ -217,21 +222,14 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
 template <class T>
 void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
                           const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_attention2d(g, G, qp, kp);
+  const int r = comm.rank();
+  check_attention2d(g, comm.size(), qp, kp);
   Ctx<T> c(comm, e, p);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  if (!x.dQ.data || x.dQ.n != B * Hq * x.n_q * d) x.dQ = e.alloc(B * Hq * x.n_q * d);
-  if (!x.dK.data || x.dK.n != B * Hkv * x.n_k * d) x.dK = e.alloc(B * Hkv * x.n_k * d);
-  if (!x.dV.data || x.dV.n != B * Hkv * x.n_k * d) x.dV = e.alloc(B * Hkv * x.n_k * d);
-  Buffer<T> D = e.alloc(B * Hq * x.n_q);
-  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, x.n_q, d)), as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)),
-              view3<T>(D.data, B, Hq, x.n_q));  // eq. (5.1) at home
+  prepare_backward(e, p, qp, kp, r, x);
+  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int shard_t = g.row_major(r);
-  const int64_t nt = kp.local_size(shard_t);
+  const int64_t nt = kp.local_size(g.row_major(r));
   const int64_t NR = row.total, NC = col.total;
   Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
   Buffer<T> Qr = e.alloc(B * Hq * NR * d), dOr = e.alloc(B * Hq * NR * d), Lr = e.alloc(B * Hq * NR),
@@ -239,11 +237,8 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   Buffer<T> dQr = e.alloc(B * Hq * NR * d), dKc = e.alloc(B * Hkv * NC * d), dVc = e.alloc(B * Hkv * NC * d);
   Buffer<T> dKt = e.alloc(B * Hkv * nt * d), dVt = e.alloc(B * Hkv * nt * d);
   std::vector<RequestPtr> reqs;
-  const int to = holder_after_transpose(g, r);
   comm.set_context(Phase::Backward, 0);
-  c.exchange(x.K.data, B * Hkv * x.n_k * d, to, Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
-  c.exchange(x.V.data, B * Hkv * x.n_k * d, to, Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
-  wait_all(reqs);
+  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
   comm.set_context(Phase::Backward, 1);
   c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
   c.gather(x.dO.data, dOr.data, Hq, d, row, 4, "dO", reqs);
@@ -266,10 +261,7 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
   c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
   comm.set_context(Phase::Backward, 3);  // transpose dK, dV back to the column-major cyclic owners
-  const int from = holder_after_transpose(g, r);  // holds the row-major shard r
-  c.exchange(dKt.data, B * Hkv * nt * d, shard_t, x.dK.data, B * Hkv * x.n_k * d, from, 12, "dK", reqs);
-  c.exchange(dVt.data, B * Hkv * nt * d, shard_t, x.dV.data, B * Hkv * x.n_k * d, from, 13, "dV", reqs);
-  wait_all(reqs);
+  c.transpose_back(g, kp, dKt.data, dVt.data, x);
 }
 
 namespace {
@@ -308,25 +300,36 @@ void recv_rows(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t B
     for (int64_t h = 0; h < H; ++h)
       reqs.push_back(c.irecv(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), from, tag, what));
 }
+// Column ring step u (§7.13 phase A): block me - u of Kc, Vc (B, H_kv, col.total, d) goes up the
+// column while block me - u - 1 arrives from below; nothing moves at the last step.
+template <class T>
+void column_ring_step(Communicator& comm, std::vector<RequestPtr>& reqs, T* Kc, T* Vc, int64_t B, int64_t Hkv,
+                      int64_t d, const Members& col, int u) {
+  const int pr = static_cast<int>(col.ranks.size()), me = col.me;
+  if (u >= pr - 1) return;
+  const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
+  const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
+  const int64_t NC = col.total;
+  recv_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
+  recv_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
+  send_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
+  send_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
+}
 }  // namespace
 
 template <class T>
 void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
                            const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_attention2d(g, G, qp, kp);
+  const int r = comm.rank();
+  check_attention2d(g, comm.size(), qp, kp);
   Ctx<T> c(comm, e, p);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
+  prepare_forward(e, p, qp, kp, r, x);
   const int64_t nq = x.n_q;
-  if (!x.O.data || x.O.n != B * Hq * nq * d) x.O = e.alloc(B * Hq * nq * d);
-  if (!x.LSE.data || x.LSE.n != B * Hq * nq) x.LSE = e.alloc(B * Hq * nq);
   e.fill(x.O.data, x.O.n, T(0));  // the merge identity (§4.3)
   e.fill(x.LSE.data, x.LSE.n, -std::numeric_limits<T>::infinity());
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int shard_t = g.row_major(r);
-  const int64_t nt = kp.local_size(shard_t), NC = col.total, mq = qp.max_local_size();
+  const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
   Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
   Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d);
   Buffer<T> Op = e.alloc(B * Hq * mq * d), Lp = e.alloc(B * Hq * mq);
@@ -334,16 +337,10 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   Buffer<T> Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)}, ALr[2] = {e.alloc(B * Hq * mq), e.alloc(B * Hq * mq)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
-  c.exchange(x.K.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
-  c.exchange(x.V.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
-  wait_all(reqs);
+  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
   // Phase A: the column ring. Step u holds the block of member me - u; it goes on to me + 1.
   const int pr = g.p_r, pc = g.p_c, me = col.me;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hkv; ++h) {
-      c.self_copy(Kc.data + at(b, h, col.off[me], Hkv, NC, d), Kt.data + at(b, h, 0, Hkv, nt, d), nt * d);
-      c.self_copy(Vc.data + at(b, h, col.off[me], Hkv, NC, d), Vt.data + at(b, h, 0, Hkv, nt, d), nt * d);
-    }
+  c.place_own_column_block(Kt.data, Vt.data, nt, Kc.data, Vc.data, col);
   auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE)
     e.forward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[k])),
                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, col.off[k], col.rows[k])),
@@ -354,15 +351,8 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   };
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Forward, 1 + u);
-    const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
-    if (u < pr - 1) {
-      const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
-      recv_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
-      recv_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
-      send_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
-      send_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
-    }
-    own_block(cur);  // overlaps the transfers above
+    column_ring_step<T>(comm, reqs, Kc.data, Vc.data, B, Hkv, d, col, u);
+    own_block(md(me - u, pr));  // overlaps the transfers above
     e.synchronize();
     wait_all(reqs);
   }
@@ -420,23 +410,16 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
 template <class T>
 void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
                             const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_attention2d(g, G, qp, kp);
+  const int r = comm.rank();
+  check_attention2d(g, comm.size(), qp, kp);
   Ctx<T> c(comm, e, p);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
+  prepare_backward(e, p, qp, kp, r, x);
   const int64_t nq = x.n_q;
-  if (!x.dQ.data || x.dQ.n != B * Hq * nq * d) x.dQ = e.alloc(B * Hq * nq * d);
-  if (!x.dK.data || x.dK.n != B * Hkv * x.n_k * d) x.dK = e.alloc(B * Hkv * x.n_k * d);
-  if (!x.dV.data || x.dV.n != B * Hkv * x.n_k * d) x.dV = e.alloc(B * Hkv * x.n_k * d);
   e.fill(x.dQ.data, x.dQ.n, T(0));
-  Buffer<T> D = e.alloc(B * Hq * nq);
-  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, nq, d)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
-              view3<T>(D.data, B, Hq, nq));  // eq. (5.1) at home
+  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int shard_t = g.row_major(r);
-  const int64_t nt = kp.local_size(shard_t), NC = col.total, mq = qp.max_local_size();
+  const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
   Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d), dKt = e.alloc(B * Hkv * nt * d),
             dVt = e.alloc(B * Hkv * nt * d);
   Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d), dKc = e.alloc(B * Hkv * NC * d),
@@ -455,26 +438,14 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   Buffer<T> dQp = e.alloc(B * Hq * mq * d), Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
-  c.exchange(x.K.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Kt.data, B * Hkv * nt * d, shard_t, 1, "K", reqs);
-  c.exchange(x.V.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), Vt.data, B * Hkv * nt * d, shard_t, 2, "V", reqs);
-  wait_all(reqs);
+  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
   const int pr = g.p_r, pc = g.p_c, me = col.me;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hkv; ++h) {
-      c.self_copy(Kc.data + at(b, h, col.off[me], Hkv, NC, d), Kt.data + at(b, h, 0, Hkv, nt, d), nt * d);
-      c.self_copy(Vc.data + at(b, h, col.off[me], Hkv, NC, d), Vt.data + at(b, h, 0, Hkv, nt, d), nt * d);
-    }
+  c.place_own_column_block(Kt.data, Vt.data, nt, Kc.data, Vc.data, col);
   // Phase A: the column ring; own q side against each arriving block (dQ home, dK, dV of the block).
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Backward, 1 + u);
-    const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
-    if (u < pr - 1) {
-      const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
-      recv_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
-      recv_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
-      send_rows<T>(comm, reqs, Kc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
-      send_rows<T>(comm, reqs, Vc.data, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
-    }
+    column_ring_step<T>(comm, reqs, Kc.data, Vc.data, B, Hkv, d, col, u);
+    const int cur = md(me - u, pr);
     const int64_t o = col.off[cur], n = col.rows[cur];
     e.backward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[cur])),
                      as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, o, n)),
@@ -526,11 +497,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     T* out = dQp.data;
     if (v >= 2) {  // acc (from the right) + own, in ring order
       wait_all(acc);
-      std::vector<T> a(static_cast<size_t>(B * Hq * n * d)), o(a.size());
-      e.download(a.data(), Ar[v % 2].data, B * Hq * n * d);
-      e.download(o.data(), dQp.data, B * Hq * n * d);
-      for (size_t k = 0; k < a.size(); ++k) a[k] += o[k];
-      e.upload(Ar[v % 2].data, a.data(), B * Hq * n * d);
+      host_add(e, Ar[v % 2].data, dQp.data, B * Hq * n * d);
       out = Ar[v % 2].data;
     }
     {  // the next partial's receive, posted before anything waits (our own block at the end)
@@ -540,11 +507,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     send_rows<T>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
     if (v == pc - 1) {
       wait_all(acc);
-      std::vector<T> a(static_cast<size_t>(B * Hq * nq * d)), o(a.size());
-      e.download(a.data(), x.dQ.data, B * Hq * nq * d);
-      e.download(o.data(), Ar[(v + 1) % 2].data, B * Hq * nq * d);
-      for (size_t k = 0; k < a.size(); ++k) a[k] += o[k];
-      e.upload(x.dQ.data, a.data(), B * Hq * nq * d);
+      host_add(e, x.dQ.data, Ar[(v + 1) % 2].data, B * Hq * nq * d);
     }
     wait_all(reqs);
   }
@@ -553,9 +516,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
   c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
   comm.set_context(Phase::Backward, 2 + pr + pc);
-  c.exchange(dKt.data, B * Hkv * nt * d, shard_t, x.dK.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), 12, "dK", reqs);
-  c.exchange(dVt.data, B * Hkv * nt * d, shard_t, x.dV.data, B * Hkv * x.n_k * d, holder_after_transpose(g, r), 13, "dV", reqs);
-  wait_all(reqs);
+  c.transpose_back(g, kp, dKt.data, dVt.data, x);
 }
 
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,

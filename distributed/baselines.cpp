@@ -5,16 +5,11 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "shard_ops.hpp"
 
 namespace burstlab::dist {
 
 namespace {
-
-// Element offset of row `off` of (b, h) in a BHSD buffer (B, H, L, w): rows of one (b, h) are
-// contiguous, so a run of rows is one message.
-int64_t at(int64_t b, int64_t h, int64_t off, int64_t H, int64_t L, int64_t w) {
-  return ((b * H + h) * L + off) * w;
-}
 
 // Row offset of each rank's shard when the shards are laid end to end in rank order.
 std::vector<int64_t> offsets(const Partition& part) {
@@ -42,11 +37,6 @@ Positions rank_positions(const Partition& part, int r) {
 }
 
 template <class T>
-View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
-  return view4(data, Layout::BHSD, B, H, n, d);
-}
-
-template <class T>
 struct Ctx {
   Communicator& c;
   Engine<T>& e;
@@ -57,14 +47,7 @@ struct Ctx {
 
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, int G_, int r_) : c(c_), e(e_), p(p_), G(G_), r(r_) {}
 
-  void self_copy(T* dst, const T* src, int64_t n) {
-    host.resize(static_cast<size_t>(n));
-    e.download(host.data(), src, n);
-    e.upload(dst, host.data(), n);
-  }
-  void ensure(Buffer<T>& b, int64_t n) {
-    if (!b.data || b.n != n) b = e.alloc(n);
-  }
+  void self_copy(T* dst, const T* src, int64_t n) { host_copy(e, host, dst, src, n); }
 
   // All-to-all sequence -> heads (spec §7.7): src (B, H, n_r, w) home rows of every head;
   // dst (B, H/G, N, w): every rank's rows (rank order) of head group r.
@@ -155,18 +138,19 @@ struct Ctx {
     }
     wait_all(reqs);
     e.synchronize();
-    std::vector<T> all(static_cast<size_t>(G * piece)), sum(static_cast<size_t>(piece));
-    e.download(all.data(), stage.data, G * piece);
-    for (int64_t i = 0; i < piece; ++i) {
-      T acc = all[i];
-      for (int s = 1; s < G; ++s) acc += all[s * piece + i];
-      sum[i] = acc;
-    }
-    e.upload(dst, sum.data(), piece);
+    host_sum_pieces(e, stage.data, G, piece, dst);
   }
 };
 
 int64_t n_of(const Partition& part, int r) { return part.local_size(r); }
+
+// Ulysses' local problem (§7.7): the H_q / G, H_kv / G heads of one group, the whole sequence.
+Problem head_group_problem(const Problem& p, int G) {
+  Problem pl = p;
+  pl.H_q = p.H_q / G;
+  pl.H_kv = p.H_kv / G;
+  return pl;
+}
 
 }  // namespace
 
@@ -187,10 +171,7 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const M
   check_ulysses(p, G);
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  c.ensure(x.O, B * p.H_q * x.n_q * d);
-  c.ensure(x.LSE, B * p.H_q * x.n_q);
+  prepare_forward(e, p, qp, kp, r, x);
   // Head-sharded tensors over the whole sequence, rows in rank order of the partition.
   Buffer<T> Qh = e.alloc(B * Hg * Nq * d), Kh = e.alloc(B * Hkvg * Nk * d), Vh = e.alloc(B * Hkvg * Nk * d);
   Buffer<T> Oh = e.alloc(B * Hg * Nq * d), Lh = e.alloc(B * Hg * Nq);
@@ -200,11 +181,8 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const M
   c.seq_to_heads(x.K.data, Kh.data, p.H_kv, d, kp, 2, "K", reqs);
   c.seq_to_heads(x.V.data, Vh.data, p.H_kv, d, kp, 3, "V", reqs);
   wait_all(reqs);
-  Problem pl = p;  // the local problem: H/G heads, the whole sequence
-  pl.H_q = Hg;
-  pl.H_kv = Hkvg;
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
-  e.forward_block(pl, mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
+  e.forward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
                   as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
                   bhsd<T>(Oh.data, B, Hg, Nq, d), view3<T>(Lh.data, B, Hg, Nq));  // §6.1 over all keys
   e.synchronize();
@@ -221,14 +199,8 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   check_ulysses(p, G);
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  c.ensure(x.dQ, B * p.H_q * x.n_q * d);
-  c.ensure(x.dK, B * p.H_kv * x.n_k * d);
-  c.ensure(x.dV, B * p.H_kv * x.n_k * d);
-  Buffer<T> D = e.alloc(B * p.H_q * x.n_q);
-  e.compute_D(as_const(bhsd<T>(x.O.data, B, p.H_q, x.n_q, d)), as_const(bhsd<T>(x.dO.data, B, p.H_q, x.n_q, d)),
-              view3<T>(D.data, B, p.H_q, x.n_q));  // eq. (5.1) at home: D travels instead of O
+  prepare_backward(e, p, qp, kp, r, x);
+  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
   Buffer<T> Qh = e.alloc(B * Hg * Nq * d), dOh = e.alloc(B * Hg * Nq * d), Lh = e.alloc(B * Hg * Nq),
             Dh = e.alloc(B * Hg * Nq), Kh = e.alloc(B * Hkvg * Nk * d), Vh = e.alloc(B * Hkvg * Nk * d);
   Buffer<T> dQh = e.alloc(B * Hg * Nq * d), dKh = e.alloc(B * Hkvg * Nk * d), dVh = e.alloc(B * Hkvg * Nk * d);
@@ -244,11 +216,8 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   e.fill(dQh.data, dQh.n, T(0));
   e.fill(dKh.data, dKh.n, T(0));
   e.fill(dVh.data, dVh.n, T(0));
-  Problem pl = p;
-  pl.H_q = Hg;
-  pl.H_kv = Hkvg;
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
-  e.backward_block(pl, mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
+  e.backward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
                    as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
                    as_const(bhsd<T>(dOh.data, B, Hg, Nq, d)), as_const(view3<T>(Lh.data, B, Hg, Nq)),
                    as_const(view3<T>(Dh.data, B, Hg, Nq)), bhsd<T>(dQh.data, B, Hg, Nq, d),
@@ -267,10 +236,7 @@ void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
   const int G = comm.size(), r = comm.rank();
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hkv = p.H_kv, Nk = p.N_k;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  c.ensure(x.O, B * p.H_q * x.n_q * d);
-  c.ensure(x.LSE, B * p.H_q * x.n_q);
+  prepare_forward(e, p, qp, kp, r, x);
   Buffer<T> Ka = e.alloc(B * Hkv * Nk * d), Va = e.alloc(B * Hkv * Nk * d);  // (B, H_kv, N_k, d)
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
@@ -290,14 +256,8 @@ void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
   const int G = comm.size(), r = comm.rank();
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, Nk = p.N_k;
-  x.n_q = qp.local_size(r);
-  x.n_k = kp.local_size(r);
-  c.ensure(x.dQ, B * Hq * x.n_q * d);
-  c.ensure(x.dK, B * Hkv * x.n_k * d);
-  c.ensure(x.dV, B * Hkv * x.n_k * d);
-  Buffer<T> D = e.alloc(B * Hq * x.n_q);
-  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, x.n_q, d)), as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)),
-              view3<T>(D.data, B, Hq, x.n_q));  // eq. (5.1)
+  prepare_backward(e, p, qp, kp, r, x);
+  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1)
   Buffer<T> Ka = e.alloc(B * Hkv * Nk * d), Va = e.alloc(B * Hkv * Nk * d);
   Buffer<T> dKa = e.alloc(B * Hkv * Nk * d), dVa = e.alloc(B * Hkv * Nk * d);  // partials of every key
   std::vector<RequestPtr> reqs;

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "burstlab/error.hpp"
+#include "shard_ops.hpp"
 
 namespace burstlab::dist {
 
@@ -59,11 +60,6 @@ void check_distflash(const MaskData& mask, const Partition& qp, const Partition&
 namespace {
 
 template <class T>
-View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
-  return view4(data, Layout::BHSD, B, H, n, d);
-}
-
-template <class T>
 struct Flash {
   Communicator& c;
   Engine<T>& e;
@@ -75,22 +71,18 @@ struct Flash {
   int r;
   int64_t B, Hq, Hkv, d, eb = sizeof(T);
 
-  Flash(Communicator& c_, Engine<T>& e_, const Problem& p_, const MaskData& m_, const Partition& qp_,
-        const Partition& kp_, Shard<T>& x_)
+  // Throws Error unless the schedule is for this world and check_distflash passes.
+  Flash(Communicator& c_, Engine<T>& e_, const Problem& p_, const MaskData& m_, const FlashSchedule& s,
+        const Partition& qp_, const Partition& kp_, Shard<T>& x_)
       : c(c_), e(e_), p(p_), m(m_), qp(qp_), kp(kp_), x(x_), r(c_.rank()), B(p_.B), Hq(p_.H_q), Hkv(p_.H_kv),
-        d(p_.d) {}
+        d(p_.d) {
+    if (s.P != c.size()) fail("distflash schedule P (", s.P, ") must equal the world size (", c.size(), ")");
+    check_distflash(m, qp, kp);
+  }
   int64_t nq(int s) const { return qp.local_size(s); }
   int64_t nk(int s) const { return kp.local_size(s); }
   Positions qpos(int s) const { return qp.chunk_positions(qp.rank_chunks[s][0]); }
   Positions kpos(int s) const { return kp.chunk_positions(kp.rank_chunks[s][0]); }
-  // acc += in (n elements), through the host: engine-agnostic, fixed order.
-  void add(T* acc, const T* in, int64_t n) {
-    std::vector<T> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-    e.download(a.data(), acc, n);
-    e.download(b.data(), in, n);
-    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-    e.upload(acc, a.data(), n);
-  }
 };
 
 int tag(int t, int k) { return t * 16 + k; }
@@ -100,15 +92,10 @@ int tag(int t, int k) { return t * 16 + k; }
 template <class T>
 void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask,
                        const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  if (s.P != comm.size()) fail("distflash schedule P (", s.P, ") must equal the world size (", comm.size(), ")");
-  check_distflash(mask, qp, kp);
-  Flash<T> f(comm, e, p, mask, qp, kp, x);
+  Flash<T> f(comm, e, p, mask, s, qp, kp, x);
   const int r = f.r;
   const int64_t B = f.B, Hq = f.Hq, Hkv = f.Hkv, d = f.d, eb = f.eb;
-  x.n_q = f.nq(r);
-  x.n_k = f.nk(r);
-  if (!x.O.data || x.O.n != B * Hq * x.n_q * d) x.O = e.alloc(B * Hq * x.n_q * d);
-  if (!x.LSE.data || x.LSE.n != B * Hq * x.n_q) x.LSE = e.alloc(B * Hq * x.n_q);
+  prepare_forward(e, p, qp, kp, r, x);
   e.fill(x.O.data, x.O.n, T(0));  // the merge identity (§4.3)
   e.fill(x.LSE.data, x.LSE.n, -std::numeric_limits<T>::infinity());
   const int64_t mq = qp.max_local_size(), mk = kp.max_local_size();
@@ -170,23 +157,15 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
 template <class T>
 void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask,
                         const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  if (s.P != comm.size()) fail("distflash schedule P (", s.P, ") must equal the world size (", comm.size(), ")");
-  check_distflash(mask, qp, kp);
-  Flash<T> f(comm, e, p, mask, qp, kp, x);
+  Flash<T> f(comm, e, p, mask, s, qp, kp, x);
   const int r = f.r;
   const int64_t B = f.B, Hq = f.Hq, Hkv = f.Hkv, d = f.d, eb = f.eb;
-  x.n_q = f.nq(r);
-  x.n_k = f.nk(r);
+  prepare_backward(e, p, qp, kp, r, x);
   const int64_t nqr = x.n_q, nkr = x.n_k;
-  if (!x.dQ.data || x.dQ.n != B * Hq * nqr * d) x.dQ = e.alloc(B * Hq * nqr * d);
-  if (!x.dK.data || x.dK.n != B * Hkv * nkr * d) x.dK = e.alloc(B * Hkv * nkr * d);
-  if (!x.dV.data || x.dV.n != B * Hkv * nkr * d) x.dV = e.alloc(B * Hkv * nkr * d);
   e.fill(x.dQ.data, x.dQ.n, T(0));
   e.fill(x.dK.data, x.dK.n, T(0));
   e.fill(x.dV.data, x.dV.n, T(0));
-  Buffer<T> D = e.alloc(B * Hq * nqr);
-  e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, nqr, d)), as_const(bhsd<T>(x.dO.data, B, Hq, nqr, d)),
-              view3<T>(D.data, B, Hq, nqr));  // eq. (5.1) at home
+  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home
   const int64_t mq = qp.max_local_size(), mk = kp.max_local_size();
   Buffer<T> Kr = e.alloc(B * Hkv * mk * d), Vr = e.alloc(B * Hkv * mk * d);             // owner: fetched K, V
   Buffer<T> dKp = e.alloc(B * Hkv * mk * d), dVp = e.alloc(B * Hkv * mk * d);           // owner: their partials
@@ -256,10 +235,10 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
     }
     wait_all(res);  // partials of our rows, added in a fixed order: dK, dV then dQ
     if (st.kv_dst >= 0) {
-      f.add(x.dK.data, dKin.data, B * Hkv * nkr * d);
-      f.add(x.dV.data, dVin.data, B * Hkv * nkr * d);
+      host_add(e, x.dK.data, dKin.data, B * Hkv * nkr * d);  // through the host: fixed order
+      host_add(e, x.dV.data, dVin.data, B * Hkv * nkr * d);
     }
-    if (st.q_dst >= 0) f.add(x.dQ.data, dQin.data, B * Hq * nqr * d);
+    if (st.q_dst >= 0) host_add(e, x.dQ.data, dQin.data, B * Hq * nqr * d);
     wait_all(out);
   }
 }

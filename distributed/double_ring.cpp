@@ -28,24 +28,14 @@ bool double_ring_inter_hop(int t, int G, int K) {
 
 Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, const MaskData& mask,
                                    const Partition& qp, const Partition& kp, int K, bool prefetch_inter) {
-  if (qp.G != kp.G) fail("q partition G (", qp.G, ") must equal kv partition G (", kp.G, ")");
-  if (qp.N != p.N_q) fail("q partition N (", qp.N, ") must equal N_q (", p.N_q, ")");
-  if (kp.N != p.N_k) fail("kv partition N (", kp.N, ") must equal N_k (", p.N_k, ")");
+  check_ring_partitions(p, qp, kp);
   const int G = qp.G;
   check(G, K);
   const auto& items = travelling_items(base, phase);
   const MaskParams m = mask.params();
   const bool q_travels = items[0].q_side;
-  auto elems = [&](const Item& it, int shard) {
-    const int64_t H = it.q_side ? p.H_q : p.H_kv;
-    const int64_t n = it.q_side ? qp.local_size(shard) : kp.local_size(shard);
-    return p.B * H * n * (it.per_row ? 1 : p.d);
-  };
-  Schedule s;
-  s.algo = base;
-  s.phase = phase;
-  s.G = G;
-  s.steps.assign(G, std::vector<RankStep>(G));
+  auto elems = [&](const Item& it, int shard) { return item_elems(it, p, qp, kp, shard); };
+  Schedule s = empty_schedule(base, phase, G);
   for (int r = 0; r < G; ++r) {
     const int n = r / K, g = r % K, M = G / K;
     for (int t = 0; t < G; ++t) {
@@ -53,11 +43,7 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
       const int travelling = double_ring_shard(r, t, G, K);
       st.q_shard = q_travels ? travelling : r;
       st.k_shard = q_travels ? r : travelling;
-      for (int qc : qp.rank_chunks[st.q_shard])
-        for (int kc : kp.rank_chunks[st.k_shard]) {
-          BlockTask b{qc, kc, visible_in(m, qp.chunks[qc], kp.chunks[kc])};
-          (b.visible > 0 ? st.blocks : st.skipped).push_back(b);
-        }
+      list_blocks(st, m, qp, kp);
       if (G == 1) continue;
       // After step t: intra hop (n, g) -> (n, g+1), or at the end of a node round the inter
       // hop (n, g) -> (n+1, g+1); receives mirror it.

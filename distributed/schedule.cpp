@@ -55,25 +55,44 @@ int64_t visible_in(const MaskParams& m, const Chunk& q, const Chunk& k) {
   return total;
 }
 
-Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData& mask,
-                       const Partition& qp, const Partition& kp) {
+void check_ring_partitions(const Problem& p, const Partition& qp, const Partition& kp) {
   if (qp.G != kp.G) fail("q partition G (", qp.G, ") must equal kv partition G (", kp.G, ")");
   if (qp.N != p.N_q) fail("q partition N (", qp.N, ") must equal N_q (", p.N_q, ")");
   if (kp.N != p.N_k) fail("kv partition N (", kp.N, ") must equal N_k (", p.N_k, ")");
-  const auto& items = travelling_items(algo, phase);
-  const MaskParams m = mask.params();
-  const int G = qp.G;
-  const bool q_travels = items[0].q_side;  // burst backward: the queries travel
-  auto elems = [&](const Item& it, int shard) {
-    const int64_t H = it.q_side ? p.H_q : p.H_kv;
-    const int64_t n = it.q_side ? qp.local_size(shard) : kp.local_size(shard);
-    return p.B * H * n * (it.per_row ? 1 : p.d);
-  };
+}
+
+Schedule empty_schedule(Algo algo, Phase phase, int G) {
   Schedule s;
   s.algo = algo;
   s.phase = phase;
   s.G = G;
   s.steps.assign(G, std::vector<RankStep>(G));
+  return s;
+}
+
+int64_t item_elems(const Item& it, const Problem& p, const Partition& qp, const Partition& kp, int shard) {
+  const int64_t H = it.q_side ? p.H_q : p.H_kv;
+  const int64_t n = it.q_side ? qp.local_size(shard) : kp.local_size(shard);
+  return p.B * H * n * (it.per_row ? 1 : p.d);
+}
+
+void list_blocks(RankStep& st, const MaskParams& m, const Partition& qp, const Partition& kp) {
+  for (int qc : qp.rank_chunks[st.q_shard])
+    for (int kc : kp.rank_chunks[st.k_shard]) {
+      BlockTask b{qc, kc, visible_in(m, qp.chunks[qc], kp.chunks[kc])};
+      (b.visible > 0 ? st.blocks : st.skipped).push_back(b);
+    }
+}
+
+Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData& mask,
+                       const Partition& qp, const Partition& kp) {
+  check_ring_partitions(p, qp, kp);
+  const auto& items = travelling_items(algo, phase);
+  const MaskParams m = mask.params();
+  const int G = qp.G;
+  const bool q_travels = items[0].q_side;  // burst backward: the queries travel
+  auto elems = [&](const Item& it, int shard) { return item_elems(it, p, qp, kp, shard); };
+  Schedule s = empty_schedule(algo, phase, G);
   for (int r = 0; r < G; ++r) {
     const int next = mod(r + 1, G), prev = mod(r - 1, G);
     for (int t = 0; t < G; ++t) {
@@ -81,11 +100,7 @@ Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData&
       const int travelling = mod(r - t, G);  // shard held at step t
       st.q_shard = q_travels ? travelling : r;
       st.k_shard = q_travels ? r : travelling;
-      for (int qc : qp.rank_chunks[st.q_shard])
-        for (int kc : kp.rank_chunks[st.k_shard]) {
-          BlockTask b{qc, kc, visible_in(m, qp.chunks[qc], kp.chunks[kc])};
-          (b.visible > 0 ? st.blocks : st.skipped).push_back(b);
-        }
+      list_blocks(st, m, qp, kp);
       if (G == 1) continue;
       for (int i = 0; i < static_cast<int>(items.size()); ++i) {
         const Item& it = items[i];

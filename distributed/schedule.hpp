@@ -77,6 +77,17 @@ int64_t visible_in(const MaskParams& m, const Chunk& q, const Chunk& k);
 Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData& mask,
                        const Partition& qp, const Partition& kp);
 
+// Building blocks of the ring schedules (make_schedule; the double ring, double_ring.hpp).
+// Throws Error unless qp, kp have the same G and cover N_q, N_k.
+void check_ring_partitions(const Problem& p, const Partition& qp, const Partition& kp);
+// G ranks x G steps, no blocks or messages yet.
+Schedule empty_schedule(Algo algo, Phase phase, int G);
+// Elements of travelling item `it` for `shard`: B H n (d, or 1 per row), H and n of its side.
+int64_t item_elems(const Item& it, const Problem& p, const Partition& qp, const Partition& kp, int shard);
+// Every (q-chunk, kv-chunk) pair of st.q_shard x st.k_shard into st.blocks (visible) or
+// st.skipped (hidden by the mask), in chunk order.
+void list_blocks(RankStep& st, const MaskParams& m, const Partition& qp, const Partition& kp);
+
 // Per-rank work of a schedule: blocks computed and visible pairs in them.
 struct Work {
   int64_t blocks = 0, pairs = 0;

@@ -84,40 +84,59 @@ SimSession<T>::SimSession(const Problem& p, View4<const double> Q, View4<const d
   mask_ = compile_mask(p);
   res_.fwd = make_schedule(o.algo, Phase::Forward, p, mask_, res_.qp, res_.kp);
   if (o.backward) res_.bwd = make_schedule(o.algo, Phase::Backward, p, mask_, res_.qp, res_.kp);
-  const int G = o.world;
-  shards_.resize(G);
-  res_.logs.assign(G, {});
-  for (int r = 0; r < G; ++r) {  // each rank's slice, rounded to T, in engine memory
-    Shard<T>& x = shards_[r];
-    x.Q = upload(engine, slice<T>(Q, res_.qp, r).data);
-    x.K = upload(engine, slice<T>(K, res_.kp, r).data);
-    x.V = upload(engine, slice<T>(V, res_.kp, r).data);
-    if (o.backward) x.dO = upload(engine, slice<T>(dO, res_.qp, r).data);
+  shards_ = upload_shards(engine, Q, K, V, dO, res_.qp, res_.kp, o.backward);
+  res_.logs.assign(o.world, {});
+}
+
+template <class T>
+std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
+                                    View4<const double> V, View4<const double> dO, const Partition& qp,
+                                    const Partition& kp, bool backward) {
+  std::vector<Shard<T>> shards(qp.G);
+  for (int r = 0; r < qp.G; ++r) {
+    Shard<T>& x = shards[r];
+    x.Q = upload(e, slice<T>(Q, qp, r).data);
+    x.K = upload(e, slice<T>(K, kp, r).data);
+    x.V = upload(e, slice<T>(V, kp, r).data);
+    if (backward) x.dO = upload(e, slice<T>(dO, qp, r).data);
   }
+  return shards;
+}
+
+void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::vector<Transfer>>& logs,
+              std::vector<std::string>& errors, const std::function<void(Communicator&)>& body) {
+  for (auto& log : logs)  // keep only the latest run of each phase
+    log.erase(std::remove_if(log.begin(), log.end(),
+                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
+              log.end());
+  SimWorld w(world, sim);
+  struct Keep {  // the per-rank outcome and logs, also when run() throws
+    SimWorld& w;
+    std::vector<std::vector<Transfer>>& logs;
+    std::vector<std::string>& errors;
+    ~Keep() {
+      errors = w.errors();
+      for (size_t r = 0; r < w.logs().size(); ++r) logs[r].insert(logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
+    }
+  } keep{w, logs, errors};
+  w.run([&](Communicator& comm) {
+    body(comm);
+    comm.set_context(Phase::Other, 0);
+    comm.barrier();  // every rank observes a failure of any other rank
+  });
+}
+
+void check_can_backward(const char* session, bool backward, bool have_forward) {
+  if (!backward) fail(session, "::backward: the session was built with backward = false");
+  if (!have_forward) fail(session, "::backward: run forward() first (the backward uses its O and LSE)");
 }
 
 template <class T>
 void SimSession<T>::run(Phase phase) {
-  for (auto& log : res_.logs)  // keep only the latest run of each phase
-    log.erase(std::remove_if(log.begin(), log.end(),
-                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
-              log.end());
-  SimWorld world(o_.world, o_.sim);
-  struct Keep {  // the per-rank outcome and logs, also when run() throws
-    SimWorld& w;
-    SimSession& s;
-    ~Keep() {
-      s.errors_ = w.errors();
-      for (size_t r = 0; r < w.logs().size(); ++r)
-        s.res_.logs[r].insert(s.res_.logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
-    }
-  } keep{world, *this};
-  world.run([&](Communicator& comm) {
+  run_pass(o_.world, o_.sim, phase, res_.logs, errors_, [&](Communicator& comm) {
     Shard<T>& x = shards_[comm.rank()];
     if (phase == Phase::Forward) run_forward(res_.fwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
     else run_backward(res_.bwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
-    comm.set_context(Phase::Other, 0);
-    comm.barrier();  // every rank observes a failure of any other rank
   });
 }
 
@@ -130,8 +149,7 @@ void SimSession<T>::forward() {
 
 template <class T>
 void SimSession<T>::backward() {
-  if (!o_.backward) fail("SimSession::backward: the session was built with backward = false");
-  if (!have_forward_) fail("SimSession::backward: run forward() first (the backward uses its O and LSE)");
+  check_can_backward("SimSession", o_.backward, have_forward_);
   run(Phase::Backward);
 }
 
@@ -170,15 +188,7 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
                       View4<const double> V, View4<const double> dO, const DistOptions& o,
                       Engine<T>& engine, std::vector<std::string>* rank_errors) {
   SimSession<T> s(p, Q, K, V, dO, o, engine);
-  try {
-    s.forward();
-    if (o.backward) s.backward();
-  } catch (...) {
-    if (rank_errors) *rank_errors = s.errors();
-    throw;
-  }
-  if (rank_errors) *rank_errors = s.errors();
-  return s.result();
+  return run_passes(s, o.backward, rank_errors);
 }
 
 #define BURSTLAB_DIST_INST(T)                                                                        \
@@ -189,7 +199,10 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
   template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \
   template Tensor4<T> gather<T>(const std::vector<Tensor4<T>>&, const Partition&);                 \
   template Tensor3<T> gather<T>(const std::vector<Tensor3<T>>&, const Partition&);                 \
-  template void download_outputs<T>(Engine<T>&, const Problem&, const std::vector<Shard<T>>&, bool, DistResult<T>&);
+  template void download_outputs<T>(Engine<T>&, const Problem&, const std::vector<Shard<T>>&, bool, DistResult<T>&); \
+  template std::vector<Shard<T>> upload_shards<T>(Engine<T>&, View4<const double>, View4<const double>,          \
+                                                  View4<const double>, View4<const double>, const Partition&,    \
+                                                  const Partition&, bool);
 BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
 template class SimSession<float>;

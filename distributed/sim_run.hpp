@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,34 @@ class SimSession {
 template <class T>
 void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
                       DistResult<T>& res);
+
+// Shared by SimSession and ExtSession. Each rank's slices of Q, K, V (and dO when `backward`),
+// rounded to T, in engine memory: Q, dO (B, H_q, n_q, d), K, V (B, H_kv, n_k, d) per rank.
+template <class T>
+std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
+                                    View4<const double> V, View4<const double> dO, const Partition& qp,
+                                    const Partition& kp, bool backward);
+// One pass on a fresh SimWorld(world, sim): body(comm) on every rank, then a barrier (every rank
+// observes a failure of any other rank). `logs` keep only the latest run of each phase; `errors`
+// gets every rank's outcome, also when a rank failed and this throws Error.
+void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::vector<Transfer>>& logs,
+              std::vector<std::string>& errors, const std::function<void(Communicator&)>& body);
+// Throws Error naming `session` unless it was built with backward and forward() has run.
+void check_can_backward(const char* session, bool backward, bool have_forward);
+// Forward, then backward when `backward`, on a session (SimSession or ExtSession); every rank's
+// error ("" = ok) goes to *rank_errors when given, also when a pass throws.
+template <class Session>
+auto run_passes(Session& s, bool backward, std::vector<std::string>* rank_errors) {
+  try {
+    s.forward();
+    if (backward) s.backward();
+  } catch (...) {
+    if (rank_errors) *rank_errors = s.errors();
+    throw;
+  }
+  if (rank_errors) *rank_errors = s.errors();
+  return s.result();
+}
 
 // Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).
 template <class U, class T>

@@ -5,31 +5,22 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "algos.hpp"
 #include "attention2d.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
-#include "harness.hpp"
-#include "testutil.hpp"
-#include "tolerance.hpp"
+#include "dist_testutil.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;
+using namespace burstlab::dist_testutil;
 
 namespace {
-struct Case {
-  Problem p;
-  Inputs in;
-  Oracle want;
-};
-Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d, const std::string& mask) {
-  Case c;
-  c.p = testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, 11);
-  c.in = make_inputs(c.p, Layout::BSHD, Dtype::F64, 11, Values::Normal);
-  c.want = run_oracle(c.p, c.in, true);
-  return c;
-}
+constexpr uint64_t kSeed = 11;
 ExtOptions opts(int pr, int pc, bool overlap = false) {
   ExtOptions o;
   o.overlap = overlap;
@@ -39,50 +30,43 @@ ExtOptions opts(int pr, int pc, bool overlap = false) {
   o.grid = Grid{pr, pc};
   return o;
 }
-DistResult<double> run(const Case& c, const ExtOptions& o, Engine<double>& e, std::vector<std::string>* errs = nullptr) {
-  return run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
-}
-std::vector<Metrics> check_rank(const Case& c, const DistResult<double>& res, int r) {
-  auto q4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  auto k4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.kp, r); };
-  auto q3 = [&](const Tensor3<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  std::vector<Metrics> ms;
-  ms.push_back(compare<double>("O", res.O[r].view(), as_const(q4(c.want.O).view()), as_const(q4(c.want.fwd.O).view())));
-  ms.push_back(compare<double>("LSE", res.LSE[r].view(), as_const(q3(c.want.LSE).view()), as_const(q3(c.want.fwd.LSE).view())));
-  ms.push_back(compare<double>("dQ", res.dQ[r].view(), as_const(q4(c.want.dQ).view()), as_const(q4(c.want.bwd.dQ).view())));
-  ms.push_back(compare<double>("dK", res.dK[r].view(), as_const(k4(c.want.dK).view()), as_const(k4(c.want.bwd.dK).view())));
-  ms.push_back(compare<double>("dV", res.dV[r].view(), as_const(k4(c.want.dV).view()), as_const(k4(c.want.bwd.dV).view())));
-  return ms;
-}
-}  // namespace
-
-TEST(Attention2D, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
+// Every (shape, mask, grid) run of Attention2D (overlap: Attention2D-O): each rank matches the
+// oracle's slice and its bytes per phase equal attention2d_bytes, (7.22)-(7.23) or (7.26). SimComm
+// poisons buffers and reorders completions on grids with (p_r + p_c) % 2 == reorder_parity.
+// Adds the number of runs to `runs`.
+void sweep_grids(bool overlap, const std::vector<std::pair<int, int>>& grids, const std::vector<const char*>& masks,
+                 int reorder_parity, int& runs) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
-  const std::pair<int, int> grids[] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {3, 3}, {1, 5}, {7, 1}, {1, 7}};
-  const char* masks[] = {"none", "causal", "window:5,2", "document:3", "block:8x8@0.5", "causal+document:3"};
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
   const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 3, 1, 37, 53, 5}};
-  int runs = 0;
   for (const Shape& sh : shapes)
     for (const char* mask : masks) {
-      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask);
+      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask, kSeed);
       for (auto [pr, pc] : grids) {
-        ExtOptions o = opts(pr, pc);
+        ExtOptions o = opts(pr, pc, overlap);
         o.sim.poison = true;
-        o.sim.reorder = (pr + pc) % 2 == 1;
-        const DistResult<double> res = run(c, o, *engine);
-        const std::string at = std::to_string(pr) + "x" + std::to_string(pc) + " " + shape_string(c.p) + " " + mask;
+        o.sim.reorder = (pr + pc) % 2 == reorder_parity;
+        const DistResult<double> res = run_ext(c, o, *engine);
+        const std::string at = std::string(overlap ? "O " : "") + std::to_string(pr) + "x" + std::to_string(pc) +
+                               " " + shape_string(c.p) + " " + mask;
         for (int r = 0; r < o.world; ++r) {
           ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), at + " rank " + std::to_string(r)));
           for (Phase ph : {Phase::Forward, Phase::Backward}) {
             const ByteTotals t = totals(res.logs[r], ph);
-            EXPECT_EQ(t.sent, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, true, 8)) << at << " rank " << r;
-            EXPECT_EQ(t.recv, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, false, 8)) << at << " rank " << r;
+            EXPECT_EQ(t.sent, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, true, 8, overlap)) << at << " rank " << r;
+            EXPECT_EQ(t.recv, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, false, 8, overlap)) << at << " rank " << r;
           }
         }
         ++runs;
       }
     }
+}
+}  // namespace
+
+TEST(Attention2D, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
+  int runs = 0;
+  sweep_grids(false, {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {3, 3}, {1, 5}, {7, 1}, {1, 7}},
+              {"none", "causal", "window:5,2", "document:3", "block:8x8@0.5", "causal+document:3"}, 1, runs);
   EXPECT_EQ(runs, 120);
 }
 
@@ -117,14 +101,14 @@ TEST(Attention2D, BytesShrinkLikeOneOverSqrtP) {
 
 TEST(Attention2D, BadGridOrPartitionIsAClearError) {
   auto engine = make_cpu_engine<double>();
-  const Case c = make_case(1, 2, 1, 24, 24, 4, "causal");
+  const Case c = make_case(1, 2, 1, 24, 24, 4, "causal", kSeed);
   ExtOptions o = opts(2, 3);
   o.world = 4;
-  EXPECT_THROW(run(c, o, *engine), Error);
+  EXPECT_THROW(run_ext(c, o, *engine), Error);
   o = opts(2, 2);
   o.partition = PartitionKind::Zigzag;
   try {
-    run(c, o, *engine);
+    run_ext(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cyclic (striped)"), std::string::npos) << e.what();
@@ -137,12 +121,12 @@ TEST(Attention2D, BadGridOrPartitionIsAClearError) {
 
 TEST(Attention2D, TwoRunsAreBitwiseEqualAndFailuresNeverHang) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case c = make_case(1, 4, 2, 45, 39, 8, "causal");
+  const Case c = make_case(1, 4, 2, 45, 39, 8, "causal", kSeed);
   ExtOptions o = opts(2, 3);
   o.sim.reorder = true;
-  const DistResult<double> x = run(c, o, *engine);
+  const DistResult<double> x = run_ext(c, o, *engine);
   o.sim.seed = 77;
-  const DistResult<double> y = run(c, o, *engine);
+  const DistResult<double> y = run_ext(c, o, *engine);
   for (int r = 0; r < 6; ++r) {
     EXPECT_EQ(std::memcmp(x.O[r].data.data(), y.O[r].data.data(), x.O[r].data.size() * 8), 0);
     EXPECT_EQ(std::memcmp(x.dK[r].data.data(), y.dK[r].data.data(), x.dK[r].data.size() * 8), 0);
@@ -153,7 +137,7 @@ TEST(Attention2D, TwoRunsAreBitwiseEqualAndFailuresNeverHang) {
     f.sim.fail_at_op = op;
     f.sim.timeout_s = 20;
     std::vector<std::string> errors;
-    EXPECT_THROW(run(c, f, *engine, &errors), Error);
+    EXPECT_THROW(run_ext(c, f, *engine, &errors), Error);
     ASSERT_EQ(errors.size(), 4u);
     for (const std::string& e : errors) EXPECT_NE(e.find("rank 3"), std::string::npos) << e;
   }
@@ -162,31 +146,8 @@ TEST(Attention2D, TwoRunsAreBitwiseEqualAndFailuresNeverHang) {
 // Attention2D-O: the same results (another merge order) and bytes equal to (7.26); a 1 x P and
 // a P x 1 grid degenerate to one ring.
 TEST(Attention2D, OverlappedMatchesTheOracleAndItsClosedForm) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
-  const std::pair<int, int> grids[] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {3, 3}, {1, 5}, {7, 1}};
-  const char* masks[] = {"none", "causal", "document:3", "causal+block:8x8@0.6"};
-  struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
-  const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 3, 1, 37, 53, 5}};
   int runs = 0;
-  for (const Shape& sh : shapes)
-    for (const char* mask : masks) {
-      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask);
-      for (auto [pr, pc] : grids) {
-        ExtOptions o = opts(pr, pc, true);
-        o.sim.poison = true;
-        o.sim.reorder = (pr + pc) % 2 == 0;
-        const DistResult<double> res = run(c, o, *engine);
-        const std::string at = "O " + std::to_string(pr) + "x" + std::to_string(pc) + " " + shape_string(c.p) + " " + mask;
-        for (int r = 0; r < o.world; ++r) {
-          ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), at + " rank " + std::to_string(r)));
-          for (Phase ph : {Phase::Forward, Phase::Backward}) {
-            const ByteTotals t = totals(res.logs[r], ph);
-            EXPECT_EQ(t.sent, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, true, 8, true)) << at << " rank " << r;
-            EXPECT_EQ(t.recv, attention2d_bytes(ph, c.p, o.grid, res.qp, res.kp, r, false, 8, true)) << at << " rank " << r;
-          }
-        }
-        ++runs;
-      }
-    }
+  sweep_grids(true, {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {3, 3}, {1, 5}, {7, 1}},
+              {"none", "causal", "document:3", "causal+block:8x8@0.6"}, 0, runs);
   EXPECT_EQ(runs, 72);
 }

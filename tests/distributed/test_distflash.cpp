@@ -9,28 +9,16 @@
 #include "algos.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
+#include "dist_testutil.hpp"
 #include "distflash.hpp"
-#include "harness.hpp"
 #include "schedule.hpp"
-#include "testutil.hpp"
-#include "tolerance.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;
+using namespace burstlab::dist_testutil;
 
 namespace {
-struct Case {
-  Problem p;
-  Inputs in;
-  Oracle want;
-};
-Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d, const std::string& mask) {
-  Case c;
-  c.p = testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, 13);
-  c.in = make_inputs(c.p, Layout::BSHD, Dtype::F64, 13, Values::Normal);
-  c.want = run_oracle(c.p, c.in, true);
-  return c;
-}
+constexpr uint64_t kSeed = 13;
 DistResult<double> run(const Case& c, int P, Engine<double>& e, SimOptions sim = {},
                        std::vector<std::string>* errs = nullptr) {
   ExtOptions o;
@@ -38,19 +26,7 @@ DistResult<double> run(const Case& c, int P, Engine<double>& e, SimOptions sim =
   o.partition = PartitionKind::Contiguous;
   o.world = P;
   o.sim = sim;
-  return run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
-}
-std::vector<Metrics> check_rank(const Case& c, const DistResult<double>& res, int r) {
-  auto q4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  auto k4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.kp, r); };
-  auto q3 = [&](const Tensor3<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  std::vector<Metrics> ms;
-  ms.push_back(compare<double>("O", res.O[r].view(), as_const(q4(c.want.O).view()), as_const(q4(c.want.fwd.O).view())));
-  ms.push_back(compare<double>("LSE", res.LSE[r].view(), as_const(q3(c.want.LSE).view()), as_const(q3(c.want.fwd.LSE).view())));
-  ms.push_back(compare<double>("dQ", res.dQ[r].view(), as_const(q4(c.want.dQ).view()), as_const(q4(c.want.bwd.dQ).view())));
-  ms.push_back(compare<double>("dK", res.dK[r].view(), as_const(k4(c.want.dK).view()), as_const(k4(c.want.bwd.dK).view())));
-  ms.push_back(compare<double>("dV", res.dV[r].view(), as_const(k4(c.want.dV).view()), as_const(k4(c.want.bwd.dV).view())));
-  return ms;
+  return run_ext(c, o, e, errs);
 }
 }  // namespace
 
@@ -90,7 +66,7 @@ TEST(DistFlash, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
   int runs = 0;
   for (const Shape& sh : shapes)
     for (const char* mask : masks) {
-      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask);
+      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask, kSeed);
       for (int P = 1; P <= 8; ++P) {
         SimOptions sim;
         sim.poison = true;
@@ -113,14 +89,14 @@ TEST(DistFlash, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
 
 TEST(DistFlash, NonCausalMaskOrPartitionIsAClearErrorAndRunsAreRepeatable) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case nc = make_case(1, 2, 1, 24, 24, 4, "none");
+  const Case nc = make_case(1, 2, 1, 24, 24, 4, "none", kSeed);
   try {
     run(nc, 3, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("causal-type mask"), std::string::npos) << e.what();
   }
-  const Case c = make_case(1, 4, 2, 45, 45, 8, "causal");
+  const Case c = make_case(1, 4, 2, 45, 45, 8, "causal", kSeed);
   SimOptions sim;
   sim.reorder = true;
   const DistResult<double> x = run(c, 6, *engine, sim);

@@ -10,13 +10,12 @@
 #include "baselines.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
+#include "dist_testutil.hpp"
 #include "double_ring.hpp"
-#include "harness.hpp"
-#include "testutil.hpp"
-#include "tolerance.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;
+using namespace burstlab::dist_testutil;
 
 namespace {
 
@@ -24,37 +23,7 @@ const PartitionKind kKinds[] = {PartitionKind::Contiguous, PartitionKind::Zigzag
 const char* kMasks[] = {"none", "causal", "window:5,2", "document:3", "block:8x8@0.5", "causal+document:3",
                         "window:-1,0+block:4x8@0.6"};
 
-struct Case {
-  Problem p;
-  Inputs in;
-  Oracle want;
-};
-
-Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d, const std::string& mask,
-               uint64_t seed = 5) {
-  Case c;
-  c.p = testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, seed);
-  c.in = make_inputs(c.p, Layout::BSHD, Dtype::F64, seed, Values::Normal);
-  c.want = run_oracle(c.p, c.in, true);
-  return c;
-}
-
-DistResult<double> run(const Case& c, ExtOptions o, Engine<double>& e, std::vector<std::string>* errs = nullptr) {
-  return run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
-}
-
-std::vector<Metrics> check_rank(const Case& c, const DistResult<double>& res, int r) {
-  auto q4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  auto k4 = [&](const Tensor4<double>& t) { return slice<double>(t.view(), res.kp, r); };
-  auto q3 = [&](const Tensor3<double>& t) { return slice<double>(t.view(), res.qp, r); };
-  std::vector<Metrics> ms;
-  ms.push_back(compare<double>("O", res.O[r].view(), as_const(q4(c.want.O).view()), as_const(q4(c.want.fwd.O).view())));
-  ms.push_back(compare<double>("LSE", res.LSE[r].view(), as_const(q3(c.want.LSE).view()), as_const(q3(c.want.fwd.LSE).view())));
-  ms.push_back(compare<double>("dQ", res.dQ[r].view(), as_const(q4(c.want.dQ).view()), as_const(q4(c.want.bwd.dQ).view())));
-  ms.push_back(compare<double>("dK", res.dK[r].view(), as_const(k4(c.want.dK).view()), as_const(k4(c.want.bwd.dK).view())));
-  ms.push_back(compare<double>("dV", res.dV[r].view(), as_const(k4(c.want.dV).view()), as_const(k4(c.want.bwd.dV).view())));
-  return ms;
-}
+constexpr uint64_t kSeed = 5;
 
 std::string label(const Case& c, const ExtOptions& o) {
   return to_string(o.algo) + " " + to_string(o.partition) + " G=" + std::to_string(o.world) + " K=" +
@@ -83,7 +52,7 @@ void sweep(ExtAlgo algo, int min_runs) {
   int runs = 0;
   for (const Shape& sh : shapes)
     for (const char* mask : kMasks) {
-      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask);
+      const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask, kSeed);
       for (int G = 1; G <= 7; ++G) {
         if (std::min(sh.Nq, sh.Nk) < 2 * G) continue;
         if (algo == ExtAlgo::Ulysses && (sh.Hq % G || sh.Hkv % G)) continue;
@@ -96,7 +65,7 @@ void sweep(ExtAlgo algo, int min_runs) {
           o.sim.poison = true;
           o.sim.reorder = (G + static_cast<int>(k)) % 2 == 1;
           o.sim.seed = 7 + G;
-          const DistResult<double> res = run(c, o, *engine);
+          const DistResult<double> res = run_ext(c, o, *engine);
           for (int r = 0; r < G; ++r)
             ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), label(c, o) + " rank " + std::to_string(r)));
           expect_bytes(c, o, res);
@@ -115,12 +84,12 @@ TEST(DoubleRing, EveryRankMatchesTheOracleSliceAndBytesPerLinkEqualTheClosedForm
 
 TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
   auto engine = make_cpu_engine<double>();
-  const Case c = make_case(1, 6, 2, 24, 24, 4, "causal");
+  const Case c = make_case(1, 6, 2, 24, 24, 4, "causal", kSeed);
   ExtOptions o;
   o.algo = ExtAlgo::Ulysses;
   o.world = 4;
   try {
-    run(c, o, *engine);
+    run_ext(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_q (6) is not a multiple of the world size G (4)"), std::string::npos)
@@ -128,7 +97,7 @@ TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
   }
   o.world = 3;  // H_q = 6 divides, H_kv = 2 does not
   try {
-    run(c, o, *engine);
+    run_ext(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_kv (2)"), std::string::npos) << e.what();
@@ -184,7 +153,7 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
       }
     }
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case c = make_case(1, 4, 2, 48, 48, 8, "causal");
+  const Case c = make_case(1, 4, 2, 48, 48, 8, "causal", kSeed);
   DistOptions flat;
   flat.algo = Algo::Burst;
   flat.partition = PartitionKind::Zigzag;
@@ -195,7 +164,7 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
   o.partition = PartitionKind::Zigzag;
   o.world = 6;
   o.gpus_per_node = 3;
-  const DistResult<double> dr = run(c, o, *engine);
+  const DistResult<double> dr = run_ext(c, o, *engine);
   for (int r = 0; r < 6; ++r) {
     std::vector<Metrics> ms = {compare<double>("O", dr.O[r].view(), f.O[r].view(), as_const(slice<double>(c.want.fwd.O.view(), f.qp, r).view())),
                                compare<double>("dQ", dr.dQ[r].view(), f.dQ[r].view(), as_const(slice<double>(c.want.bwd.dQ.view(), f.qp, r).view())),
@@ -204,14 +173,14 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
   }
   // Both ring backward traffics work on the double ring too.
   o.base = Algo::Ring;
-  const DistResult<double> rr = run(c, o, *engine);
+  const DistResult<double> rr = run_ext(c, o, *engine);
   for (int r = 0; r < 6; ++r) ASSERT_TRUE(testutil::all_pass(check_rank(c, rr, r), "double ring, ring traffic"));
   expect_bytes(c, o, rr);
 }
 
 TEST(Schedules2, TwoRunsAreBitwiseEqual) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case c = make_case(1, 4, 4, 45, 39, 8, "causal+document:3");
+  const Case c = make_case(1, 4, 4, 45, 39, 8, "causal+document:3", kSeed);
   for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing}) {
     ExtOptions o;
     o.algo = a;
@@ -219,9 +188,9 @@ TEST(Schedules2, TwoRunsAreBitwiseEqual) {
     o.world = 4;
     o.gpus_per_node = 2;
     o.sim.reorder = true;
-    const DistResult<double> x = run(c, o, *engine);
+    const DistResult<double> x = run_ext(c, o, *engine);
     o.sim.seed = 99;
-    const DistResult<double> y = run(c, o, *engine);
+    const DistResult<double> y = run_ext(c, o, *engine);
     for (int r = 0; r < 4; ++r) {
       for (auto pr : {std::make_pair(&x.O[r], &y.O[r]), std::make_pair(&x.dQ[r], &y.dQ[r]),
                       std::make_pair(&x.dK[r], &y.dK[r]), std::make_pair(&x.dV[r], &y.dV[r])})
@@ -233,7 +202,7 @@ TEST(Schedules2, TwoRunsAreBitwiseEqual) {
 
 TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case c = make_case(1, 4, 4, 40, 40, 4, "causal");
+  const Case c = make_case(1, 4, 4, 40, 40, 4, "causal", kSeed);
   for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing})
     for (int op : {0, 5, 11}) {
       ExtOptions o;
@@ -246,7 +215,7 @@ TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
       o.sim.timeout_s = 20;
       std::vector<std::string> errors;
       const auto t0 = std::chrono::steady_clock::now();
-      EXPECT_THROW(run(c, o, *engine, &errors), Error) << to_string(a) << " op " << op;
+      EXPECT_THROW(run_ext(c, o, *engine, &errors), Error) << to_string(a) << " op " << op;
       EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
       ASSERT_EQ(errors.size(), 4u);
       for (int r = 0; r < 4; ++r) EXPECT_NE(errors[r].find("rank 1"), std::string::npos) << errors[r];
@@ -260,7 +229,7 @@ TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
 // for even shards (7.15).
 TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
   auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
-  const Case c = make_case(1, 4, 2, 43, 38, 8, "causal+document:3");
+  const Case c = make_case(1, 4, 2, 43, 38, 8, "causal+document:3", kSeed);
   int runs = 0;
   for (auto [G, K] : {std::pair<int, int>{4, 2}, {6, 2}, {6, 3}, {8, 4}, {9, 3}})
     for (Algo base : {Algo::Burst, Algo::Ring})
@@ -275,10 +244,10 @@ TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
         o.sim.poison = true;
         o.sim.reorder = true;
         o.sim.seed = 3 + G;
-        const DistResult<double> pf = run(c, o, *engine);
+        const DistResult<double> pf = run_ext(c, o, *engine);
         expect_bytes(c, o, pf);
         o.prefetch_inter = false;
-        const DistResult<double> plain = run(c, o, *engine);
+        const DistResult<double> plain = run_ext(c, o, *engine);
         expect_bytes(c, o, plain);
         const std::string what = std::string(base == Algo::Burst ? "burst" : "ring") + " G=" + std::to_string(G) +
                                  " K=" + std::to_string(K) + " " + to_string(k);
