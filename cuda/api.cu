@@ -127,13 +127,10 @@ void check_mask_params(const Problem& p, const MaskParams& m) {
     fail("mask.block (", m.block ? "set" : "null", ") must match the Problem's block mask");
 }
 
-// Block-side expected dims: query side (B, H_q, nq, d), key side (B, H_kv, nk, d), rows (B, H_q, nq).
-void expect4(int64_t* e, int64_t a, int64_t b, int64_t c, int64_t d) { e[0] = a; e[1] = b; e[2] = c; e[3] = d; }
-
+// merge / compute_D: views shaped like another view.
 template <class T>
 void check_v4(const char* name, const View4<T>& v, int64_t B, int64_t H, int64_t N, int64_t d) {
-  int64_t e[4];
-  expect4(e, B, H, N, d);
+  const int64_t e[4] = {B, H, N, d};
   validate_view(name, v.dim, v.data, 4, e);
 }
 template <class T>
@@ -148,6 +145,22 @@ FwdArgs<T> fwd_args(const Problem& p, const MaskParams& mask, Positions qp, Posi
                     View3<lse_t<T>> LSE, bool accumulate) {
   FwdArgs<T> a;
   a.Q = Q; a.K = K; a.V = V; a.O = O; a.LSE = LSE;
+  a.mask = mask; a.qp = qp; a.kp = kp;
+  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
+  a.nq = qp.n; a.nk = kp.n; a.d = p.d;
+  a.scale = static_cast<lse_t<T>>(scale_of(p));
+  a.accumulate = accumulate;
+  return a;
+}
+
+template <class T, class G>
+BwdArgs<T, G> bwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
+                       View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
+                       View3<const lse_t<T>> LSE, View3<const lse_t<T>> D, View4<G> dQ, View4<G> dK,
+                       View4<G> dV, bool accumulate) {
+  BwdArgs<T, G> a;
+  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = D;
+  a.dQ = dQ; a.dK = dK; a.dV = dV;
   a.mask = mask; a.qp = qp; a.kp = kp;
   a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
   a.nq = qp.n; a.nk = kp.n; a.d = p.d;
@@ -211,9 +224,7 @@ Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, Vi
 template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
              View3<lse_t<T>> LSE, const Options& opt) {
-  validate_views(p, Q, K, V);
-  validate_q_side(p, "O", O);
-  validate_rows(p, "LSE", LSE);
+  validate_forward_views(p, Q, K, V, O, LSE);
   check_gpu_limits(p);
   const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
   const MaskData md = compile_mask(p);
@@ -234,11 +245,7 @@ void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Po
   check_mask_params(p, mask);
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
-  check_v4("Q", Q, p.B, p.H_q, q_pos.n, p.d);
-  check_v4("K", K, p.B, p.H_kv, k_pos.n, p.d);
-  check_v4("V", V, p.B, p.H_kv, k_pos.n, p.d);
-  check_v4("O", O, p.B, p.H_q, q_pos.n, p.d);
-  check_v3("LSE", LSE, p.B, p.H_q, q_pos.n);
+  validate_block_forward_views(p, q_pos.n, k_pos.n, Q, K, V, O, LSE);
   const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
   run_forward<T>(fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate), v, opt.stream);
 }
@@ -268,13 +275,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
               View4<const T> O, View4<const T> dO, View3<const lse_t<T>> LSE, View4<T> dQ,
               View4<T> dK, View4<T> dV, const Options& opt) {
   using A = lse_t<T>;
-  validate_views(p, Q, K, V);
-  validate_q_side(p, "O", O);
-  validate_q_side(p, "dO", dO);
-  validate_rows(p, "LSE", LSE);
-  validate_q_side(p, "dQ", dQ);
-  validate_kv_side(p, "dK", dK);
-  validate_kv_side(p, "dV", dV);
+  validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   check_gpu_limits(p);
   bool use_v2 = false, use_v3 = false;
   if (opt.variant != Variant::V1) {
@@ -300,13 +301,8 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   DeviceBuffer<A> Dbuf(size_t(p.B * p.H_q * p.N_q));
   const View3<A> D = view3(Dbuf.data(), p.B, p.H_q, p.N_q);
   detail::launch_compute_D<T>(O, dO, D, opt.stream);  // (5.1)
-  BwdArgs<T, T> a;
-  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = as_const(D);
-  a.dQ = dQ; a.dK = dK; a.dV = dV;
-  a.mask = dm.params(); a.qp = contiguous(0, p.N_q); a.kp = contiguous(0, p.N_k);
-  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
-  a.nq = p.N_q; a.nk = p.N_k; a.d = p.d; a.scale = static_cast<A>(scale_of(p));
-  a.accumulate = false;
+  const BwdArgs<T, T> a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k),
+                                         Q, K, V, dO, LSE, as_const(D), dQ, dK, dV, false);
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
     if (use_v3) detail::v3_backward<T>(a, opt.stream);       // both deterministic by
     else if (use_v2) detail::v2_backward<T>(a, opt.stream);  // construction (no atomics)
@@ -328,25 +324,11 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_mask_params(p, mask);
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
-  check_v4("Q", Q, p.B, p.H_q, q_pos.n, p.d);
-  check_v4("K", K, p.B, p.H_kv, k_pos.n, p.d);
-  check_v4("V", V, p.B, p.H_kv, k_pos.n, p.d);
-  check_v4("dO", dO, p.B, p.H_q, q_pos.n, p.d);
-  check_v3("LSE", LSE, p.B, p.H_q, q_pos.n);
-  check_v3("D", D, p.B, p.H_q, q_pos.n);
-  check_v4("dQ", dQ, p.B, p.H_q, q_pos.n, p.d);
-  check_v4("dK", dK, p.B, p.H_kv, k_pos.n, p.d);
-  check_v4("dV", dV, p.B, p.H_kv, k_pos.n, p.d);
+  validate_block_backward_views(p, q_pos.n, k_pos.n, Q, K, V, dO, LSE, D, dQ, dK, dV);
   if (opt.variant == Variant::V2 || opt.variant == Variant::V3)
     fail("variant (", to_string(opt.variant), ") has no backward_block; use auto or v1 (v1 runs)");
-  BwdArgs<T, A> a;
-  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = D;
-  a.dQ = dQ; a.dK = dK; a.dV = dV;
-  a.mask = mask; a.qp = q_pos; a.kp = k_pos;
-  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
-  a.nq = q_pos.n; a.nk = k_pos.n; a.d = p.d; a.scale = static_cast<A>(scale_of(p));
-  a.accumulate = true;
-  detail::v1_backward<T, A>(a, opt.stream);
+  detail::v1_backward<T, A>(bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true),
+                            opt.stream);
 }
 
 #define BURSTLAB_API(T)                                                                          \

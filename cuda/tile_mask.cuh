@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "detail.cuh"
+#include "mma.cuh"
 
 namespace burstlab::cuda::detail::tiles {
 
@@ -91,6 +92,47 @@ __device__ __forceinline__ bool fwd_visible(const FwdArgs<T>& a, bool kidx, bool
     if (jg < lo || jg >= hi) return false;
   }
   return block_bit(a.mask, ig, jg);
+}
+
+// dQ pass: the facts of the thread's rows r0 and r0 + 8 (local query rows): local key interval
+// [llo, lhi) (eq. 3.4; empty past nq), LSE in base 2 (+inf past nq: P = 2^-inf = 0) and D (5.1);
+// returns the CTA's hull over all threads (a block-wide barrier inside).
+struct BwdRows {
+  int llo[2], lhi[2];
+  float L2[2], D[2];
+};
+template <int kWarps, class T, class G>
+__device__ __forceinline__ Hull bwd_rows(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t r0,
+                                         int (&red)[4][kWarps], BwdRows* rows) {
+  int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = r0 + 8 * ri;
+    int64_t lo = 0, hi = 0;
+    rows->L2[ri] = INFINITY;
+    rows->D[ri] = 0.f;
+    if (r < a.nq) {
+      local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+      rows->L2[ri] = static_cast<float>(a.LSE(b, h, r)) * v2::kLog2e;
+      rows->D[ri] = static_cast<float>(a.D(b, h, r));
+      add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
+    }
+    rows->llo[ri] = int(lo);
+    rows->lhi[ri] = int(hi);
+  }
+  return cta_hull<kWarps>(hlo, hhi, flo, fhi, red);
+}
+
+// dK/dV pass: stages the row statistics of query rows [i0, i0 + BQ) of head h into shared
+// memory: l[i] = LSE log2(e) (+inf past nq: P = 0), l[BQ + i] = D.
+template <int BQ, int kThreads, class T, class G>
+__device__ __forceinline__ void stage_row_stats(float* l, const BwdArgs<T, G>& a, int64_t b, int64_t h,
+                                                int64_t i0, int nv) {
+  for (int i = threadIdx.x; i < BQ; i += kThreads) {
+    const bool ok = i < nv;
+    l[i] = ok ? static_cast<float>(a.LSE(b, h, i0 + i)) * v2::kLog2e : INFINITY;
+    l[BQ + i] = ok ? static_cast<float>(a.D(b, h, i0 + i)) : 0.f;
+  }
 }
 
 // dK/dV pass: does query tile qt (BQ rows) see any of the keys [j0, jend) (global = local), and

@@ -19,6 +19,7 @@
 
 #include "detail.cuh"
 #include "mma.cuh"
+#include "epilogue.cuh"
 #include "tile_mask.cuh"
 
 namespace burstlab::cuda::detail {
@@ -51,26 +52,13 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dq_kernel(BwdArgs<T, T> a) {
   const int64_t ks = a.K.stride[2], vs = a.V.stride[2];
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
 
-  // my rows g, g + 8: interval (3.4), LSE in base 2, D
-  int llo[2], lhi[2];
-  float L2[2], Dr[2];
-  int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t r = q0 + warp * 16 + g + 8 * ri;
-    int64_t lo = 0, hi = 0;
-    L2[ri] = INFINITY;  // rows past nq: P = 2^-inf = 0
-    Dr[ri] = 0.f;
-    if (r < nq) {
-      local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
-      L2[ri] = a.LSE(b, h, r) * kLog2e;
-      Dr[ri] = a.D(b, h, r);
-      tiles::add_row(lo, hi, &my_hlo, &my_hhi, &my_flo, &my_fhi);
-    }
-    llo[ri] = int(lo);
-    lhi[ri] = int(hi);
-  }
-  const tiles::Hull hull = tiles::cta_hull<kW>(my_hlo, my_hhi, my_flo, my_fhi, red);
+  // my rows g, g + 8: interval (3.4), LSE in base 2, D (tile_mask.cuh)
+  tiles::BwdRows rows;
+  const tiles::Hull hull = tiles::bwd_rows<kW>(a, b, h, q0 + warp * 16 + g, red, &rows);
+  const int(&llo)[2] = rows.llo;
+  const int(&lhi)[2] = rows.lhi;
+  const float(&L2)[2] = rows.L2;
+  const float(&Dr)[2] = rows.D;
   const bool has_block = a.mask.block != nullptr;
   const int t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
   const int t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
@@ -157,15 +145,10 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dq_kernel(BwdArgs<T, T> a) {
     buf ^= 1;
   }
   cp_async_wait<0>();
-  const float sc = static_cast<float>(a.scale);
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t r = q0 + warp * 16 + g + 8 * ri;
-    if (r >= nq) continue;
-    T* row = a.dQ.row(b, h, r);
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t4) = Mma<T>::pack(sc * acc[i][2 * ri], sc * acc[i][2 * ri + 1]);
+    if (r < nq) epilogue::store_row<T, D>(a.dQ.row(b, h, r), &acc[0][0], ri, t4, static_cast<float>(a.scale));
   }
 }
 
@@ -204,12 +187,7 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dkdv_kernel(BwdArgs<T, T> a) 
     T* dst = sQO + bufi * (2 * BQ * D);
     load_tile<T, BQ, D, kThreads>(dst, a.Q.row(b, h, i0), a.Q.stride[2], nv, tid);
     load_tile<T, BQ, D, kThreads>(dst + BQ * D, a.dO.row(b, h, i0), a.dO.stride[2], nv, tid);
-    float* l = sLD + bufi * (2 * BQ);
-    for (int i = tid; i < BQ; i += kThreads) {
-      const bool ok = i < nv;
-      l[i] = ok ? a.LSE(b, h, i0 + i) * kLog2e : INFINITY;  // rows past nq: P = 0
-      l[BQ + i] = ok ? a.D(b, h, i0 + i) : 0.f;
-    }
+    tiles::stage_row_stats<BQ, kThreads>(sLD + bufi * (2 * BQ), a, b, h, i0, nv);
   };
 
   float dk[D / 8][4], dv[D / 8][4];  // my 16 keys x D
@@ -301,18 +279,12 @@ __global__ void __launch_bounds__(kThreads) v2_bwd_dkdv_kernel(BwdArgs<T, T> a) 
     full = full_next;
   }
   cp_async_wait<0>();
-  const float sc = static_cast<float>(a.scale);
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t j = j0 + krow + g + 8 * ri;
     if (j >= nk) continue;
-    T* rk = a.dK.row(b, hk, j);
-    T* rv = a.dV.row(b, hk, j);
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<uint32_t*>(rk + i * 8 + 2 * t4) = Mma<T>::pack(sc * dk[i][2 * ri], sc * dk[i][2 * ri + 1]);
-      *reinterpret_cast<uint32_t*>(rv + i * 8 + 2 * t4) = Mma<T>::pack(dv[i][2 * ri], dv[i][2 * ri + 1]);
-    }
+    epilogue::store_row<T, D>(a.dK.row(b, hk, j), &dk[0][0], ri, t4, static_cast<float>(a.scale));
+    epilogue::store_row<T, D>(a.dV.row(b, hk, j), &dv[0][0], ri, t4, 1.f);
   }
 }
 

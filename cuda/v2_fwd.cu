@@ -18,6 +18,7 @@
 
 #include "detail.cuh"
 #include "mma.cuh"
+#include "epilogue.cuh"
 #include "tile_mask.cuh"
 
 namespace burstlab::cuda::detail {
@@ -258,42 +259,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) v2_fwd_kernel(FwdArgs<T> a) {
   }
   cp_async_wait<0>();
 
-  // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial
+  // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    float L[2], inv[2], Lold[2] = {0.f, 0.f};
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float l = l_r[mt][ri];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      L[ri] = l > 0.f ? m_r[mt][ri] * kLn2 + logf(l) : -INFINITY;
-      inv[ri] = l > 0.f ? 1.f / l : 0.f;
-      const int64_t r = q0 + wrow + mt * 16 + g + 8 * ri;
-      if (a.accumulate && r < nq) Lold[ri] = a.LSE(b, h, r);
-    }
-    __syncwarp();  // all reads of the old LSE before any write
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int64_t r = q0 + wrow + mt * 16 + g + 8 * ri;
-      if (r >= nq) continue;
-      T* orow = a.O.row(b, h, r);
-      float wa = 0.f, wb = 1.f, Lnew = L[ri];
-      if (a.accumulate) merge_weights<float>(Lold[ri], L[ri], &wa, &wb, &Lnew);
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t4);
-        float x0 = acc[mt][i][2 * ri] * inv[ri], x1 = acc[mt][i][2 * ri + 1] * inv[ri];
-        if (a.accumulate) {
-          const float2 old = Mma<T>::unpack(*dst);
-          x0 = (wa != 0.f ? wa * old.x : 0.f) + (wb != 0.f ? wb * x0 : 0.f);
-          x1 = (wa != 0.f ? wa * old.y : 0.f) + (wb != 0.f ? wb * x1 : 0.f);
-        }
-        *dst = Mma<T>::pack(x0, x1);
-      }
-      if (t4 == 0) a.LSE(b, h, r) = Lnew;
-    }
-  }
+  for (int mt = 0; mt < MT; ++mt)
+    epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + mt * 16 + g, &acc[mt][0][0], m_r[mt], l_r[mt], t4);
 }
 
 template <class T, class C>

@@ -58,9 +58,7 @@ inline bool row_has_visible(const MaskParams& mask, int64_t i, int64_t N_k) {
 template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
              View3<T> LSE) {
-  validate_views(p, Q, K, V);
-  validate_q_side(p, "O", O);
-  validate_rows(p, "LSE", LSE);
+  validate_forward_views(p, Q, K, V, O, LSE);
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
   const T scale = static_cast<T>(scale_of(p));
@@ -112,13 +110,7 @@ template <class T>
 void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
               View4<const T> O, View4<const T> dO, View3<const T> LSE, View4<T> dQ, View4<T> dK,
               View4<T> dV) {
-  validate_views(p, Q, K, V);
-  validate_q_side(p, "O", O);
-  validate_q_side(p, "dO", dO);
-  validate_rows(p, "LSE", LSE);
-  validate_q_side(p, "dQ", dQ);
-  validate_kv_side(p, "dK", dK);
-  validate_kv_side(p, "dV", dV);
+  validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
   const T scale = static_cast<T>(scale_of(p));

@@ -149,6 +149,10 @@ void validate_view(const char* name, const int64_t* dim, const void* data, int r
       fail(name, ".dim[", a, "] (", dim[a], ") must equal ", (rank == 4 ? axes4 : axes3)[a], " (", expected[a], ")");
   if (data == nullptr) fail(name, " (null) must point to data");
 }
+void validate_block_view(const char* name, const int64_t* dim, const void* data, int rank, const int64_t* expected) {
+  static const char placeholder = 0;  // a view of 0 rows touches nothing: null data is fine
+  validate_view(name, dim, expected[2] == 0 && data == nullptr ? &placeholder : data, rank, expected);
+}
 void expect_q_side(const Problem& p, int64_t out[4]) { out[0] = p.B; out[1] = p.H_q; out[2] = p.N_q; out[3] = p.d; }
 void expect_kv_side(const Problem& p, int64_t out[4]) { out[0] = p.B; out[1] = p.H_kv; out[2] = p.N_k; out[3] = p.d; }
 void expect_rows(const Problem& p, int64_t out[3]) { out[0] = p.B; out[1] = p.H_q; out[2] = p.N_q; }

@@ -42,6 +42,33 @@ template <class T> void validate_q_side(const Problem& p, const char* name, cons
 template <class T> void validate_kv_side(const Problem& p, const char* name, const View4<T>& v);
 template <class T> void validate_rows(const Problem& p, const char* name, const View3<T>& v);
 
+// Every view of a whole-problem forward: validate_views(Q, K, V), then O (query side) and LSE.
+template <class T, class L>
+void validate_forward_views(const Problem& p, const View4<const T>& Q, const View4<const T>& K,
+                            const View4<const T>& V, const View4<T>& O, const View3<L>& LSE);
+// Every view of a whole-problem backward (eq. 5.1-5.7): validate_views(Q, K, V), then O, dO, dQ
+// on the query side, dK, dV on the key side, LSE as row statistics.
+template <class T, class L, class G>
+void validate_backward_views(const Problem& p, const View4<const T>& Q, const View4<const T>& K,
+                             const View4<const T>& V, const View4<const T>& O, const View4<const T>& dO,
+                             const View3<L>& LSE, const View4<G>& dQ, const View4<G>& dK, const View4<G>& dV);
+
+// Block entry points (§6.1-6.2): views of nq query rows (B, H_q, nq, d), nk keys (B, H_kv, nk, d)
+// and nq row statistics (B, H_q, nq). Same checks as validate_view, except that a view of 0 rows
+// may have null data (nothing is touched).
+void validate_block_view(const char* name, const int64_t* dim, const void* data, int rank,
+                         const int64_t* expected);
+template <class T, class L>
+void validate_block_forward_views(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q,
+                                  const View4<const T>& K, const View4<const T>& V, const View4<T>& O,
+                                  const View3<L>& LSE);
+template <class T, class L, class G>
+void validate_block_backward_views(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q,
+                                   const View4<const T>& K, const View4<const T>& V,
+                                   const View4<const T>& dO, const View3<const L>& LSE,
+                                   const View3<const L>& D, const View4<G>& dQ, const View4<G>& dK,
+                                   const View4<G>& dV);
+
 double scale_of(const Problem& p);              // p.scale or 1/sqrt(d)
 int64_t group_size(const Problem& p);           // H_q / H_kv
 BURSTLAB_HD int64_t kv_head(int64_t h, int64_t group) { return h / group; }
@@ -83,5 +110,60 @@ template <class T> void validate_rows(const Problem& p, const char* name, const 
   int64_t e[3];
   expect_rows(p, e);
   validate_view(name, v.dim, v.data, 3, e);
+}
+template <class T, class L>
+void validate_forward_views(const Problem& p, const View4<const T>& Q, const View4<const T>& K,
+                            const View4<const T>& V, const View4<T>& O, const View3<L>& LSE) {
+  validate_views(p, Q, K, V);
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+}
+template <class T, class L, class G>
+void validate_backward_views(const Problem& p, const View4<const T>& Q, const View4<const T>& K,
+                             const View4<const T>& V, const View4<const T>& O, const View4<const T>& dO,
+                             const View3<L>& LSE, const View4<G>& dQ, const View4<G>& dK, const View4<G>& dV) {
+  validate_views(p, Q, K, V);
+  validate_q_side(p, "O", O);
+  validate_q_side(p, "dO", dO);
+  validate_rows(p, "LSE", LSE);
+  validate_q_side(p, "dQ", dQ);
+  validate_kv_side(p, "dK", dK);
+  validate_kv_side(p, "dV", dV);
+}
+namespace view_check {
+template <class V> void block4(const char* name, const V& v, int64_t B, int64_t H, int64_t n, int64_t d) {
+  const int64_t e[4] = {B, H, n, d};
+  validate_block_view(name, v.dim, v.data, 4, e);
+}
+template <class V> void block3(const char* name, const V& v, int64_t B, int64_t H, int64_t n) {
+  const int64_t e[3] = {B, H, n};
+  validate_block_view(name, v.dim, v.data, 3, e);
+}
+}  // namespace view_check
+template <class T, class L>
+void validate_block_forward_views(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q,
+                                  const View4<const T>& K, const View4<const T>& V, const View4<T>& O,
+                                  const View3<L>& LSE) {
+  view_check::block4("Q", Q, p.B, p.H_q, nq, p.d);
+  view_check::block4("K", K, p.B, p.H_kv, nk, p.d);
+  view_check::block4("V", V, p.B, p.H_kv, nk, p.d);
+  view_check::block4("O", O, p.B, p.H_q, nq, p.d);
+  view_check::block3("LSE", LSE, p.B, p.H_q, nq);
+}
+template <class T, class L, class G>
+void validate_block_backward_views(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q,
+                                   const View4<const T>& K, const View4<const T>& V,
+                                   const View4<const T>& dO, const View3<const L>& LSE,
+                                   const View3<const L>& D, const View4<G>& dQ, const View4<G>& dK,
+                                   const View4<G>& dV) {
+  view_check::block4("Q", Q, p.B, p.H_q, nq, p.d);
+  view_check::block4("K", K, p.B, p.H_kv, nk, p.d);
+  view_check::block4("V", V, p.B, p.H_kv, nk, p.d);
+  view_check::block4("dO", dO, p.B, p.H_q, nq, p.d);
+  view_check::block3("LSE", LSE, p.B, p.H_q, nq);
+  view_check::block3("D", D, p.B, p.H_q, nq);
+  view_check::block4("dQ", dQ, p.B, p.H_q, nq, p.d);
+  view_check::block4("dK", dK, p.B, p.H_kv, nk, p.d);
+  view_check::block4("dV", dV, p.B, p.H_kv, nk, p.d);
 }
 }  // namespace burstlab
