@@ -256,6 +256,9 @@ TEST(CpuDeterminism, BitwiseSameForAnyThreadCount) {
     Tensor4<float> O = make_tensor4<float>(Layout::BSHD, 2, 4, 203, 16), dQ = O;
     Tensor4<float> dK = make_tensor4<float>(Layout::BSHD, 2, 2, 113, 16), dV = dK;
     Tensor3<float> LSE = make_tensor3<float>(2, 4, 203);
+    // A different fill per run: an element no run writes would differ, not compare equal.
+    for (auto* t : {&O.data, &dQ.data, &dK.data, &dV.data, &LSE.data})
+      std::fill(t->begin(), t->end(), 1000.f + float(threads));
     cpu::forward<float>(p, Q.view(), K.view(), V.view(), O.view(), LSE.view(), {32, 16});
     cpu::backward<float>(p, Q.view(), K.view(), V.view(), as_const(O.view()), dO.view(),
                          as_const(LSE.view()), dQ.view(), dK.view(), dV.view(), {32, 16});

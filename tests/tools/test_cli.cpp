@@ -181,6 +181,8 @@ TEST(Suite, PassesEverything) {
   EXPECT_NE(last.find(" passed, 0 failed"), std::string::npos) << last;
   EXPECT_EQ(count(o.out, "FAIL") + count(o.out, "ERROR"), 0) << o.out;
   EXPECT_GT(count(o.out, "PASS"), 50) << o.out;
+  // Every run the summary counts is a printed PASS row (and nothing else prints PASS).
+  EXPECT_EQ(count(o.out, "PASS"), std::stoi(last.substr(0, last.find(" passed")))) << last;
 }
 
 }  // namespace
