@@ -49,6 +49,7 @@ std::string to_string(Variant v) {
     case Variant::V1: return "v1";
     case Variant::V2: return "v2";
     case Variant::V3: return "v3";
+    case Variant::V4: return "v4";
   }
   return "?";
 }
@@ -57,11 +58,12 @@ Variant parse_variant(const std::string& s) {
   if (s == "v1" || s == "1") return Variant::V1;
   if (s == "v2" || s == "2") return Variant::V2;
   if (s == "v3" || s == "3") return Variant::V3;
-  fail("variant (", s, ") must be one of auto, v1, v2, v3");
+  if (s == "v4" || s == "4") return Variant::V4;
+  fail("variant (", s, ") must be one of auto, v1, v2, v3, v4");
 }
 
 bool variant_available(Variant v, std::string* why) {
-  if (v != Variant::V3) return true;
+  if (v != Variant::V3 && v != Variant::V4) return true;
   const char* w = nullptr;
   if (detail::v3_device_ok(&w)) return true;
   if (why) *why = w;
@@ -191,8 +193,14 @@ bool v2_capable(const Problem& p, View4<const T> Q, View4<const T> K, View4<cons
 }
 
 template <class T>
-void run_forward(const FwdArgs<T>& a, Variant v, cudaStream_t s) {
+void run_forward(const FwdArgs<T>& a, Variant v, bool strict, cudaStream_t s) {
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
+    if (v == Variant::V4) {  // v3 runs what v4's copies cannot describe, unless v4 was asked for
+      const char* why = nullptr;
+      if (detail::v4_forward<T>(a, s, &why)) return;
+      if (strict) fail("variant (v4) cannot run this call: ", why);
+      v = Variant::V3;
+    }
     if (v == Variant::V3) return detail::v3_forward<T>(a, s);
     if (v == Variant::V2) return detail::v2_forward<T>(a, s);
   }
@@ -218,7 +226,14 @@ Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, Vi
     if (!ok3) fail("variant (v3) cannot run this call: ", ok ? std::string(why3) : why);
     return Variant::V3;
   }
-  return ok3 ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
+  const bool ok4 = ok3 && !has_block(p.mask);
+  if (requested == Variant::V4) {
+    if (!ok4)
+      fail("variant (v4) cannot run this call: ",
+           !ok ? why : !ok3 ? std::string(why3) : std::string("v4 has no block-sparse masks (v3 runs them)"));
+    return Variant::V4;
+  }
+  return ok4 ? Variant::V4 : ok3 ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
 }
 
 template <class T>
@@ -231,7 +246,7 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
   const DeviceMask dm(md);
   const FwdArgs<T> a = fwd_args<T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q,
                                    K, V, O, LSE, false);
-  run_forward<T>(a, v, opt.stream);
+  run_forward<T>(a, v, opt.variant == Variant::V4, opt.stream);
   // dm's device arrays are freed on return: wait for the kernel that reads them.
   if (md.doc.size() || md.block.size()) BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));
 }
@@ -247,7 +262,8 @@ void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Po
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_forward_views(p, q_pos.n, k_pos.n, Q, K, V, O, LSE);
   const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
-  run_forward<T>(fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate), v, opt.stream);
+  run_forward<T>(fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate), v,
+                 opt.variant == Variant::V4, opt.stream);
 }
 
 template <class T>
@@ -291,8 +307,9 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
     if (opt.variant == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
     const char* why3 = nullptr;
     const bool ok3 = ok && detail::v3_device_ok(&why3);
-    if (opt.variant == Variant::V3 && !ok3)
-      fail("variant (v3) cannot run this backward: ", ok ? std::string(why3) : why);
+    // v4 is a forward variant; its backward is v3's.
+    if ((opt.variant == Variant::V3 || opt.variant == Variant::V4) && !ok3)
+      fail("variant (", to_string(opt.variant), ") cannot run this backward: ", ok ? std::string(why3) : why);
     use_v3 = ok3 && opt.variant != Variant::V2;
     use_v2 = ok && !use_v3;
   }
@@ -325,7 +342,7 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_backward_views(p, q_pos.n, k_pos.n, Q, K, V, dO, LSE, D, dQ, dK, dV);
-  if (opt.variant == Variant::V2 || opt.variant == Variant::V3)
+  if (opt.variant == Variant::V2 || opt.variant == Variant::V3 || opt.variant == Variant::V4)
     fail("variant (", to_string(opt.variant), ") has no backward_block; use auto or v1 (v1 runs)");
   detail::v1_backward<T, A>(bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true),
                             opt.stream);

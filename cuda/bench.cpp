@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
   app.add_option("--causal", causals, "0 = no mask, 1 = causal (comma list)");
   app.add_option("--tokens", tokens, "B*N (fixed over the grid)");
   app.add_option("--hd", hd, "H*d (fixed over the grid)");
-  app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 (auto: the fastest that runs)");
-  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2 | v3");
+  app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 | v4 (auto: the fastest that runs)");
+  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2 | v3 | v4 (= v3)");
   app.add_option("--v1-max-n", v1_max_n, "largest N at which the forward is checked against v1");
   app.add_option("--bwd-max-n", bwd_max_n, "largest N at which the backward is timed");
   app.add_option("--bwd-check-max-n", bwd_check_max_n, "largest N at which the backward is checked against v1");
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
           const auto C4 = [&](bc::bf16* x) { return as_const(V4(x)); };
           bc::DeviceBuffer<float> L(size_t(p.B * p.H_q * N)), L1(size_t(p.B * p.H_q * N));
           const auto L3 = [&](float* x) { return view3<float>(x, p.B, p.H_q, N); };
-          // The variant that runs (auto resolved: v3 on a compute capability 9.0 GPU, else v2).
+          // The variant that runs (auto resolved as forward_variant documents: v4, v3, v2 or v1).
           const bc::Variant var = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), var_req);
           bc::Options opt;
           opt.variant = var;

@@ -4,6 +4,9 @@
 // must be device-accessible. Numbered kernel variants are listed in cuda/README.md:
 //   v1  plain CUDA cores, any d, every dtype, obviously right (the GPU baseline and fallback)
 //   v2  bf16/fp16 tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), d in {64, 128}, forward
+//       and backward
+//   v3  v2's limits on Hopper warpgroup MMA (wgmma, sm_90a), forward and backward
+//   v4  forward only: v3's math, warp-specialized (TMA producer warp, mbarrier ring, setmaxnreg)
 // Storage dtypes: double, float, bf16, fp16. Accumulation (and LSE / D storage) is fp64 for
 // double and fp32 for every other dtype (spec §9.1): see lse_t<T>.
 // Every entry point validates on the host before launch and throws burstlab::Error naming the
@@ -108,11 +111,11 @@ class DeviceMask {
 };
 
 // ---------------------------------------------------------------- options
-enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3 };
-std::string to_string(Variant v);  // "auto", "v1", "v2", "v3"
-Variant parse_variant(const std::string& s);  // "auto|v1|v2|v3"; throws Error naming "variant"
+enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4 };
+std::string to_string(Variant v);  // "auto", "v1", "v2", "v3", "v4"
+Variant parse_variant(const std::string& s);  // "auto|v1|v2|v3|v4"; throws Error naming "variant"
 
-// Whether the current device can run variant v at all (v3: compute capability 9.0, sm_90a);
+// Whether the current device can run variant v at all (v3, v4: compute capability 9.0, sm_90a);
 // v1/v2/auto: true. Says why not in *why. Whether a given call qualifies: forward_variant.
 bool variant_available(Variant v, std::string* why = nullptr);
 
@@ -122,11 +125,14 @@ struct Options {
   cudaStream_t stream = nullptr;
 };
 
-// Which variant an Auto (or explicit) forward call would run: v3 (sm_90a wgmma) on a compute
-// capability 9.0 device, else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why
-// the tensor-core variants cannot run the call (empty when they can). Throws Error when
-// `requested` is V2 or V3 and that variant cannot run the call (naming the reason). `backward`
-// chooses the same way, also asking the gradients' and O/dO's alignment.
+// Which variant an Auto (or explicit) forward call would run: on a compute capability 9.0
+// device v4 (warp-specialized TMA + wgmma) unless the mask has a block-sparse part, then v3
+// (wgmma); else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why the
+// tensor-core variants cannot run the call (empty when they can). Throws Error when `requested`
+// is V2, V3 or V4 and that variant cannot run the call (naming the reason). v4 is a forward
+// variant: a backward asked for v4 runs v3's, and `backward`'s auto choice is v3, else v2, asking
+// also the gradients' and O/dO's alignment. (An auto v4 forward whose views the copy engine
+// cannot describe runs v3; an explicit v4 one throws.)
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);

@@ -20,6 +20,7 @@
 
 #include "detail.cuh"
 #include "epilogue.cuh"
+#include "softmax.cuh"
 #include "tile_mask.cuh"
 #include "wgmma.cuh"
 
@@ -29,10 +30,7 @@ namespace {
 
 using v2::cp_async_commit;
 using v2::cp_async_wait;
-using v2::ex2;
-using v2::kLn2;
 using v2::kLog2e;
-using v2::Mma;
 
 // WGS warpgroups (Br = 64 WGS query rows), BC keys per tile, MINB CTAs per SM (register cap).
 template <int D, int WGS, int BC, int MINB>
@@ -161,65 +159,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
     v3::wait<1>();  // S done; P V may still run
     v3::pin(s);
 
-    // ---- online softmax (4.1)-(4.3) in base 2: x = S scale log2(e), masked x = -inf; the
-    // predicate runs in partial tiles only. The scale is folded into the exponent's
-    // FMA (p = 2^(S c2 - m)); max commutes with it since c2 > 0 (a non-positive scale is applied
-    // first instead, a uniform and rare branch).
-    if (!(sl2 > 0.f)) {
-#pragma unroll
-      for (int e = 0; e < kBc / 2; ++e) s[e] *= sl2;
-    }
-    if (!full) {
-      if (band_only) {  // causal, windows, documents on contiguous keys: the row interval alone
-        const int c0 = static_cast<int>(j0) + 2 * t4;
-#pragma unroll
-        for (int e = 0; e < kBc / 2; ++e) {
-          const int jl = c0 + (e >> 2) * 8 + (e & 1), ri = (e >> 1) & 1;
-          s[e] = (jl >= llo[ri] && jl < lhi[ri]) ? s[e] : -INFINITY;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < kBc / 2; ++e)
-          s[e] = pred((e >> 1) & 1, static_cast<int>(j0) + (e >> 2) * 8 + 2 * t4 + (e & 1)) ? s[e] : -INFINITY;
-      }
-    }
+    // ---- online softmax (4.1)-(4.3) in base 2 (softmax.cuh, shared with v4)
+    softmax::mask_tile<kBc>(s, sl2, full, band_only, static_cast<int>(j0), t4, llo, lhi, pred);
     float alpha[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[ri], mx * c2);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
-      alpha[ri] = ex2(m_r[ri] - m_use);                      // 0 when m = -inf
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
-          s[4 * nt + 2 * ri + e] = p;
-          sum += p;
-        }
-      l_r[ri] = l_r[ri] * alpha[ri] + sum;  // thread-partial; quad-summed at the end
-      m_r[ri] = m_new;
-    }
+    softmax::online<kBc>(s, c2, m_r, l_r, alpha);
     v3::wait<0>();  // P_{i-1} V done: O may be rescaled and pa refilled
     v3::pin(acc);
     v3::pin(pa);
-#pragma unroll
-    for (int c = 0; c < D / 8; ++c)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[4 * c + e] *= alpha[e >> 1];
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    softmax::rescale_pack<T, D, kBc>(acc, pa, s, alpha);
     __syncthreads();  // every warpgroup is done with K_{tau_i} and V_{tau_{i-1}} before refills
     t = tn;
     full = full_next;

@@ -292,22 +292,28 @@ std::vector<Impl> build_registry() {
     r.push_back(broken_impl());
 #ifdef BURSTLAB_HAVE_CUDA
   r.push_back(cuda_impl("cuda", cuda::Variant::Auto,
-                        "LAO on the GPU (cuda/): bf16/fp16 with d in {64,128} run tensor cores (v3 wgmma "
-                        "on H100/H200, else v2), the rest v1"));
+                        "LAO on the GPU (cuda/): bf16/fp16 with d in {64,128} run tensor cores (on "
+                        "H100/H200 the v4 forward, v3 with block masks, v3 backward; else v2), the rest v1"));
   r.push_back(cuda_impl("cuda-v1", cuda::Variant::V1, "LAO on the GPU, v1 only: CUDA cores, every dtype and d"));
-  {
-    Impl v2 = cuda_impl("cuda-v2", cuda::Variant::V2,
-                        "LAO on the GPU, v2 only: mma.sync tensor cores, bf16/fp16, d in {64,128} "
-                        "(not in `suite`, whose d values it cannot all run)");
-    v2.dtypes = {Dtype::BF16, Dtype::F16};
-    v2.suite_dtypes = {};
-    const auto base = v2.check;
-    v2.check = [base](const Problem& p, Dtype dt, const ImplOptions& o) {
+  // The tensor-core variants by name, so that those auto no longer picks stay exercised; not in
+  // `suite`, whose d values they cannot all run.
+  auto named = [&r](const char* name, cuda::Variant v, const char* what) {
+    Impl i = cuda_impl(name, v, what);
+    i.dtypes = {Dtype::BF16, Dtype::F16};
+    i.suite_dtypes = {};
+    const auto base = i.check;
+    const std::string n = name;
+    i.check = [base, n, v](const Problem& p, Dtype dt, const ImplOptions& o) {
       base(p, dt, o);
-      if (p.d != 64 && p.d != 128) fail("d (", p.d, ") must be 64 or 128 for impl cuda-v2");
+      if (p.d != 64 && p.d != 128) fail("d (", p.d, ") must be 64 or 128 for impl ", n);
+      std::string why;
+      if (!cuda::variant_available(v, &why)) fail("impl ", n, " cannot run on this GPU: ", why);
     };
-    r.push_back(v2);
-  }
+    r.push_back(i);
+  };
+  named("cuda-v2", cuda::Variant::V2, "LAO on the GPU, v2 only: mma.sync tensor cores, bf16/fp16, d in {64,128}");
+  named("cuda-v3", cuda::Variant::V3,
+        "LAO on the GPU, v3 only: wgmma (H100/H200), cp.async loads, bf16/fp16, d in {64,128}");
 #endif
   return r;
 }

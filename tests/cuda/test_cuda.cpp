@@ -189,14 +189,17 @@ std::vector<FwdCase> fwd_cases() {
   struct DV { const char* dt; bc::Variant v; };
   const DV dvs[] = {{"f64", bc::Variant::V1}, {"f32", bc::Variant::V1}, {"bf16", bc::Variant::V1},
                     {"bf16", bc::Variant::V2}, {"f16", bc::Variant::V2}, {"bf16", bc::Variant::V3},
-                    {"f16", bc::Variant::V3}, {"f16", bc::Variant::Auto}};
+                    {"f16", bc::Variant::V3}, {"bf16", bc::Variant::V4}, {"f16", bc::Variant::V4},
+                    {"f16", bc::Variant::Auto}};
   uint64_t seed = 100;
   int k = 0;
   for (const DV& dv : dvs) {
-    const bool fast = dv.v == bc::Variant::V2 || dv.v == bc::Variant::V3;
+    const bool fast = dv.v == bc::Variant::V2 || dv.v == bc::Variant::V3 || dv.v == bc::Variant::V4;
     for (const Shape& s : fwd_shapes(fast)) {
       for (size_t mi = 0; mi < kMasks.size(); ++mi) {
-        // Auto runs a thinner sweep (it is v1, v2 or v3 underneath, each swept on its own).
+        // v4 has no block-sparse masks (asked for by name it refuses them: see Validation).
+        if (dv.v == bc::Variant::V4 && kMasks[mi].find("block") != std::string::npos) continue;
+        // Auto runs a thinner sweep (it is v1, v2, v3 or v4 underneath, each swept on its own).
         if (dv.v == bc::Variant::Auto && mi % 3 != 0) continue;
         FwdCase c{dv.dt, dv.v, s, kMasks[mi], (k % 2) ? Layout::BSHD : Layout::BHSD,
                   kValues[k % kValues.size()], seed++};
@@ -265,6 +268,8 @@ std::vector<FwdCase> bwd_cases() {
           out.push_back({dt, v, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
           ++k;
         }
+  // v4 is a forward variant: asked for by name, the backward runs v3's.
+  out.push_back({"bf16", bc::Variant::V4, {2, 4, 2, 113, 203, 64}, "causal", Layout::BSHD, Values::Normal, 776});
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 2, 1023, 1023, 64}, "causal", Layout::BSHD, Values::Normal, 777});
   out.push_back({"f32", bc::Variant::Auto, {1, 4, 2, 1023, 511, 128}, "window:100,20", Layout::BHSD, Values::Normal, 778});
   return out;
@@ -463,6 +468,11 @@ std::vector<BlockCase> block_cases() {
     out.push_back({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
     out.push_back({"bf16", bc::Variant::V3, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
     out.push_back({"f16", bc::Variant::V3, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
+    if (std::string(m).find("block") != std::string::npos) continue;  // v4: no block masks
+    out.push_back({"bf16", bc::Variant::V4, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
+    out.push_back({"bf16", bc::Variant::V4, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
+    out.push_back({"f16", bc::Variant::V4, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
+    out.push_back({"f16", bc::Variant::V4, {1, 3, 1, 200, 129, 128}, m, false, true, false, 2});
   }
   return out;
 }
@@ -517,6 +527,7 @@ TEST(CudaValidation, BadShapesThrowBeforeLaunch) {
   EXPECT_THROW(bc::forward<float>(pd, qd, qd, qd, od, ld), Error);
   EXPECT_THROW(bc::parse_variant("v9"), Error);
   EXPECT_EQ(bc::parse_variant("v3"), bc::Variant::V3);
+  EXPECT_EQ(bc::parse_variant("v4"), bc::Variant::V4);
 }
 
 TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
@@ -531,8 +542,19 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
                       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                       major == 9 && minor == 0;
   EXPECT_EQ(bc::variant_available(bc::Variant::V3), hopper);
+  EXPECT_EQ(bc::variant_available(bc::Variant::V4), hopper);
   EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto),
+            hopper ? bc::Variant::V4 : bc::Variant::V2);
+  // A block-sparse mask keeps auto on v3 (v4's producer cannot vote on tiles), and v4 by name refuses it.
+  Problem pb = make_problem(1, 2, 2, 8, 8, 64, "block:4x4@0.5", 1);
+  EXPECT_EQ(bc::forward_variant<bc::bf16>(pb, v(64), v(64), v(64), o(64), bc::Variant::Auto),
             hopper ? bc::Variant::V3 : bc::Variant::V2);
+  try {
+    bc::forward_variant<bc::bf16>(pb, v(64), v(64), v(64), o(64), bc::Variant::V4);
+    ADD_FAILURE() << "expected burstlab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("variant (v4)"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::V2), bc::Variant::V2);
   if (!hopper) {
     try {
