@@ -293,8 +293,8 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   using A = lse_t<T>;
   validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   check_gpu_limits(p);
-  bool use_v2 = false, use_v3 = false;
-  if (opt.variant != Variant::V1) {
+  Variant run = Variant::V1;  // the variant that runs (forward_variant's choice, also asking
+  if (opt.variant != Variant::V1) {  // the gradients' and O/dO's alignment)
     std::string why;
     bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
     if (ok) {
@@ -307,11 +307,10 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
     if (opt.variant == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
     const char* why3 = nullptr;
     const bool ok3 = ok && detail::v3_device_ok(&why3);
-    // v4 is a forward variant; its backward is v3's.
     if ((opt.variant == Variant::V3 || opt.variant == Variant::V4) && !ok3)
       fail("variant (", to_string(opt.variant), ") cannot run this backward: ", ok ? std::string(why3) : why);
-    use_v3 = ok3 && opt.variant != Variant::V2;
-    use_v2 = ok && !use_v3;
+    if (opt.variant == Variant::V2 || opt.variant == Variant::V3) run = opt.variant;
+    else run = ok3 ? Variant::V4 : ok ? Variant::V2 : Variant::V1;  // auto, v4
   }
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
@@ -321,9 +320,19 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   const BwdArgs<T, T> a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k),
                                          Q, K, V, dO, LSE, as_const(D), dQ, dK, dV, false);
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    if (use_v3) detail::v3_backward<T>(a, opt.stream);       // both deterministic by
-    else if (use_v2) detail::v2_backward<T>(a, opt.stream);  // construction (no atomics)
-    else detail::v1_backward<T, T>(a, opt.stream);
+    // v2, v3 and v4 are deterministic by construction (two passes, no atomics).
+    switch (run) {
+      case Variant::V4: {
+        const char* why4 = nullptr;
+        if (detail::v4_backward<T>(a, opt.stream, &why4)) break;
+        if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward: ", why4);
+        detail::v3_backward<T>(a, opt.stream);  // auto: v3 runs views the copy engine cannot describe
+        break;
+      }
+      case Variant::V3: detail::v3_backward<T>(a, opt.stream); break;
+      case Variant::V2: detail::v2_backward<T>(a, opt.stream); break;
+      default: detail::v1_backward<T, T>(a, opt.stream);
+    }
   } else {
     detail::v1_backward<T, T>(a, opt.stream);
   }

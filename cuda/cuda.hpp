@@ -6,7 +6,8 @@
 //   v2  bf16/fp16 tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), d in {64, 128}, forward
 //       and backward
 //   v3  v2's limits on Hopper warpgroup MMA (wgmma, sm_90a), forward and backward
-//   v4  forward only: v3's math, warp-specialized (TMA producer warp, mbarrier ring, setmaxnreg)
+//   v4  v3's math warp-specialized (TMA producer warp, mbarrier ring, setmaxnreg), forward
+//       (no block-sparse masks: v3 runs those) and backward
 // Storage dtypes: double, float, bf16, fp16. Accumulation (and LSE / D storage) is fp64 for
 // double and fp32 for every other dtype (spec §9.1): see lse_t<T>.
 // Every entry point validates on the host before launch and throws burstlab::Error naming the
@@ -129,10 +130,9 @@ struct Options {
 // device v4 (warp-specialized TMA + wgmma) unless the mask has a block-sparse part, then v3
 // (wgmma); else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why the
 // tensor-core variants cannot run the call (empty when they can). Throws Error when `requested`
-// is V2, V3 or V4 and that variant cannot run the call (naming the reason). v4 is a forward
-// variant: a backward asked for v4 runs v3's, and `backward`'s auto choice is v3, else v2, asking
-// also the gradients' and O/dO's alignment. (An auto v4 forward whose views the copy engine
-// cannot describe runs v3; an explicit v4 one throws.)
+// is V2, V3 or V4 and that variant cannot run the call (naming the reason). `backward` chooses
+// the same way (its v4 also runs block masks), also asking the gradients' and O/dO's alignment.
+// An auto v4 call whose views the copy engine cannot describe runs v3; an explicit one throws.
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);

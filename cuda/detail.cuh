@@ -95,9 +95,11 @@ template <class T> void v2_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 bool v3_device_ok(const char** why);
 template <class T> void v3_forward(const FwdArgs<T>& a, cudaStream_t s);
 template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
-// v4 (warp-specialized TMA forward, sm_90a): v3's limits, no block mask, and views the copy
-// engine can describe; returns false with *why set (nothing launched) when a call does not qualify.
+// v4 (warp-specialized: TMA producer, wgmma consumers; sm_90a): v3's limits and views the copy
+// engine can describe, and for the forward no block mask; returns false with *why set (nothing
+// launched) when a call does not qualify.
 template <class T> bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
+template <class T> bool v4_backward(const BwdArgs<T, T>& a, cudaStream_t s, const char** why);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 namespace burstlab::cuda::detail::softmax {
 
@@ -77,13 +78,7 @@ __device__ __forceinline__ void rescale_pack(float (&acc)[D / 2], uint32_t (&pa)
   for (int c = 0; c < D / 8; ++c)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[4 * c + e] *= alpha[e >> 1];
-#pragma unroll
-  for (int kk = 0; kk < BC / 16; ++kk) {
-    pa[kk][0] = v2::Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = v2::Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = v2::Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = v2::Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-  }
+  v3::pack_a<T, BC>(pa, s);
 }
 
 }  // namespace burstlab::cuda::detail::softmax

@@ -40,18 +40,6 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
 }
 
-// Packs accumulator columns 16 kk .. 16 kk + 15 of x (the m64nN layout) as a wgmma A fragment.
-template <class T, int N>
-__device__ __forceinline__ void pack_a(uint32_t (&pa)[N / 16][4], const float* x) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    pa[kk][0] = Mma<T>::pack(x[8 * kk + 0], x[8 * kk + 1]);
-    pa[kk][1] = Mma<T>::pack(x[8 * kk + 2], x[8 * kk + 3]);
-    pa[kk][2] = Mma<T>::pack(x[8 * kk + 4], x[8 * kk + 5]);
-    pa[kk][3] = Mma<T>::pack(x[8 * kk + 6], x[8 * kk + 7]);
-  }
-}
-
 // ------------------------------------------------------------------ dQ
 template <class T, int D, int BC>
 __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a) {
@@ -139,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a)
       s[e] = p * (dp[e] - Dr[ri]);
     }
     uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
-    pack_a<T, BC>(da, s);
+    v3::pack_a<T, BC>(da, s);
     const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
     v3::fence();
 #pragma unroll
@@ -252,8 +240,8 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> 
       dp[e] = p * (dp[e] - cD[il]);  // dS^T (5.5)
     }
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
-    pack_a<T, BQ>(pa, s);
-    pack_a<T, BQ>(sa, dp);
+    v3::pack_a<T, BQ>(pa, s);
+    v3::pack_a<T, BQ>(sa, dp);
     const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
     v3::fence();
 #pragma unroll

@@ -109,6 +109,19 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 #include "wgmma_ops.inc"
 
+// Packs accumulator columns 16 kk .. 16 kk + 15 of x (the m64nN layout, N/2 per thread) as wgmma
+// A fragments (the m16n8k16 A layout per warp), rounded to the storage dtype T.
+template <class T, int N>
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[N / 16][4], const float* x) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    pa[kk][0] = v2::Mma<T>::pack(x[8 * kk + 0], x[8 * kk + 1]);
+    pa[kk][1] = v2::Mma<T>::pack(x[8 * kk + 2], x[8 * kk + 3]);
+    pa[kk][2] = v2::Mma<T>::pack(x[8 * kk + 4], x[8 * kk + 5]);
+    pa[kk][3] = v2::Mma<T>::pack(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
 // Wgmma<T>::ss<N, TRANS_B>(d, desc_a, desc_b, acc): d (64 x N per warpgroup, N/2 per thread)
 // = (acc ? d : 0) + A B; rs: A from registers (4 x b32 per thread, the m16n8k16 A layout per warp).
 template <class T> struct Wgmma;

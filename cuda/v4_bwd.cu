@@ -1,0 +1,422 @@
+// cuda/v4_bwd.cu — variant 4 backward: v3's two deterministic passes (spec §5, eq. 5.1-5.7;
+// §5.3), warp-specialized like the v4 forward. Each pass: warpgroup 0 is the producer (registers
+// given back by setmaxnreg), warpgroups 1 and 2 consume, 64 rows (dQ pass) or 64 keys (dK/dV
+// pass) each, and never meet at a CTA barrier: tiles arrive in an mbarrier ring, filled by the
+// copy engine (TMA, tma.cuh) in wgmma's 128-byte swizzle.
+//   D      (5.1) by the v1 compute_D kernel.
+//   dQ     CTA = (b, h, 128 query rows); Q and dO copied once; K and V tiles of BC keys in a
+//          ring. Per tile: S = Q K^T and dP = dO V^T (wgmma, shared-memory operands),
+//          P = 2^(S c - LSE) (5.2), dS = P (dP - D) (5.5) in registers, dQ += dS K (5.6).
+//   dK,dV  CTA = (b, kv-head, 128 keys); K and V copied once; the (q-head of the group, query
+//          tile of BQ rows) pairs that see the keys stream through the ring: Q and dO by the
+//          copy engine, and each row's LSE log2(e), D and visible key interval (eq. 3.4) staged
+//          by producer warp 1. Per tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO (5.3),
+//          dK += dS^T Q (5.7).
+// Every output element is written by one thread in a fixed order, no atomics: bitwise
+// repeatable. P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
+// BLOCK: the mask has a block-sparse part, whose bit joins the per-element predicate of partial
+// tiles (kept out of the common kernels, where its code would spill the accumulators).
+// Limits: v3's (whole-problem backward, bf16/fp16, d in {64, 128}, 16-byte aligned views with
+// strides in multiples of 8 elements, compute capability 9.0) and views the copy engine can
+// describe; v4_backward returns false (nothing launched) otherwise and the dispatcher runs v3.
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "detail.cuh"
+#include "epilogue.cuh"
+#include "tile_mask.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace burstlab::cuda::detail {
+namespace {
+
+using v2::ex2;
+using v2::kLog2e;
+
+constexpr int kWgs = 2;                  // consumer warpgroups
+constexpr int kThreads = 128 * (kWgs + 1);
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 64 * kWgs;         // dQ: query rows per CTA; dK/dV: keys per CTA
+constexpr int kStages = 2;
+constexpr int kRegP = 40, kRegC = 232;   // setmaxnreg budgets: 128 P + 256 C <= 65536
+
+__device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
+
+// Copies a (ROWS, D) tile: D/64 boxes of (64, ROWS), one per sw128 panel.
+template <int ROWS, int D, class T>
+__device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row, int h, int b, uint64_t* bar) {
+#pragma unroll
+  for (int p = 0; p < D / 64; ++p) tma::load_4d(dst + p * ROWS * 64, m, 64 * p, row, h, b, bar);
+}
+
+struct RingBars {
+  uint64_t once;                   // the tiles copied once per CTA
+  uint64_t full[kStages], empty[kStages];
+};
+
+// ------------------------------------------------------------------ dQ
+template <class T, int D, int BC, bool BLOCK>
+__global__ void __launch_bounds__(kThreads, 1)
+    v4_bwd_dq_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
+                     const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
+                     BwdArgs<T, T> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr uint32_t kTile = BC * D * sizeof(T);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
+  T* sdO = sQ + kRows * D;                             // (128, D)
+  T* sKV = sdO + kRows * D;                            // S x [(BC, D) K, (BC, D) V]
+  __shared__ RingBars bars;
+  __shared__ int red[4][kWarps];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp / 4 - 1, wrow = (warp - 4) * 16;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z,
+                hk = h / a.group;
+  const int64_t nq = a.nq;
+  if (tid == 0) {
+    tma::init(&bars.once, 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::init(&bars.full[s], 1);
+      tma::init(&bars.empty[s], 4 * kWgs);
+    }
+    tma::fence_init();
+  }
+  // my rows g, g + 8: interval (3.4), LSE in base 2, D (tile_mask.cuh); producer threads pass
+  // rows past nq (no facts). The barrier inside also publishes the barrier inits.
+  tiles::BwdRows rows;
+  const tiles::Hull hull = tiles::bwd_rows<kWarps>(a, b, h, wg >= 0 ? q0 + wrow + g : nq, red, &rows);
+  const int t_begin = hull.lo < hull.hi ? hull.lo / BC : 0;
+  const int t_end = hull.lo < hull.hi ? (hull.hi + BC - 1) / BC : 0;
+
+  if (wg < 0) {  // ---------------------------------------------------------------- producer
+    tma::regs_dec<kRegP>();
+    if (warp == 0 && lane == 0) {
+      tma::arrive_expect(&bars.once, 2 * kRows * D * sizeof(T));
+      load_tile<kRows, D>(sQ, &mQ, int(q0), int(h), int(b), &bars.once);
+      load_tile<kRows, D>(sdO, &mdO, int(q0), int(h), int(b), &bars.once);
+      int st = 0;
+      uint32_t ph = 0;
+      for (int t = t_begin; t < t_end; ++t) {
+        tma::wait(&bars.empty[st], ph ^ 1);
+        tma::arrive_expect(&bars.full[st], 2 * kTile);
+        T* dst = sKV + st * (2 * BC * D);
+        load_tile<BC, D>(dst, &mK, t * BC, int(hk), int(b), &bars.full[st]);
+        load_tile<BC, D>(dst + BC * D, &mV, t * BC, int(hk), int(b), &bars.full[st]);
+        if (++st == kStages) { st = 0; ph ^= 1; }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  tma::regs_inc<kRegC>();
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  float acc[D / 2];  // dQ / scale: my 2 rows x D/4 columns (wgmma accumulator)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+  const uint64_t dQd0 = v3::desc_k_base<kRows>(sQ, wg * 64), dOd0 = v3::desc_k_base<kRows>(sdO, wg * 64);
+  tma::wait(&bars.once, 0);
+  int st = 0;
+  uint32_t ph = 0;
+  for (int t = t_begin; t < t_end; ++t) {
+    const int j0 = t * BC;
+    const bool full = !BLOCK && hull.full_lo <= j0 && j0 + BC <= hull.full_hi;
+    const T* cK = sKV + st * (2 * BC * D);
+    const T* cV = cK + BC * D;
+    tma::wait(&bars.full[st], ph);
+
+    float s[BC / 2], dp[BC / 2];  // S = Q K^T, dP = dO V^T (5.4)
+    const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
+    const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
+    v3::pin(acc);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      v3::Wgmma<T>::template ss<BC, 0>(s, v3::desc_k_step<kRows>(dQd, kk), v3::desc_k_step<BC>(dK, kk), kk);
+      v3::Wgmma<T>::template ss<BC, 0>(dp, v3::desc_k_step<kRows>(dOd, kk), v3::desc_k_step<BC>(dV, kk), kk);
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(s);
+    v3::pin(dp);
+    // dS = P (dP - D), P = 2^(S scale log2e - LSE log2e) on visible pairs, else 0
+#pragma unroll
+    for (int e = 0; e < BC / 2; ++e) {
+      const int ri = (e >> 1) & 1, jl = j0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
+      bool vis = full;
+      if (!vis) {
+        vis = jl >= rows.llo[ri] && jl < rows.lhi[ri];  // includes jl >= nk and rows past nq
+        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[q0 + wrow + g + 8 * ri], a.kp.start + jl);
+      }
+      const float p = vis ? ex2(fmaf(s[e], sl2, -rows.L2[ri])) : 0.f;
+      s[e] = p * (dp[e] - rows.D[ri]);
+    }
+    uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
+    v3::pack_a<T, BC>(da, s);
+    const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      v3::Wgmma<T>::template rs<D, 1>(acc, da[kk], v3::desc_mn_step(dKt, kk), 1);  // dQ += dS K
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(acc);
+    v3::pin(da);
+    if (lane == 0) tma::arrive(&bars.empty[st]);
+    if (++st == kStages) { st = 0; ph ^= 1; }
+  }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    if (r < nq) epilogue::store_row<T, D>(a.dQ.row(b, h, r), acc, ri, t4, static_cast<float>(a.scale));
+  }
+#else
+  __trap();
+#endif
+}
+
+// ------------------------------------------------------------------ dK, dV
+// Row facts of one query tile, staged by producer warp 1: LSE log2(e) (+inf past nq: P = 0), D,
+// and the row's visible local key interval [lo, hi) (empty past nq).
+template <int BQ>
+struct RowStats {
+  float L2[BQ], D[BQ];
+  int lo[BQ], hi[BQ];
+};
+
+template <class T, int D, int BQ, bool BLOCK>
+__global__ void __launch_bounds__(kThreads, 1)
+    v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
+                       const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
+                       BwdArgs<T, T> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr uint32_t kTile = BQ * D * sizeof(T);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
+  T* sV = sK + kRows * D;                              // (128, D)
+  T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
+  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + kStages * 2 * BQ * D);  // S x stats
+  __shared__ RingBars bars;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp / 4 - 1;
+  const int64_t j0 = int64_t(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t nq = a.nq, nk = a.nk, G = a.group;
+  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // keys [j0, jend) (global = local)
+  const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
+  const int n_it = static_cast<int>(G) * nqt;  // (q-head of the group, query tile)
+  if (tid == 0) {
+    tma::init(&bars.once, 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::init(&bars.full[s], 2);  // the copies' arrival + warp 1's staged row facts
+      tma::init(&bars.empty[s], 4 * kWgs);
+    }
+    tma::fence_init();
+  }
+  __syncthreads();
+  // Visited tiles in order; each warp walks the same sequence (bwd_q_tile is warp-uniform and
+  // needs no barrier). full: every pair of the tile and the CTA's keys is visible.
+  auto next_it = [&](int it, bool* full) -> int {
+    while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, full)) ++it;
+    return it;
+  };
+
+  if (wg < 0) {  // ---------------------------------------------------------------- producer
+    tma::regs_dec<kRegP>();
+    if (warp > 1) return;
+    if (warp == 0 && lane == 0) {
+      tma::arrive_expect(&bars.once, 2 * kRows * D * sizeof(T));
+      load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
+      load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
+    }
+    int st = 0;
+    uint32_t ph = 0;
+    bool full = false;
+    for (int it = next_it(0, &full); it < n_it; it = next_it(it + 1, &full)) {
+      const int64_t h = hk * G + it / nqt, i0 = int64_t(it % nqt) * BQ;
+      tma::wait(&bars.empty[st], ph ^ 1);
+      if (warp == 0) {
+        if (lane == 0) {
+          tma::arrive_expect(&bars.full[st], 2 * kTile);
+          T* dst = sQO + st * (2 * BQ * D);
+          load_tile<BQ, D>(dst, &mQ, int(i0), int(h), int(b), &bars.full[st]);
+          load_tile<BQ, D>(dst + BQ * D, &mdO, int(i0), int(h), int(b), &bars.full[st]);
+        }
+      } else {
+        RowStats<BQ>& R = sR[st];
+        for (int i = lane; i < BQ; i += 32) {
+          const int64_t r = i0 + i;
+          int64_t lo = 0, hi = 0;
+          float L2 = INFINITY, Dv = 0.f;
+          if (r < nq) {
+            local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
+            L2 = static_cast<float>(a.LSE(b, h, r)) * kLog2e;
+            Dv = static_cast<float>(a.D(b, h, r));
+          }
+          R.L2[i] = L2;
+          R.D[i] = Dv;
+          R.lo[i] = static_cast<int>(lo);
+          R.hi[i] = static_cast<int>(hi);
+        }
+        __syncwarp();
+        if (lane == 0) tma::arrive(&bars.full[st]);  // release: the stores above before it
+      }
+      if (++st == kStages) { st = 0; ph ^= 1; }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------ consumers
+  tma::regs_inc<kRegC>();
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const int krow = (warp - 4) * 16;  // my warp's first key in the CTA
+  float dk[D / 2], dv[D / 2];        // my 2 keys x D/4 columns (wgmma accumulators)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const uint64_t dKd0 = v3::desc_k_base<kRows>(sK, wg * 64), dVd0 = v3::desc_k_base<kRows>(sV, wg * 64);
+  tma::wait(&bars.once, 0);
+  int st = 0;
+  uint32_t ph = 0;
+  bool full = false;
+  for (int it = next_it(0, &full); it < n_it; it = next_it(it + 1, &full)) {
+    const int64_t i0 = int64_t(it % nqt) * BQ;
+    const T* cQ = sQO + st * (2 * BQ * D);
+    const T* cO = cQ + BQ * D;
+    const RowStats<BQ>& R = sR[st];
+    tma::wait(&bars.full[st], ph);
+
+    float s[BQ / 2], dp[BQ / 2];  // S^T = K Q^T, dP^T = V dO^T: my keys x BQ rows
+    const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
+    const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
+    v3::pin(dk);
+    v3::pin(dv);
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      v3::Wgmma<T>::template ss<BQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<BQ>(dQb, kk), kk);
+      v3::Wgmma<T>::template ss<BQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<BQ>(dOb, kk), kk);
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(s);
+    v3::pin(dp);
+    // P^T and dS^T; element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
+#pragma unroll
+    for (int e = 0; e < BQ / 2; ++e) {
+      const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
+      const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
+      bool vis = full;
+      if (!vis) {
+        vis = jl >= R.lo[il] && jl < R.hi[il];  // empty past nq; hi <= nk
+        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
+      }
+      const float p = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
+      s[e] = p;                      // P^T
+      dp[e] = p * (dp[e] - R.D[il]);  // dS^T (5.5)
+    }
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+    v3::pack_a<T, BQ>(pa, s);
+    v3::pack_a<T, BQ>(sa, dp);
+    const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
+    v3::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      v3::Wgmma<T>::template rs<D, 1>(dv, pa[kk], v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
+      v3::Wgmma<T>::template rs<D, 1>(dk, sa[kk], v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
+    }
+    v3::commit();
+    v3::wait<0>();
+    v3::pin(dk);
+    v3::pin(dv);
+    v3::pin(pa);
+    v3::pin(sa);
+    if (lane == 0) tma::arrive(&bars.empty[st]);
+    if (++st == kStages) { st = 0; ph ^= 1; }
+  }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t j = j0 + krow + g + 8 * ri;
+    if (j >= nk) continue;
+    epilogue::store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
+    epilogue::store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
+  }
+#else
+  __trap();
+#endif
+}
+
+template <class T, int D, int BC, int BQ>
+bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, const char** why) {
+  constexpr bool bf = std::is_same<T, bf16>::value;
+  const bool block = a.mask.block != nullptr;
+  if (a.nq > 0 && a.nk > 0) {  // no keys: dQ = 0 is v3's (its kernel writes zeros); see v4_backward
+    CUtensorMap mQ, mdO, mK, mV;
+    if (!tma::encode_4d(&mQ, a.Q.data, a.Q.dim, a.Q.stride, bf, kRows, why) ||
+        !tma::encode_4d(&mdO, a.dO.data, a.dO.dim, a.dO.stride, bf, kRows, why) ||
+        !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, BC, why) ||
+        !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, BC, why))
+      return false;
+    CUtensorMap nK, nV, nQ, ndO;  // the dK/dV pass's boxes: 128 keys, BQ query rows
+    if (!tma::encode_4d(&nK, a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
+        !tma::encode_4d(&nV, a.V.data, a.V.dim, a.V.stride, bf, kRows, why) ||
+        !tma::encode_4d(&nQ, a.Q.data, a.Q.dim, a.Q.stride, bf, BQ, why) ||
+        !tma::encode_4d(&ndO, a.dO.data, a.dO.dim, a.dO.stride, bf, BQ, why))
+      return false;
+    {
+      const size_t smem = size_t(2 * kRows + 2 * kStages * BC) * D * sizeof(T) + 1024;
+      auto k = block ? &v4_bwd_dq_kernel<T, D, BC, true> : &v4_bwd_dq_kernel<T, D, BC, false>;
+      allow_smem(reinterpret_cast<const void*>(k), smem);
+      const dim3 grid(static_cast<unsigned>((a.nq + kRows - 1) / kRows), static_cast<unsigned>(a.Hq),
+                      static_cast<unsigned>(a.B));
+      k<<<grid, kThreads, smem, s>>>(mQ, mdO, mK, mV, a);
+      BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dq_kernel");
+    }
+    {
+      const size_t smem = size_t(2 * kRows + 2 * kStages * BQ) * D * sizeof(T) +
+                          kStages * sizeof(RowStats<BQ>) + 1024;
+      auto k = block ? &v4_bwd_dkdv_kernel<T, D, BQ, true> : &v4_bwd_dkdv_kernel<T, D, BQ, false>;
+      allow_smem(reinterpret_cast<const void*>(k), smem);
+      const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
+                      static_cast<unsigned>(a.B));
+      k<<<grid, kThreads, smem, s>>>(nK, nV, nQ, ndO, a);
+      BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
+    }
+  }
+  return true;
+}
+
+// Tuning knob for the benchmark only: BURSTLAB_V4_BWD_CFG = 0 (default) or 1 (cuda/README.md).
+int v4_bwd_cfg() {
+  static const int v = [] {
+    const char* e = std::getenv("BURSTLAB_V4_BWD_CFG");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+}  // namespace
+
+template <class T>
+bool v4_backward(const BwdArgs<T, T>& a, cudaStream_t s, const char** why) {
+  if (a.d != 64 && a.d != 128) { *why = "v4 needs d in {64, 128}"; return false; }
+  if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1): v3 writes the zeros
+    v3_backward<T>(a, s);
+    return true;
+  }
+  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;  // tuning: bf16 only
+  if (a.d == 64) {
+    if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, why);
+    return launch_bwd<T, 64, 64, 64>(a, s, why);
+  }
+  if (cfg == 1) return launch_bwd<T, 128, 128, 64>(a, s, why);
+  return launch_bwd<T, 128, 64, 64>(a, s, why);
+}
+
+template bool v4_backward<bf16>(const BwdArgs<bf16, bf16>&, cudaStream_t, const char**);
+template bool v4_backward<f16>(const BwdArgs<f16, f16>&, cudaStream_t, const char**);
+
+}  // namespace burstlab::cuda::detail
