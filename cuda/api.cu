@@ -192,6 +192,26 @@ bool v2_capable(const Problem& p, View4<const T> Q, View4<const T> K, View4<cons
   return true;
 }
 
+// Scratch in stream order (cudaMallocAsync: pooled by the driver, no device-wide synchronization
+// per call as cudaMalloc/cudaFree have); freed in stream order after the kernels that use it.
+template <class X>
+class StreamScratch {
+ public:
+  StreamScratch(size_t n, cudaStream_t s) : s_(s) {
+    if (n) BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(X), s));
+  }
+  ~StreamScratch() {
+    if (p_) cudaFreeAsync(p_, s_);  // no throw from a destructor path
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  X* data() const { return p_; }
+
+ private:
+  X* p_ = nullptr;
+  cudaStream_t s_;
+};
+
 template <class T>
 void run_forward(const FwdArgs<T>& a, Variant v, bool strict, cudaStream_t s) {
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
@@ -314,17 +334,22 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   }
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
-  DeviceBuffer<A> Dbuf(size_t(p.B * p.H_q * p.N_q));
+  StreamScratch<A> Dbuf(size_t(p.B * p.H_q * p.N_q), opt.stream);
   const View3<A> D = view3(Dbuf.data(), p.B, p.H_q, p.N_q);
+  // v4's one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch.
+  StreamScratch<float> dq_acc(run == Variant::V4 && !opt.deterministic
+                                  ? detail::v4_dq_acc_floats(p.B, p.H_q, p.N_q, p.d) : 0,
+                              opt.stream);
   detail::launch_compute_D<T>(O, dO, D, opt.stream);  // (5.1)
   const BwdArgs<T, T> a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k),
                                          Q, K, V, dO, LSE, as_const(D), dQ, dK, dV, false);
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    // v2, v3 and v4 are deterministic by construction (two passes, no atomics).
+    // v2 and v3 are deterministic by construction (two passes, no atomics); so is v4 with
+    // opt.deterministic, else it runs one pass with atomic dQ sums.
     switch (run) {
       case Variant::V4: {
         const char* why4 = nullptr;
-        if (detail::v4_backward<T>(a, opt.stream, &why4)) break;
+        if (detail::v4_backward<T>(a, dq_acc.data(), opt.stream, &why4)) break;
         if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward: ", why4);
         detail::v3_backward<T>(a, opt.stream);  // auto: v3 runs views the copy engine cannot describe
         break;

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
               bwd_variant = "auto", label = "ours";
   int64_t tokens = 16384, hd = 2048, v1_max_n = 16384, bwd_max_n = 16384, bwd_check_max_n = 2048;
   int warmup = 3, reps = 10, bwd_reps = 5;
+  bool deterministic = false;
   app.add_option("--n", ns, "sequence lengths N (comma list)");
   app.add_option("--d", ds, "head dims (comma list)");
   app.add_option("--causal", causals, "0 = no mask, 1 = causal (comma list)");
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
   app.add_option("--hd", hd, "H*d (fixed over the grid)");
   app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 | v4 (auto: the fastest that runs)");
   app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2 | v3 | v4 (= v3)");
+  app.add_flag("--deterministic", deterministic,
+               "time the backward's deterministic mode (bitwise repeatable; v4: two passes instead of one)");
   app.add_option("--v1-max-n", v1_max_n, "largest N at which the forward is checked against v1");
   app.add_option("--bwd-max-n", bwd_max_n, "largest N at which the backward is timed");
   app.add_option("--bwd-check-max-n", bwd_check_max_n, "largest N at which the backward is checked against v1");
@@ -161,7 +164,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           if (out) out << label << "," << bc::to_string(var) << ",fwd," << N << "," << d << "," << causal << ","
                        << ms << "," << tf << "," << (ok ? "ok" : "FAIL") << "\n";
-          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v3 / v2 where they run, else v1)
+          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v4 / v2 where they run, else v1)
           if (N <= bwd_max_n) {
             bc::DeviceBuffer<float> Lb(size_t(p.B * p.H_q * N));
             bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
@@ -174,8 +177,9 @@ int main(int argc, char** argv) {
             for (auto* g : grads) g->poison();
             bc::Options bopt;
             bopt.variant = bvar_req;
+            bopt.deterministic = deterministic;
             std::string bwhy;
-            // The backward that runs: as forward_variant's choice (v3 on compute capability 9.0,
+            // The backward that runs: as forward_variant's choice (v4 on compute capability 9.0,
             // else v2; v1 when the tensor-core variants cannot run it), unless asked by name.
             const bc::Variant fauto = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), bc::Variant::Auto, &bwhy);
             const bool bv2 = bvar_req != bc::Variant::V1 && fauto != bc::Variant::V1;

@@ -99,7 +99,10 @@ template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // engine can describe, and for the forward no block mask; returns false with *why set (nothing
 // launched) when a call does not qualify.
 template <class T> bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
-template <class T> bool v4_backward(const BwdArgs<T, T>& a, cudaStream_t s, const char** why);
+// v4's backward runs two deterministic passes, or with dq_acc (fp32 scratch of v4_dq_acc_floats
+// elements) one pass that adds dQ's partial sums atomically (not bitwise repeatable).
+template <class T> bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
+size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

@@ -58,6 +58,23 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// ---- bulk reduction into global memory: dst[i] += src[i] for `bytes` bytes of fp32 (16-byte
+// aligned, a multiple of 16), element-wise atomic; completes as a bulk group of the issuing
+// thread, which must wait for the reads before `src` is overwritten (or the CTA exits).
+__device__ __forceinline__ void reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads (whole warps).
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 // ---- warpgroup register budgets (setmaxnreg, sm_90a): the producer gives registers back, the
 // consumers take them. Every warp of a warpgroup executes the same one.
 template <int N>

@@ -54,6 +54,39 @@ __device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row,
   for (int p = 0; p < D / 64; ++p) tma::load_4d(dst + p * ROWS * 64, m, 64 * p, row, h, b, bar);
 }
 
+// dq_acc (fp32) holds, per (b, h, 64-row query tile qt, 64-column panel), one 64 x 64 block in
+// the order the consumer threads hold it: float (c 128 + t) 4 + e is thread t's accumulator
+// element 4 c + e (wgmma's m64n64 layout: warp t / 32, rows 16 (t / 32) + (t % 32) / 4 + 8 (e / 2),
+// column 8 c + 2 (t % 4) + e % 2).
+template <class T, class G>
+__device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int panel) {
+  const int64_t nqt = (a.nq + 63) / 64;
+  return (((b * a.Hq + h) * nqt + qt) * (a.d / 64) + panel) * 4096;
+}
+
+// dQ = scale dq_acc, back from the block order above into the dQ view. Grid (blocks, 1, 1) over
+// (b, h, qt, panel); 128 threads, thread t converting its 32 elements.
+template <class T>
+__global__ void __launch_bounds__(128) v4_dq_convert(BwdArgs<T, T> a, const float* dq_acc) {
+  const int t = threadIdx.x, panels = static_cast<int>(a.d / 64);
+  const int64_t nqt = (a.nq + 63) / 64;
+  int64_t blk = blockIdx.x;
+  const int panel = static_cast<int>(blk % panels);
+  blk /= panels;
+  const int64_t qt = blk % nqt, bh = blk / nqt, h = bh % a.Hq, b = bh / a.Hq;
+  const float* src = dq_acc + dq_acc_index(a, b, h, qt, panel);
+  const float sc = static_cast<float>(a.scale);
+  const int64_t r0 = qt * 64 + 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float4 v = reinterpret_cast<const float4*>(src)[c * 128 + t];
+    const int col = 64 * panel + 8 * c + 2 * (t % 4);
+    if (r0 < a.nq) *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0) + col) = v2::Mma<T>::pack(sc * v.x, sc * v.y);
+    if (r0 + 8 < a.nq)
+      *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0 + 8) + col) = v2::Mma<T>::pack(sc * v.z, sc * v.w);
+  }
+}
+
 struct RingBars {
   uint64_t once;                   // the tiles copied once per CTA
   uint64_t full[kStages], empty[kStages];
@@ -189,18 +222,28 @@ struct RowStats {
   int lo[BQ], hi[BQ];
 };
 
-template <class T, int D, int BQ, bool BLOCK>
+// FUSED (the non-deterministic mode): the pass also forms dQ's partial sums over the CTA's keys,
+// dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each consumer warpgroup writes
+// its dS^T to shared memory (the M-major A of that product), then takes a 64 x 64 block of
+// dQ_part: at d = 128 its half of the columns over all 128 keys, at d = 64 all columns over its
+// own 64 keys. The block goes through shared memory to dq_acc (fp32) by the copy engine's
+// element-wise atomic add (layout: dq_acc_index); v4_dq_convert writes dQ. The order of those
+// adds varies from run to run, hence not bitwise repeatable.
+template <class T, int D, int BQ, bool BLOCK, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                        const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
-                       BwdArgs<T, T> a) {
+                       BwdArgs<T, T> a, float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
   constexpr uint32_t kTile = BQ * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sV = sK + kRows * D;                              // (128, D)
   T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
   RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + kStages * 2 * BQ * D);  // S x stats
+  T* sdS = reinterpret_cast<T*>(sR + kStages);  // FUSED: 2 x (128 keys, BQ) dS^T, sw128
+  float* sdQ = reinterpret_cast<float*>(sdS + 2 * kRows * BQ);  // FUSED: 2 x 64 x 64 dQ_part
   __shared__ RingBars bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
@@ -274,6 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   tma::regs_inc<kRegC>();
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const int krow = (warp - 4) * 16;  // my warp's first key in the CTA
+  const int wtid = tid - 128 * (wg + 1);  // my thread in the warpgroup
+  int dsb = 0;                             // FUSED: dS^T buffer
   float dk[D / 2], dv[D / 2];        // my 2 keys x D/4 columns (wgmma accumulators)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -321,6 +366,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
     v3::pack_a<T, BQ>(pa, s);
     v3::pack_a<T, BQ>(sa, dp);
+    T* const cS = sdS + dsb * (kRows * BQ);
+    if constexpr (FUSED) {  // dS^T (key rows, query columns) as stored, rounded to T
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = krow + g + 8 * (j & 1), c = 16 * kk + 8 * (j >> 1) + 2 * t4;
+          *reinterpret_cast<uint32_t*>(cS + v3::sw128<kRows>(r, c >> 3) + (c & 7)) = sa[kk][j];
+        }
+      v3::fence_proxy_async();
+    }
     const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
     v3::fence();
 #pragma unroll
@@ -329,14 +385,56 @@ __global__ void __launch_bounds__(kThreads, 1)
       v3::Wgmma<T>::template rs<D, 1>(dk, sa[kk], v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
     }
     v3::commit();
-    v3::wait<0>();
-    v3::pin(dk);
-    v3::pin(dv);
-    v3::pin(pa);
-    v3::pin(sa);
-    if (lane == 0) tma::arrive(&bars.empty[st]);
+    if constexpr (FUSED) {
+      // dQ_part (64 query rows x 64 columns) = dS K over the keys this warpgroup takes: d = 128,
+      // columns 64 wg.. over all 128 keys (both warpgroups' dS^T: barrier 1 over 256 threads);
+      // d = 64, every column over my 64 keys (barrier 2 + wg over mine).
+      constexpr int kKeys = D == 128 ? kRows : 64;
+      if constexpr (D == 128) tma::bar_sync(1, 256);
+      else tma::bar_sync(2 + wg, 128);
+      const int key0 = D == 128 ? 0 : 64 * wg;
+      const T* kB = sK + (D == 128 ? wg * kRows * 64 : 0) + key0 * 64;  // panel wg (d = 128), rows key0..
+      const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS + key0 * 64));
+      const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
+      float dq[32];
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        v3::Wgmma<T>::template ss<64, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
+      v3::commit();
+      v3::wait<0>();
+      v3::pin(dq);
+      v3::pin(dk);
+      v3::pin(dv);
+      v3::pin(pa);
+      v3::pin(sa);
+      if (lane == 0) tma::arrive(&bars.empty[st]);
+      // dQ_part to shared memory in fragment order (conflict-free 16-byte stores), then one
+      // bulk atomic add of the 16 KB block into dq_acc.
+      float* qs = sdQ + wg * 4096;
+      if (wtid == 0) tma::bulk_wait_read();  // my previous block has been read
+      tma::bar_sync(2 + wg, 128);
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        reinterpret_cast<float4*>(qs)[c * 128 + wtid] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+      v3::fence_proxy_async();
+      tma::bar_sync(2 + wg, 128);
+      if (wtid == 0) {
+        const int64_t h = hk * G + it / nqt, qt = it % nqt;
+        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, D == 128 ? wg : 0), qs, 4096 * sizeof(float));
+        tma::bulk_commit();
+      }
+      dsb ^= 1;
+    } else {
+      v3::wait<0>();
+      v3::pin(dk);
+      v3::pin(dv);
+      v3::pin(pa);
+      v3::pin(sa);
+      if (lane == 0) tma::arrive(&bars.empty[st]);
+    }
     if (++st == kStages) { st = 0; ph ^= 1; }
   }
+  if (FUSED && wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t j = j0 + krow + g + 8 * ri;
@@ -350,41 +448,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class T, int D, int BC, int BQ>
-bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, const char** why) {
+bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
-  const bool block = a.mask.block != nullptr;
-  if (a.nq > 0 && a.nk > 0) {  // no keys: dQ = 0 is v3's (its kernel writes zeros); see v4_backward
-    CUtensorMap mQ, mdO, mK, mV;
-    if (!tma::encode_4d(&mQ, a.Q.data, a.Q.dim, a.Q.stride, bf, kRows, why) ||
-        !tma::encode_4d(&mdO, a.dO.data, a.dO.dim, a.dO.stride, bf, kRows, why) ||
-        !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, BC, why) ||
-        !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, BC, why))
-      return false;
-    CUtensorMap nK, nV, nQ, ndO;  // the dK/dV pass's boxes: 128 keys, BQ query rows
-    if (!tma::encode_4d(&nK, a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
-        !tma::encode_4d(&nV, a.V.data, a.V.dim, a.V.stride, bf, kRows, why) ||
-        !tma::encode_4d(&nQ, a.Q.data, a.Q.dim, a.Q.stride, bf, BQ, why) ||
-        !tma::encode_4d(&ndO, a.dO.data, a.dO.dim, a.dO.stride, bf, BQ, why))
-      return false;
-    {
-      const size_t smem = size_t(2 * kRows + 2 * kStages * BC) * D * sizeof(T) + 1024;
-      auto k = block ? &v4_bwd_dq_kernel<T, D, BC, true> : &v4_bwd_dq_kernel<T, D, BC, false>;
-      allow_smem(reinterpret_cast<const void*>(k), smem);
-      const dim3 grid(static_cast<unsigned>((a.nq + kRows - 1) / kRows), static_cast<unsigned>(a.Hq),
-                      static_cast<unsigned>(a.B));
-      k<<<grid, kThreads, smem, s>>>(mQ, mdO, mK, mV, a);
-      BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dq_kernel");
-    }
-    {
-      const size_t smem = size_t(2 * kRows + 2 * kStages * BQ) * D * sizeof(T) +
-                          kStages * sizeof(RowStats<BQ>) + 1024;
-      auto k = block ? &v4_bwd_dkdv_kernel<T, D, BQ, true> : &v4_bwd_dkdv_kernel<T, D, BQ, false>;
-      allow_smem(reinterpret_cast<const void*>(k), smem);
-      const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
-                      static_cast<unsigned>(a.B));
-      k<<<grid, kThreads, smem, s>>>(nK, nV, nQ, ndO, a);
-      BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
-    }
+  const bool block = a.mask.block != nullptr, fused = dq_acc != nullptr;
+  CUtensorMap mQ, mdO, mK, mV;  // the dQ pass's boxes: 128 query rows, BC keys
+  if (!fused && (!tma::encode_4d(&mQ, a.Q.data, a.Q.dim, a.Q.stride, bf, kRows, why) ||
+                 !tma::encode_4d(&mdO, a.dO.data, a.dO.dim, a.dO.stride, bf, kRows, why) ||
+                 !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, BC, why) ||
+                 !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, BC, why)))
+    return false;
+  CUtensorMap nK, nV, nQ, ndO;  // the dK/dV pass's boxes: 128 keys, BQ query rows
+  if (!tma::encode_4d(&nK, a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
+      !tma::encode_4d(&nV, a.V.data, a.V.dim, a.V.stride, bf, kRows, why) ||
+      !tma::encode_4d(&nQ, a.Q.data, a.Q.dim, a.Q.stride, bf, BQ, why) ||
+      !tma::encode_4d(&ndO, a.dO.data, a.dO.dim, a.dO.stride, bf, BQ, why))
+    return false;
+  if (!fused) {
+    const size_t smem = size_t(2 * kRows + 2 * kStages * BC) * D * sizeof(T) + 1024;
+    auto k = block ? &v4_bwd_dq_kernel<T, D, BC, true> : &v4_bwd_dq_kernel<T, D, BC, false>;
+    allow_smem(reinterpret_cast<const void*>(k), smem);
+    const dim3 grid(static_cast<unsigned>((a.nq + kRows - 1) / kRows), static_cast<unsigned>(a.Hq),
+                    static_cast<unsigned>(a.B));
+    k<<<grid, kThreads, smem, s>>>(mQ, mdO, mK, mV, a);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dq_kernel");
+  } else {
+    BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
+  }
+  {
+    const size_t smem = size_t(2 * kRows + 2 * kStages * BQ) * D * sizeof(T) + kStages * sizeof(RowStats<BQ>) +
+                        (fused ? 2 * kRows * BQ * sizeof(T) + 2 * 4096 * sizeof(float) : 0) + 1024;
+    auto k = fused ? (block ? &v4_bwd_dkdv_kernel<T, D, 64, true, true> : &v4_bwd_dkdv_kernel<T, D, 64, false, true>)
+                   : (block ? &v4_bwd_dkdv_kernel<T, D, BQ, true, false> : &v4_bwd_dkdv_kernel<T, D, BQ, false, false>);
+    allow_smem(reinterpret_cast<const void*>(k), smem);
+    const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.B));
+    k<<<grid, kThreads, smem, s>>>(nK, nV, nQ, ndO, a, dq_acc);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
+  }
+  if (fused) {
+    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * (a.d / 64);
+    v4_dq_convert<T><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   }
   return true;
 }
@@ -400,23 +504,29 @@ int v4_bwd_cfg() {
 
 }  // namespace
 
+size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d) {
+  return size_t(B * Hq * ((nq + 63) / 64) * 64 * d);
+}
+
 template <class T>
-bool v4_backward(const BwdArgs<T, T>& a, cudaStream_t s, const char** why) {
+bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why) {
   if (a.d != 64 && a.d != 128) { *why = "v4 needs d in {64, 128}"; return false; }
   if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1): v3 writes the zeros
     v3_backward<T>(a, s);
     return true;
   }
+  // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block); the tuning
+  // configurations change the two-pass shapes only.
   const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;  // tuning: bf16 only
   if (a.d == 64) {
-    if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, why);
-    return launch_bwd<T, 64, 64, 64>(a, s, why);
+    if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, dq_acc, why);
+    return launch_bwd<T, 64, 64, 64>(a, s, dq_acc, why);
   }
-  if (cfg == 1) return launch_bwd<T, 128, 128, 64>(a, s, why);
-  return launch_bwd<T, 128, 64, 64>(a, s, why);
+  if (cfg == 1) return launch_bwd<T, 128, 128, 64>(a, s, dq_acc, why);
+  return launch_bwd<T, 128, 64, 64>(a, s, dq_acc, why);
 }
 
-template bool v4_backward<bf16>(const BwdArgs<bf16, bf16>&, cudaStream_t, const char**);
-template bool v4_backward<f16>(const BwdArgs<f16, f16>&, cudaStream_t, const char**);
+template bool v4_backward<bf16>(const BwdArgs<bf16, bf16>&, float*, cudaStream_t, const char**);
+template bool v4_backward<f16>(const BwdArgs<f16, f16>&, float*, cudaStream_t, const char**);
 
 }  // namespace burstlab::cuda::detail

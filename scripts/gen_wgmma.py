@@ -24,16 +24,16 @@ def main():
     for tag, ptx in DTYPES:
         for n in NS:
             k = n // 2
-            # A and B from shared memory: scale-d predicate, imm-scale-a/b = 1, imm-trans-a = 0.
-            out.append(f"template <int TRANS_B> __device__ __forceinline__ void mma_ss_{tag}_n{n}(")
+            # A and B from shared memory: scale-d predicate, imm-scale-a/b = 1, transposes as given.
+            out.append(f"template <int TRANS_B, int TRANS_A = 0> __device__ __forceinline__ void mma_ss_{tag}_n{n}(")
             out.append(f"    float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
             out.append('  asm volatile(')
             out.append('      "{\\n.reg .pred p;\\n"')
             out.append(f'      "setp.ne.b32 p, %{k + 2}, 0;\\n"')
             out.append(f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "')
-            out.append(f'      "{{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, %{k + 3};\\n}}\\n"')
+            out.append(f'      "{{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, %{k + 4}, %{k + 3};\\n}}\\n"')
             out.append(f"      : {acc_operands(n)}")
-            out.append('      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));')
+            out.append('      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B), "n"(TRANS_A));')
             out.append("}")
             # A from registers (4 x .b32 holding 8 elements): imm-scale-a/b = 1.
             out.append(f"template <int TRANS_B> __device__ __forceinline__ void mma_rs_{tag}_n{n}(")

@@ -332,6 +332,7 @@ TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 903}, true);
+  run_bwd_case<bc::bf16>({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 64}, "causal", Layout::BSHD, Values::Normal, 905}, true);
   run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
 }
