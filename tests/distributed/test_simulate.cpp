@@ -14,8 +14,17 @@ using namespace burstlab;
 using namespace burstlab::dist;
 
 namespace {
-void expect_close(double a, double b, const std::string& what) {
-  EXPECT_LE(std::abs(a - b), 1e-12 * std::max(std::abs(a), std::abs(b))) << what << ": " << a << " vs " << b;
+// Unit roundoff of IEEE double, round to nearest: |fl(x) - x| <= kUnitRoundoff |x|.
+constexpr double kUnitRoundoff = 0x1p-53;
+// a and b are equal in exact arithmetic on the same input doubles (link times, FLOP counts, the
+// rate) and each is built from them by sums, maxima, products and quotients of non-negative
+// numbers, so each is within gamma_k = k u / (1 - k u) (relative) of that exact value, k its
+// longest chain of roundings (Higham, Accuracy and Stability of Numerical Algorithms, 3.1, 4.2).
+// `roundings` = k_a + k_b <= 72 here, so k u < 1e-14 and |a - b| <= 2 roundings u max(|a|, |b|)
+// holds with the second-order terms covered by the factor 2.
+void expect_close(double a, double b, int roundings, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), 2 * roundings * kUnitRoundoff * std::max(std::abs(a), std::abs(b)))
+      << what << ": " << a << " vs " << b << " (" << roundings << " roundings)";
 }
 struct SimCase {
   Problem p;
@@ -47,11 +56,17 @@ TEST(Simulator, ReproducesBurstEngineTable1) {
                simulate_schedule(b, s.p, s.part, s.part, c, eb, spec).comm_s;
       };
       const std::string at = std::string(preset) + " " + std::to_string(M) + "x" + std::to_string(K);
+      // Roundings: every replayed message time is the double Ti or Te itself (same bytes P, same
+      // LinkCost::time). A time passes <= 3 per-rank sums (ring backward: 4 sends a step) then
+      // G - 1 step sums (lockstep), or G - 1 per-tensor step sums, <= 4 tensor sums (5 items),
+      // over + ser (topology-aware); then forward + backward: <= G + 5. The closed forms round
+      // <= 3 times (N T, 5 or 6 x, one inner and one outer sum; 2 x and 4 x are exact).
+      const int k_table1 = G + 8;
       // RingAttention: flat ring, lockstep.
       const Schedule rf = make_schedule(Algo::Ring, Phase::Forward, s.p, s.mask, s.part, s.part);
       const Schedule rb = make_schedule(Algo::Ring, Phase::Backward, s.p, s.mask, s.part, s.part);
       SimSpec lock;
-      expect_close(comm(rf, rb, lock), table1_ring(G, Ti, Te), "ring " + at);
+      expect_close(comm(rf, rb, lock), table1_ring(G, Ti, Te), k_table1, "ring " + at);
       // DoubleRing (LoongTrain): double ring, ring traffic, gradients not overlapped.
       const Schedule df = make_double_ring_schedule(Algo::Ring, Phase::Forward, s.p, s.mask, s.part, s.part, K);
       const Schedule db = make_double_ring_schedule(Algo::Ring, Phase::Backward, s.p, s.mask, s.part, s.part, K);
@@ -59,12 +74,12 @@ TEST(Simulator, ReproducesBurstEngineTable1) {
       topo.model = CommModel::TopologyAware;
       topo.double_ring = true;
       topo.overlap_grads = false;
-      expect_close(comm(df, db, topo), table1_double_ring(G, M, Ti, Te), "double ring " + at);
+      expect_close(comm(df, db, topo), table1_double_ring(G, M, Ti, Te), k_table1, "double ring " + at);
       // BurstAttention: double ring, burst traffic, gradients overlapped.
       const Schedule bf = make_double_ring_schedule(Algo::Burst, Phase::Forward, s.p, s.mask, s.part, s.part, K);
       const Schedule bb = make_double_ring_schedule(Algo::Burst, Phase::Backward, s.p, s.mask, s.part, s.part, K);
       topo.overlap_grads = true;
-      expect_close(comm(bf, bb, topo), table1_burst(G, M, Ti, Te), "burst " + at);
+      expect_close(comm(bf, bb, topo), table1_burst(G, M, Ti, Te), k_table1, "burst " + at);
       if (M > 1 && K > 1 && Te > Ti) {  // the orderings Table 1 implies when inter-node links are slower
         EXPECT_LT(table1_burst(G, M, Ti, Te), table1_double_ring(G, M, Ti, Te)) << at;
         EXPECT_LT(table1_double_ring(G, M, Ti, Te), table1_ring(G, Ti, Te)) << at;
@@ -86,9 +101,14 @@ TEST(Simulator, ExecutedSchedulesAndOverlap) {
   const Prediction without = simulate_schedule(f, s.p, s.part, s.part, c, 2, spec);
   // Zigzag balances causal work: every rank computes the same pairs, N^2/2 + N/2 over G.
   const double N = double(G * 8), pairs = (N * N + N) / 2 / G;
-  expect_close(with.compute_s, 4.0 * 16 * 2 * 8 * pairs / 1e9, "compute");
+  // Roundings: per step 1024 pairs / 1e9 (the product is an exact integer) once, 7 step sums;
+  // the closed form once.
+  expect_close(with.compute_s, 4.0 * 16 * 2 * 8 * pairs / 1e9, 1 + 7 + 1, "compute");
   EXPECT_GT(with.comm_s, 0);
-  expect_close(without.total_s, with.compute_s + with.comm_s, "no overlap = compute + comm");
+  // Both sides add the same per-step doubles (compute, message times). Without overlap: K + V,
+  // compute + comm, 7 step sums (9); with: 7 compute step sums; K + V and 7 comm step sums; the
+  // final + (9).
+  expect_close(without.total_s, with.compute_s + with.comm_s, 9 + 9, "no overlap = compute + comm");
   EXPECT_LT(with.total_s, without.total_s);
   EXPECT_GE(with.total_s, with.compute_s);
   // Executed forward: K, V of a (B, H, n, d) shard make G - 1 hops. In the flat ring ranks 3
@@ -108,14 +128,21 @@ TEST(Simulator, ExecutedSchedulesAndOverlap) {
   spec.overlap = true;
   const Prediction fast = simulate_schedule(f, s.p, s.part, s.part, c, 2, spec);
   EXPECT_GE(fast.total_s, fast.comm_s);  // comm bound: only the last step's compute shows
-  EXPECT_LE(fast.total_s - fast.comm_s, fast.compute_s * (1 + 1e-12));
+  // Exactly: every step but the last lasts its sends (comm >> compute at 1e18 FLOP/s) and the last
+  // sends nothing (K, V stop after G - 1 hops), so lockstep's total and comm add the same doubles
+  // in the same order and differ by the last step's compute alone, added once: bitwise equal.
+  EXPECT_EQ(fast.total_s, fast.comm_s + fast.step_s.back());
+  EXPECT_GT(fast.step_s.back(), 0);
+  EXPECT_LE(fast.step_s.back(), fast.compute_s);  // a rounded sum of non-negative terms is >= each
   // Collectives never overlap: total = compute + comm.
   for (Phase ph : {Phase::Forward, Phase::Backward}) {
     const Prediction u = simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2);
     const Prediction a = simulate_allgather(ph, s.p, s.mask, s.part, s.part, c, 2);
     EXPECT_GT(u.comm_s, 0);
     EXPECT_GT(a.comm_s, 0);
-    expect_close(u.total_s, u.compute_s + u.comm_s, "ulysses");
+    // Exactly: every rank has the same compute x, and x + c rounds monotonically in c, so the
+    // max over ranks of fl(x + comm_r) is fl(x + max comm_r) bitwise.
+    EXPECT_EQ(u.total_s, u.compute_s + u.comm_s) << "ulysses";
   }
   EXPECT_THROW(cluster_preset("nope"), Error);
   c.nodes = 3;
@@ -163,13 +190,15 @@ TEST(Simulator, BackwardRatePricesOnlyTheBackward) {
     const Schedule sch = make_schedule(Algo::Burst, ph, s.p, s.mask, s.part, s.part);
     Cluster slow = c;
     slow.flops_per_s_backward = c.flops_per_s / 2;
+    // Exactly: halving the rate is a power-of-two scaling, which commutes with every rounding of
+    // the quotients and their sums (these times are far from overflow and underflow): compute doubles bitwise.
     const double k = ph == Phase::Backward ? 2.0 : 1.0;
-    expect_close(simulate_schedule(sch, s.p, s.part, s.part, slow, 2, SimSpec{}).compute_s,
-                 k * simulate_schedule(sch, s.p, s.part, s.part, c, 2, SimSpec{}).compute_s, "ring family");
-    expect_close(simulate_ulysses(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
-                 k * simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s, "ulysses");
-    expect_close(simulate_allgather(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
-                 k * simulate_allgather(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s, "allgather");
+    EXPECT_EQ(simulate_schedule(sch, s.p, s.part, s.part, slow, 2, SimSpec{}).compute_s,
+              k * simulate_schedule(sch, s.p, s.part, s.part, c, 2, SimSpec{}).compute_s) << "ring family";
+    EXPECT_EQ(simulate_ulysses(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
+              k * simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s) << "ulysses";
+    EXPECT_EQ(simulate_allgather(ph, s.p, s.mask, s.part, s.part, slow, 2).compute_s,
+              k * simulate_allgather(ph, s.p, s.mask, s.part, s.part, c, 2).compute_s) << "allgather";
   }
   c.flops_per_s_backward = -1;
   EXPECT_THROW(simulate_ulysses(Phase::Forward, s.p, s.mask, s.part, s.part, c, 2), Error);
