@@ -54,33 +54,32 @@ __device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row,
   for (int p = 0; p < D / 64; ++p) tma::load_4d(dst + p * ROWS * 64, m, 64 * p, row, h, b, bar);
 }
 
-// dq_acc (fp32) holds, per (b, h, 64-row query tile qt, 64-column panel), one 64 x 64 block in
-// the order the consumer threads hold it: float (c 128 + t) 4 + e is thread t's accumulator
-// element 4 c + e (wgmma's m64n64 layout: warp t / 32, rows 16 (t / 32) + (t % 32) / 4 + 8 (e / 2),
-// column 8 c + 2 (t % 4) + e % 2).
+// dq_acc (fp32) holds, per (b, h, 64-row query tile qt, column half w), one 64 x d/2 block in
+// the order the consumer threads of warpgroup w hold it: float (c 128 + t) 4 + e is thread t's
+// accumulator element 4 c + e (wgmma's m64n(d/2) layout: rows 16 (t / 32) + (t % 32) / 4 +
+// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2).
 template <class T, class G>
-__device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int panel) {
+__device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int w) {
   const int64_t nqt = (a.nq + 63) / 64;
-  return (((b * a.Hq + h) * nqt + qt) * (a.d / 64) + panel) * 4096;
+  return (((b * a.Hq + h) * nqt + qt) * 2 + w) * (32 * a.d);
 }
 
 // dQ = scale dq_acc, back from the block order above into the dQ view. Grid (blocks, 1, 1) over
-// (b, h, qt, panel); 128 threads, thread t converting its 32 elements.
-template <class T>
+// (b, h, qt, w); 128 threads, thread t converting its d/4 elements.
+template <class T, int D>
 __global__ void __launch_bounds__(128) v4_dq_convert(BwdArgs<T, T> a, const float* dq_acc) {
-  const int t = threadIdx.x, panels = static_cast<int>(a.d / 64);
+  const int t = threadIdx.x;
   const int64_t nqt = (a.nq + 63) / 64;
-  int64_t blk = blockIdx.x;
-  const int panel = static_cast<int>(blk % panels);
-  blk /= panels;
-  const int64_t qt = blk % nqt, bh = blk / nqt, h = bh % a.Hq, b = bh / a.Hq;
-  const float* src = dq_acc + dq_acc_index(a, b, h, qt, panel);
+  const int64_t blk = blockIdx.x;
+  const int w = static_cast<int>(blk % 2);
+  const int64_t qt = (blk / 2) % nqt, bh = blk / 2 / nqt, h = bh % a.Hq, b = bh / a.Hq;
+  const float* src = dq_acc + dq_acc_index(a, b, h, qt, w);
   const float sc = static_cast<float>(a.scale);
   const int64_t r0 = qt * 64 + 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-  for (int c = 0; c < 8; ++c) {
+  for (int c = 0; c < D / 16; ++c) {
     const float4 v = reinterpret_cast<const float4*>(src)[c * 128 + t];
-    const int col = 64 * panel + 8 * c + 2 * (t % 4);
+    const int col = (D / 2) * w + 8 * c + 2 * (t % 4);
     if (r0 < a.nq) *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0) + col) = v2::Mma<T>::pack(sc * v.x, sc * v.y);
     if (r0 + 8 < a.nq)
       *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0 + 8) + col) = v2::Mma<T>::pack(sc * v.z, sc * v.w);
@@ -224,11 +223,10 @@ struct RowStats {
 
 // FUSED (the non-deterministic mode): the pass also forms dQ's partial sums over the CTA's keys,
 // dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each consumer warpgroup writes
-// its dS^T to shared memory (the M-major A of that product), then takes a 64 x 64 block of
-// dQ_part: at d = 128 its half of the columns over all 128 keys, at d = 64 all columns over its
-// own 64 keys. The block goes through shared memory to dq_acc (fp32) by the copy engine's
-// element-wise atomic add (layout: dq_acc_index); v4_dq_convert writes dQ. The order of those
-// adds varies from run to run, hence not bitwise repeatable.
+// its dS^T to shared memory (the M-major A of that product), then takes its half of dQ_part's
+// columns over all 128 keys (a 64 x d/2 block). The block goes through shared memory to dq_acc
+// (fp32) by the copy engine's element-wise atomic add (layout: dq_acc_index); v4_dq_convert
+// writes dQ. The order of those adds varies from run to run, hence not bitwise repeatable.
 template <class T, int D, int BQ, bool BLOCK, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
@@ -243,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
   RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + kStages * 2 * BQ * D);  // S x stats
   T* sdS = reinterpret_cast<T*>(sR + kStages);  // FUSED: 2 x (128 keys, BQ) dS^T, sw128
-  float* sdQ = reinterpret_cast<float*>(sdS + 2 * kRows * BQ);  // FUSED: 2 x 64 x 64 dQ_part
+  float* sdQ = reinterpret_cast<float*>(sdS + 2 * kRows * BQ);  // FUSED: 2 x (64, d/2) dQ_part
   __shared__ RingBars bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
@@ -386,41 +384,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     v3::commit();
     if constexpr (FUSED) {
-      // dQ_part (64 query rows x 64 columns) = dS K over the keys this warpgroup takes: d = 128,
-      // columns 64 wg.. over all 128 keys (both warpgroups' dS^T: barrier 1 over 256 threads);
-      // d = 64, every column over my 64 keys (barrier 2 + wg over mine).
-      constexpr int kKeys = D == 128 ? kRows : 64;
-      if constexpr (D == 128) tma::bar_sync(1, 256);
-      else tma::bar_sync(2 + wg, 128);
-      const int key0 = D == 128 ? 0 : 64 * wg;
-      const T* kB = sK + (D == 128 ? wg * kRows * 64 : 0) + key0 * 64;  // panel wg (d = 128), rows key0..
-      const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS + key0 * 64));
+      // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
+      // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
+      // K's rows: panel wg at d = 128; 64 bytes into the 128-byte swizzled row at d = 64 (the
+      // swizzle is a function of the address, as for the K-major k16 steps).
+      constexpr int kN = D / 2;
+      tma::bar_sync(1, 256);
+      const T* kB = D == 128 ? sK + wg * kRows * 64 : sK + wg * kN;
+      const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
       const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
-      float dq[32];
+      float dq[kN / 2];
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        v3::Wgmma<T>::template ss<64, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
+      for (int kk = 0; kk < kRows / 16; ++kk)
+        v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
       v3::commit();
-      v3::wait<0>();
-      v3::pin(dq);
+      v3::wait<1>();  // dV, dK done: Q and dO of this stage may be refilled while dQ_part runs
       v3::pin(dk);
       v3::pin(dv);
       v3::pin(pa);
       v3::pin(sa);
       if (lane == 0) tma::arrive(&bars.empty[st]);
+      v3::wait<0>();
+      v3::pin(dq);
       // dQ_part to shared memory in fragment order (conflict-free 16-byte stores), then one
-      // bulk atomic add of the 16 KB block into dq_acc.
-      float* qs = sdQ + wg * 4096;
+      // bulk atomic add of the 64 x d/2 block into dq_acc.
+      float* qs = sdQ + wg * (32 * D);
       if (wtid == 0) tma::bulk_wait_read();  // my previous block has been read
       tma::bar_sync(2 + wg, 128);
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
+      for (int c = 0; c < D / 16; ++c)
         reinterpret_cast<float4*>(qs)[c * 128 + wtid] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
       v3::fence_proxy_async();
       tma::bar_sync(2 + wg, 128);
       if (wtid == 0) {
         const int64_t h = hk * G + it / nqt, qt = it % nqt;
-        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, D == 128 ? wg : 0), qs, 4096 * sizeof(float));
+        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, wg), qs, 32 * D * sizeof(float));
         tma::bulk_commit();
       }
       dsb ^= 1;
@@ -476,7 +474,7 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
   }
   {
     const size_t smem = size_t(2 * kRows + 2 * kStages * BQ) * D * sizeof(T) + kStages * sizeof(RowStats<BQ>) +
-                        (fused ? 2 * kRows * BQ * sizeof(T) + 2 * 4096 * sizeof(float) : 0) + 1024;
+                        (fused ? 2 * kRows * BQ * sizeof(T) + 2 * 32 * D * sizeof(float) : 0) + 1024;
     auto k = fused ? (block ? &v4_bwd_dkdv_kernel<T, D, 64, true, true> : &v4_bwd_dkdv_kernel<T, D, 64, false, true>)
                    : (block ? &v4_bwd_dkdv_kernel<T, D, BQ, true, false> : &v4_bwd_dkdv_kernel<T, D, BQ, false, false>);
     allow_smem(reinterpret_cast<const void*>(k), smem);
@@ -486,8 +484,8 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
   }
   if (fused) {
-    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * (a.d / 64);
-    v4_dq_convert<T><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
+    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * 2;
+    v4_dq_convert<T, D><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   }
   return true;
