@@ -46,6 +46,27 @@ __device__ __forceinline__ void add_row(int64_t lo, int64_t hi, int* hlo, int* h
   *fhi = min(*fhi, int(hi));
 }
 
+// Forward: the local key intervals [llo, lhi) of the thread's rows r0, r0 + 8 (eq. 3.4; all
+// keys when the keys are indexed, kidx) and the CTA's hull over every thread (a block-wide
+// barrier inside). Threads with active = false (a producer warp) contribute no rows.
+template <int kWarps, class T>
+__device__ __forceinline__ Hull fwd_rows(const FwdArgs<T>& a, int64_t r0, bool kidx, bool active,
+                                         int (&red)[4][kWarps], int (&llo)[2], int (&lhi)[2]) {
+  int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t r = r0 + 8 * ri;
+    int64_t lo = 0, hi = active ? a.nk : 0;
+    if (active && !kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+    llo[ri] = static_cast<int>(lo);
+    lhi[ri] = static_cast<int>(hi);
+    if (active && r < a.nq) add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
+  }
+  Hull hull = cta_hull<kWarps>(hlo, hhi, flo, fhi, red);
+  if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }  // indexed keys: predicate everywhere
+  return hull;
+}
+
 // Forward: does key tile [j0, j1) (local) meet any visible block cell of the CTA's query rows
 // [i_first, i_last) (global), and are all those cells visible? CTA-uniform: barriers inside when
 // block_rect (contiguous positions with a block mask), so every thread calls it with the same
@@ -121,6 +142,26 @@ __device__ __forceinline__ Hull bwd_rows(const BwdArgs<T, G>& a, int64_t b, int6
     rows->lhi[ri] = int(hi);
   }
   return cta_hull<kWarps>(hlo, hhi, flo, fhi, red);
+}
+
+// dQ pass, one key tile from local key j0: dS = P (dP - D) in place of s (eq. 5.5), with
+// P = 2^(S sl2 - LSE log2(e)) on visible pairs, else 0 (eq. 5.2). Thread rows r0, r0 + 8 (local)
+// with facts `rows`; full: no predicate; block: the mask has a block part (its bit is tested).
+template <int BC, class T, class G>
+__device__ __forceinline__ void dq_pass_ds(float (&s)[BC / 2], const float (&dp)[BC / 2], const BwdRows& rows,
+                                           bool full, bool block, int j0, int t4, float sl2,
+                                           const BwdArgs<T, G>& a, int64_t r0) {
+#pragma unroll
+  for (int e = 0; e < BC / 2; ++e) {
+    const int ri = (e >> 1) & 1, jl = j0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
+    bool vis = full;
+    if (!vis) {
+      vis = jl >= rows.llo[ri] && jl < rows.lhi[ri];  // includes jl >= nk and rows past nq
+      if (block && vis) vis = block_bit(a.mask, a.qp[r0 + 8 * ri], a.kp.start + jl);
+    }
+    const float p = vis ? v2::ex2(fmaf(s[e], sl2, -rows.L2[ri])) : 0.f;
+    s[e] = p * (dp[e] - rows.D[ri]);
+  }
 }
 
 // dK/dV pass: stages the row statistics of query rows [i0, i0 + BQ) of head h into shared

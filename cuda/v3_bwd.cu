@@ -65,10 +65,6 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a)
   // my rows g, g + 8: interval (3.4), LSE in base 2, D (tile_mask.cuh)
   tiles::BwdRows rows;
   const tiles::Hull hull = tiles::bwd_rows<4>(a, b, h, q0 + warp * 16 + g, red, &rows);
-  const int(&llo)[2] = rows.llo;
-  const int(&lhi)[2] = rows.lhi;
-  const float(&L2)[2] = rows.L2;
-  const float(&Dr)[2] = rows.D;
   const bool has_block = a.mask.block != nullptr;
   const int t_begin = hull.lo < hull.hi ? hull.lo / BC : 0;
   const int t_end = hull.lo < hull.hi ? (hull.hi + BC - 1) / BC : 0;
@@ -104,28 +100,8 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a)
     const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
     const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
     v3::pin(acc);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      v3::Wgmma<T>::template ss<BC, 0>(s, v3::desc_k_step<kRows>(dQd, kk), v3::desc_k_step<BC>(dK, kk), kk);
-      v3::Wgmma<T>::template ss<BC, 0>(dp, v3::desc_k_step<kRows>(dOd, kk), v3::desc_k_step<BC>(dV, kk), kk);
-    }
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(s);
-    v3::pin(dp);
-    // dS = P (dP - D), P = 2^(S scale log2e - LSE log2e) on visible pairs, else 0
-#pragma unroll
-    for (int e = 0; e < BC / 2; ++e) {
-      const int ri = (e >> 1) & 1, jl = j0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
-      bool vis = full;
-      if (!vis) {
-        vis = jl >= llo[ri] && jl < lhi[ri];  // includes jl >= nk and rows past nq
-        if (vis && has_block) vis = block_bit(a.mask, a.qp[q0 + warp * 16 + g + 8 * ri], a.kp.start + jl);
-      }
-      const float p = vis ? ex2(fmaf(s[e], sl2, -L2[ri])) : 0.f;
-      s[e] = p * (dp[e] - Dr[ri]);
-    }
+    v3::two_products<T, D, kRows, BC>(s, dp, dQd, dK, dOd, dV);
+    tiles::dq_pass_ds<BC>(s, dp, rows, full, has_block, j0, t4, sl2, a, q0 + warp * 16 + g);  // dS (5.5)
     uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
     v3::pack_a<T, BC>(da, s);
     const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
@@ -218,16 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> 
     const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
     v3::pin(dk);
     v3::pin(dv);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      v3::Wgmma<T>::template ss<BQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<BQ>(dQb, kk), kk);
-      v3::Wgmma<T>::template ss<BQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<BQ>(dOb, kk), kk);
-    }
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(s);
-    v3::pin(dp);
+    v3::two_products<T, D, kRows, BQ>(s, dp, dKd, dQb, dVd, dOb);
     // P^T and dS^T; element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
 #pragma unroll
     for (int e = 0; e < BQ / 2; ++e) {
@@ -261,13 +228,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> 
     full = full_next;
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t j = j0 + krow + g + 8 * ri;
-    if (j >= nk) continue;
-    epilogue::store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
-    epilogue::store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
-  }
+  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
 #else
   __trap();
 #endif

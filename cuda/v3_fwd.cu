@@ -69,18 +69,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
   // of key tiles and the keys every row sees (tile_mask.cuh, shared with v2).
   const bool kidx = a.kp.index != nullptr;
   int llo[2], lhi[2];
-  int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t r = q0 + wrow + g + 8 * ri;
-    int64_t lo = 0, hi = nk;
-    if (!kidx && r < nq) local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
-    llo[ri] = static_cast<int>(lo);
-    lhi[ri] = static_cast<int>(hi);
-    if (r < nq) tiles::add_row(lo, hi, &my_hlo, &my_hhi, &my_flo, &my_fhi);
-  }
-  tiles::Hull hull = tiles::cta_hull<kWarps>(my_hlo, my_hhi, my_flo, my_fhi, red);
-  if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }  // indexed keys: predicate everywhere
+  const tiles::Hull hull = tiles::fwd_rows<kWarps>(a, q0 + wrow + g, kidx, true, red, llo, lhi);
   const int t_begin = hull.lo < hull.hi ? static_cast<int>(hull.lo / kBc) : 0;
   const int t_end = hull.lo < hull.hi ? static_cast<int>((hull.hi + kBc - 1) / kBc) : 0;
   const bool has_block = a.mask.block != nullptr;
@@ -175,16 +164,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
   {  // the last P V: V of the last visited tile (iteration i - 1's buffer; the zeroed one if none)
     v3::fence_proxy_async();
     __syncthreads();
-    const T* lV = sV + ((i + 1) & 1) * (kBc * D);
-    v3::pin(acc);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(v3::desc_mn_base<kBc>(lV), kk), 1);
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(acc);
-    v3::pin(pa);
+    v3::pv_product<T, D, kBc>(acc, pa, sV + ((i + 1) & 1) * (kBc * D));
   }
 
   // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)

@@ -166,28 +166,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
     const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
     v3::pin(acc);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      v3::Wgmma<T>::template ss<BC, 0>(s, v3::desc_k_step<kRows>(dQd, kk), v3::desc_k_step<BC>(dK, kk), kk);
-      v3::Wgmma<T>::template ss<BC, 0>(dp, v3::desc_k_step<kRows>(dOd, kk), v3::desc_k_step<BC>(dV, kk), kk);
-    }
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(s);
-    v3::pin(dp);
-    // dS = P (dP - D), P = 2^(S scale log2e - LSE log2e) on visible pairs, else 0
-#pragma unroll
-    for (int e = 0; e < BC / 2; ++e) {
-      const int ri = (e >> 1) & 1, jl = j0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
-      bool vis = full;
-      if (!vis) {
-        vis = jl >= rows.llo[ri] && jl < rows.lhi[ri];  // includes jl >= nk and rows past nq
-        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[q0 + wrow + g + 8 * ri], a.kp.start + jl);
-      }
-      const float p = vis ? ex2(fmaf(s[e], sl2, -rows.L2[ri])) : 0.f;
-      s[e] = p * (dp[e] - rows.D[ri]);
-    }
+    v3::two_products<T, D, kRows, BC>(s, dp, dQd, dK, dOd, dV);
+    tiles::dq_pass_ds<BC>(s, dp, rows, full, BLOCK, j0, t4, sl2, a, q0 + wrow + g);  // dS (5.5)
     uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
     v3::pack_a<T, BC>(da, s);
     const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
@@ -337,16 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
     v3::pin(dk);
     v3::pin(dv);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      v3::Wgmma<T>::template ss<BQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<BQ>(dQb, kk), kk);
-      v3::Wgmma<T>::template ss<BQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<BQ>(dOb, kk), kk);
-    }
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(s);
-    v3::pin(dp);
+    v3::two_products<T, D, kRows, BQ>(s, dp, dKd, dQb, dVd, dOb);
     // P^T and dS^T; element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
 #pragma unroll
     for (int e = 0; e < BQ / 2; ++e) {
@@ -433,13 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (++st == kStages) { st = 0; ph ^= 1; }
   }
   if (FUSED && wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t j = j0 + krow + g + 8 * ri;
-    if (j >= nk) continue;
-    epilogue::store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
-    epilogue::store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
-  }
+  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
 #else
   __trap();
 #endif

@@ -92,21 +92,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   // ---- mask facts of a consumer thread's rows g, g + 8 (eq. 3.4) and the CTA's key hull
   // (tile_mask.cuh); the barrier inside also publishes the barrier inits and the zeros.
   constexpr bool kidx = KIDX;
-  int llo[2] = {0, 0}, lhi[2] = {0, 0};
-  int my_hlo = INT_MAX, my_hhi = INT_MIN, my_flo = INT_MIN, my_fhi = INT_MAX;
-  if (wg >= 0) {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int64_t r = q0 + wrow + g + 8 * ri;
-      int64_t lo = 0, hi = nk;
-      if (!kidx && r < nq) local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
-      llo[ri] = static_cast<int>(lo);
-      lhi[ri] = static_cast<int>(hi);
-      if (r < nq) tiles::add_row(lo, hi, &my_hlo, &my_hhi, &my_flo, &my_fhi);
-    }
-  }
-  tiles::Hull hull = tiles::cta_hull<kWarps>(my_hlo, my_hhi, my_flo, my_fhi, red);
-  if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }  // indexed keys: predicate everywhere
+  int llo[2], lhi[2];
+  const tiles::Hull hull = tiles::fwd_rows<kWarps>(a, q0 + wrow + g, kidx, wg >= 0, red, llo, lhi);
   // Without a block mask every key tile of the hull is visited (tile_mask.cuh's fwd_tile).
   const int t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
   const int t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
@@ -203,16 +190,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
   {  // the last P V (against the zeroed tile when no key tile was visited)
     if (pV != sZ) tma::wait(&bars.v_full[pst], pph);
-    const uint64_t dV = v3::opaque(v3::desc_mn_base<kBc>(pV));
-    v3::pin(acc);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(dV, kk), 1);
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(acc);
-    v3::pin(pa);
+    v3::pv_product<T, D, kBc>(acc, pa, pV);
   }
 
   // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)

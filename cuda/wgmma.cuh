@@ -150,4 +150,36 @@ template <> struct Wgmma<f16> {
   }
 };
 
+// The backward's paired products S = A B^T and S2 = A2 B2^T (S and dP, or S^T and dP^T): all four
+// operands K-major sw128 in shared memory (A tiles of ROWS_A rows, B tiles of N rows), issued
+// together over the D/16 k16 steps, then waited for.
+template <class T, int D, int ROWS_A, int N>
+__device__ __forceinline__ void two_products(float (&s)[N / 2], float (&s2)[N / 2], uint64_t a, uint64_t b,
+                                             uint64_t a2, uint64_t b2) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    Wgmma<T>::template ss<N, 0>(s, desc_k_step<ROWS_A>(a, kk), desc_k_step<N>(b, kk), kk);
+    Wgmma<T>::template ss<N, 0>(s2, desc_k_step<ROWS_A>(a2, kk), desc_k_step<N>(b2, kk), kk);
+  }
+  commit();
+  wait<0>();
+  pin(s);
+  pin(s2);
+}
+
+// The forward's last O += P V (P from registers, V of BC keys transposed in shared memory), waited for.
+template <class T, int D, int BC>
+__device__ __forceinline__ void pv_product(float (&acc)[D / 2], uint32_t (&pa)[BC / 16][4], const void* v) {
+  const uint64_t dV = opaque(desc_mn_base<BC>(v));
+  pin(acc);
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) Wgmma<T>::template rs<D, 1>(acc, pa[kk], desc_mn_step(dV, kk), 1);
+  commit();
+  wait<0>();
+  pin(acc);
+  pin(pa);
+}
+
 }  // namespace burstlab::cuda::detail::v3

@@ -2,7 +2,7 @@
 """Combines the benchmark CSV (burstlab-cuda-bench + scripts/bench_sdpa.py) into one table:
 per (N, d, causal): our forward / backward TFLOP/s beside SDPA FLASH and CUDNN, the ratios
 the goals of issue 3 use, and our forward as a fraction of the bf16 GEMM rate of the same run.
-Rows labelled "ours_vN" (a variant by name, timed in the same run) add columns "fwd vN", "bwd vN".
+Rows labelled "ours_X" (a variant by name, or a mode, timed in the same run) add columns "fwd X", "bwd X".
 Usage: bench_table.py bench.csv [--markdown]"""
 import csv
 import math
@@ -32,7 +32,7 @@ def main():
     def f(x, w=7, p=1):
         return f"{x:{w}.{p}f}" if not math.isnan(x) else f"{'-':>{w}}"
 
-    extra = sorted({impl for r in rows.values() for (impl, _) in r if impl.startswith("ours_v")})
+    extra = sorted({impl for r in rows.values() for (impl, _) in r if impl.startswith("ours_")})
     ex_hdr = [f"{p} {e[5:]}" for e in extra for p in ("fwd", "bwd")]
     hdr = ["N", "d", "causal", "fwd ours", "FLASH", "CUDNN", "x FLASH", "x CUDNN", "x GEMM",
            "bwd ours", "FLASH", "CUDNN", "x FLASH"] + ex_hdr
