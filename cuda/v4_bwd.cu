@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       v3::pin(dv);
       v3::pin(pa);
       v3::pin(sa);
+      __syncwarp();  // every lane's reads of the row facts before lane 0's release
       if (lane == 0) tma::arrive(&bars.empty[st]);
       v3::wait<0>();
       v3::pin(dq);
@@ -399,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       v3::pin(dv);
       v3::pin(pa);
       v3::pin(sa);
+      __syncwarp();  // every lane's reads of the row facts before lane 0's release
       if (lane == 0) tma::arrive(&bars.empty[st]);
     }
     if (++st == kStages) { st = 0; ph ^= 1; }
