@@ -122,7 +122,7 @@ bool variant_available(Variant v, std::string* why = nullptr);
 
 struct Options {
   Variant variant = Variant::Auto;  // Auto: the fastest variant that supports the call
-  bool deterministic = false;       // backward: bitwise repeatable (v1 always is)
+  bool deterministic = false;       // backward: bitwise repeatable (v1-v3 always are; v4 then runs two passes)
   cudaStream_t stream = nullptr;
 };
 
