@@ -1,19 +1,22 @@
-// cuda/v4_bwd.cu — variant 4 backward: v3's two deterministic passes (spec §5, eq. 5.1-5.7;
-// §5.3), warp-specialized like the v4 forward. Each pass: warpgroup 0 is the producer (registers
-// given back by setmaxnreg), warpgroups 1 and 2 consume, 64 rows (dQ pass) or 64 keys (dK/dV
-// pass) each, and never meet at a CTA barrier: tiles arrive in an mbarrier ring, filled by the
-// copy engine (TMA, tma.cuh) in wgmma's 128-byte swizzle.
+// cuda/v4_bwd.cu — variant 4 backward (spec §5, eq. 5.1-5.7; §5.3), warp-specialized like the
+// v4 forward: warpgroup 0 is the producer (registers given back by setmaxnreg), warpgroups 1
+// and 2 consume, 64 rows or 64 keys each, and never meet at a CTA barrier (the one-pass mode's
+// dS hand-off aside): tiles arrive in an mbarrier ring, filled by the copy engine (TMA, tma.cuh)
+// in wgmma's 128-byte swizzle.
 //   D      (5.1) by the v1 compute_D kernel.
-//   dQ     CTA = (b, h, 128 query rows); Q and dO copied once; K and V tiles of BC keys in a
-//          ring. Per tile: S = Q K^T and dP = dO V^T (wgmma, shared-memory operands),
-//          P = 2^(S c - LSE) (5.2), dS = P (dP - D) (5.5) in registers, dQ += dS K (5.6).
+//   dQ     (deterministic mode) CTA = (b, h, 128 query rows); Q and dO copied once; K and V
+//          tiles of BC keys in a ring. Per tile: S = Q K^T and dP = dO V^T (wgmma,
+//          shared-memory operands), P = 2^(S c - LSE) (5.2), dS = P (dP - D) (5.5) in
+//          registers, dQ += dS K (5.6).
 //   dK,dV  CTA = (b, kv-head, 128 keys); K and V copied once; the (q-head of the group, query
 //          tile of BQ rows) pairs that see the keys stream through the ring: Q and dO by the
 //          copy engine, and each row's LSE log2(e), D and visible key interval (eq. 3.4) staged
 //          by producer warp 1. Per tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO (5.3),
-//          dK += dS^T Q (5.7).
-// Every output element is written by one thread in a fixed order, no atomics: bitwise
-// repeatable. P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
+//          dK += dS^T Q (5.7); in the default (one-pass) mode also dQ's partial sums (see
+//          v4_bwd_dkdv_kernel's FUSED), added atomically into fp32 scratch, then converted.
+// Deterministic mode: the two passes write every output element from one thread in a fixed
+// order, no atomics: bitwise repeatable. One-pass mode: dQ's sums arrive in a varying order.
+// P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
 // BLOCK: the mask has a block-sparse part, whose bit joins the per-element predicate of partial
 // tiles (kept out of the common kernels, where its code would spill the accumulators).
 // Limits: v3's (whole-problem backward, bf16/fp16, d in {64, 128}, 16-byte aligned views with
