@@ -257,6 +257,30 @@ Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, Vi
 }
 
 template <class T>
+Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
+                         View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
+                         Variant requested, std::string* why_not_v2) {
+  std::string why;
+  bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
+  if (ok) {
+    const void* ptrs[5] = {O.data, dO.data, dK.data, dV.data, dQ.data};
+    const int64_t* strides[5] = {O.stride, dO.stride, dK.stride, dV.stride, dQ.stride};
+    const char* w = nullptr;
+    ok = detail::v2_forward_ok_common(p.d, ptrs, strides, 5, &w);
+    if (!ok) why = w;
+  }
+  if (why_not_v2) *why_not_v2 = why;
+  if (requested == Variant::V1) return Variant::V1;
+  if (requested == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
+  const char* why3 = nullptr;
+  const bool ok3 = ok && detail::v3_device_ok(&why3);
+  if ((requested == Variant::V3 || requested == Variant::V4) && !ok3)
+    fail("variant (", to_string(requested), ") cannot run this backward: ", ok ? std::string(why3) : why);
+  if (requested == Variant::V2 || requested == Variant::V3) return requested;
+  return ok3 ? Variant::V4 : ok ? Variant::V2 : Variant::V1;  // auto, v4 (block masks included)
+}
+
+template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
              View3<lse_t<T>> LSE, const Options& opt) {
   validate_forward_views(p, Q, K, V, O, LSE);
@@ -313,25 +337,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   using A = lse_t<T>;
   validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   check_gpu_limits(p);
-  Variant run = Variant::V1;  // the variant that runs (forward_variant's choice, also asking
-  if (opt.variant != Variant::V1) {  // the gradients' and O/dO's alignment)
-    std::string why;
-    bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
-    if (ok) {
-      const void* ptrs[5] = {O.data, dO.data, dK.data, dV.data, dQ.data};
-      const int64_t* strides[5] = {O.stride, dO.stride, dK.stride, dV.stride, dQ.stride};
-      const char* w = nullptr;
-      ok = detail::v2_forward_ok_common(p.d, ptrs, strides, 5, &w);
-      if (!ok) why = w;
-    }
-    if (opt.variant == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
-    const char* why3 = nullptr;
-    const bool ok3 = ok && detail::v3_device_ok(&why3);
-    if ((opt.variant == Variant::V3 || opt.variant == Variant::V4) && !ok3)
-      fail("variant (", to_string(opt.variant), ") cannot run this backward: ", ok ? std::string(why3) : why);
-    if (opt.variant == Variant::V2 || opt.variant == Variant::V3) run = opt.variant;
-    else run = ok3 ? Variant::V4 : ok ? Variant::V2 : Variant::V1;  // auto, v4
-  }
+  const Variant run = backward_variant<T>(p, Q, K, V, O, dO, dQ, dK, dV, opt.variant);
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
   StreamScratch<A> Dbuf(size_t(p.B * p.H_q * p.N_q), opt.stream);
@@ -385,6 +391,9 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
 #define BURSTLAB_API(T)                                                                          \
   template Variant forward_variant<T>(const Problem&, View4<const T>, View4<const T>,            \
                                       View4<const T>, View4<T>, Variant, std::string*);          \
+  template Variant backward_variant<T>(const Problem&, View4<const T>, View4<const T>,           \
+                                       View4<const T>, View4<const T>, View4<const T>, View4<T>, \
+                                       View4<T>, View4<T>, Variant, std::string*);               \
   template void forward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,       \
                            View4<T>, View3<lse_t<T>>, const Options&);                           \
   template void forward_block<T>(const Problem&, const MaskParams&, Positions, Positions,        \

@@ -130,12 +130,17 @@ struct Options {
 // device v4 (warp-specialized TMA + wgmma) unless the mask has a block-sparse part, then v3
 // (wgmma); else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why the
 // tensor-core variants cannot run the call (empty when they can). Throws Error when `requested`
-// is V2, V3 or V4 and that variant cannot run the call (naming the reason). `backward` chooses
-// the same way (its v4 also runs block masks), also asking the gradients' and O/dO's alignment.
-// An auto v4 call whose views the copy engine cannot describe runs v3; an explicit one throws.
+// is V2, V3 or V4 and that variant cannot run the call (naming the reason). An auto v4 call
+// whose views the copy engine cannot describe runs v3; an explicit one throws.
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);
+// The same for `backward`: v4 on a compute capability 9.0 device (block masks included), else v2,
+// for the calls v2 supports (also asking O's, dO's and the gradients' alignment); otherwise v1.
+template <class T>
+Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
+                         View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
+                         Variant requested, std::string* why_not_v2 = nullptr);
 
 // ---------------------------------------------------------------- forward
 // Whole problem, eq. (4.1)-(4.4). Q (B, H_q, N_q, d); K, V (B, H_kv, N_k, d) -> O (B, H_q, N_q, d),

@@ -332,7 +332,8 @@ TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 903}, true);
-  run_bwd_case<bc::bf16>({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 64}, "causal", Layout::BSHD, Values::Normal, 905}, true);
+  if (bc::variant_available(bc::Variant::V3))  // sm_90a code: a compute capability 9.0 device only
+    run_bwd_case<bc::bf16>({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 64}, "causal", Layout::BSHD, Values::Normal, 905}, true);
   run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
 }
@@ -563,9 +564,23 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
       EXPECT_NE(std::string(e.what()).find("variant (v3)"), std::string::npos) << e.what();
     }
   }
+  // The backward: v4 on compute capability 9.0 (block masks included), else v2; v1 by name.
+  EXPECT_EQ(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+            hopper ? bc::Variant::V4 : bc::Variant::V2);
+  EXPECT_EQ(bc::backward_variant<bc::bf16>(pb, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+            hopper ? bc::Variant::V4 : bc::Variant::V2);
+  EXPECT_EQ(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1),
+            bc::Variant::V1);
+  if (!hopper) EXPECT_THROW(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64),
+                                                           bc::Variant::V4),
+                            Error);
   Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
   std::string why;
   EXPECT_EQ(bc::forward_variant<bc::bf16>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
+  EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
+  why.clear();
+  EXPECT_EQ(bc::backward_variant<bc::bf16>(p3, v(3), v(3), v(3), v(3), v(3), o(3), o(3), o(3), bc::Variant::Auto, &why),
+            bc::Variant::V1);
   EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
 }
 
