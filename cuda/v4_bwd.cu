@@ -60,7 +60,8 @@ __device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row,
 // dq_acc (fp32) holds, per (b, h, 64-row query tile qt, column half w), one 64 x d/2 block in
 // the order the consumer threads of warpgroup w hold it: float (c 128 + t) 4 + e is thread t's
 // accumulator element 4 c + e (wgmma's m64n(d/2) layout: rows 16 (t / 32) + (t % 32) / 4 +
-// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2).
+// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2). The OWN shape adds whole 64 x d blocks at
+// w = 0, in the order of wgmma's m64nd layout (the same formulas with d/2 w = 0).
 template <class T, class G>
 __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int w) {
   const int64_t nqt = (a.nq + 63) / 64;
@@ -68,30 +69,33 @@ __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t 
 }
 
 // dQ = scale dq_acc, back from the block order above into the dQ view. Grid (blocks, 1, 1) over
-// (b, h, qt, w); 128 threads, thread t converting its d/4 elements.
-template <class T, int D>
+// (b, h, qt, w); 128 threads, thread t converting its d/4 elements. OWN: the blocks are whole
+// 64 x d blocks (w = 0, d/2 elements per thread; see v4_bwd_dkdv_kernel's OWN).
+template <class T, int D, bool OWN>
 __global__ void __launch_bounds__(128) v4_dq_convert(BwdArgs<T, T> a, const float* dq_acc) {
+  constexpr int W = OWN ? 1 : 2, N = D / W;  // column blocks per 64-row tile, columns per block
   const int t = threadIdx.x;
   const int64_t nqt = (a.nq + 63) / 64;
   const int64_t blk = blockIdx.x;
-  const int w = static_cast<int>(blk % 2);
-  const int64_t qt = (blk / 2) % nqt, bh = blk / 2 / nqt, h = bh % a.Hq, b = bh / a.Hq;
+  const int w = static_cast<int>(blk % W);
+  const int64_t qt = (blk / W) % nqt, bh = blk / W / nqt, h = bh % a.Hq, b = bh / a.Hq;
   const float* src = dq_acc + dq_acc_index(a, b, h, qt, w);
   const float sc = static_cast<float>(a.scale);
   const int64_t r0 = qt * 64 + 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-  for (int c = 0; c < D / 16; ++c) {
+  for (int c = 0; c < N / 8; ++c) {
     const float4 v = reinterpret_cast<const float4*>(src)[c * 128 + t];
-    const int col = (D / 2) * w + 8 * c + 2 * (t % 4);
+    const int col = N * w + 8 * c + 2 * (t % 4);
     if (r0 < a.nq) *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0) + col) = v2::Mma<T>::pack(sc * v.x, sc * v.y);
     if (r0 + 8 < a.nq)
       *reinterpret_cast<uint32_t*>(a.dQ.row(b, h, r0 + 8) + col) = v2::Mma<T>::pack(sc * v.z, sc * v.w);
   }
 }
 
+template <int S>
 struct RingBars {
-  uint64_t once;                   // the tiles copied once per CTA
-  uint64_t full[kStages], empty[kStages];
+  uint64_t once;  // the tiles copied once per CTA
+  uint64_t full[S], empty[S];
 };
 
 // ------------------------------------------------------------------ dQ
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* sQ = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sdO = sQ + kRows * D;                             // (128, D)
   T* sKV = sdO + kRows * D;                            // S x [(BC, D) K, (BC, D) V]
-  __shared__ RingBars bars;
+  __shared__ RingBars<kStages> bars;
   __shared__ int red[4][kWarps];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1, wrow = (warp - 4) * 16;
@@ -204,28 +208,50 @@ struct RowStats {
   int lo[BQ], hi[BQ];
 };
 
-// FUSED (the non-deterministic mode): the pass also forms dQ's partial sums over the CTA's keys,
-// dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each consumer warpgroup writes
-// its dS^T to shared memory (the M-major A of that product), then takes its half of dQ_part's
-// columns over all 128 keys (a 64 x d/2 block). The block goes through shared memory to dq_acc
-// (fp32) by the copy engine's element-wise atomic add (layout: dq_acc_index); v4_dq_convert
-// writes dQ. The order of those adds varies from run to run, hence not bitwise repeatable.
-template <class T, int D, int BQ, bool BLOCK, bool FUSED>
+// Shapes of the dK/dV pass. FUSED (the non-deterministic mode): the pass also forms dQ's partial
+// sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
+// consumer warpgroup writes its dS^T to shared memory (the M-major A of that product); the fp32
+// block goes through shared memory to dq_acc by the copy engine's element-wise atomic add
+// (layout: dq_acc_index), and v4_dq_convert writes dQ. The order of those adds varies from run
+// to run, hence not bitwise repeatable.
+//   OWN = false: each warpgroup takes half of dQ_part's columns over all 128 keys (a 64 x d/2
+//                block), which needs both warpgroups' dS^T (a barrier across them per tile);
+//   OWN = true:  each warpgroup adds dS K over its own 64 keys (a 64 x d block): no barrier
+//                across warpgroups, twice the atomic traffic.
+// Measured on H200 (docs/performance-gpu.md): OWN at d = 64, halves at d = 128 (where OWN's
+// 64 x d block needs registers the products still hold, and spills).
+// STAGES: depth of the Q/dO ring.
+template <int BQ, bool FUSED, int STAGES, bool OWN>
+struct DkdvShape {
+  static constexpr int kBQ = BQ, kStages = STAGES;
+  static constexpr bool kFused = FUSED, kOwn = FUSED && OWN;
+};
+
+template <int D, class C>
+constexpr size_t dkdv_smem(size_t elem) {
+  return size_t(2 * kRows + 2 * C::kStages * C::kBQ) * D * elem + C::kStages * sizeof(RowStats<C::kBQ>) +
+         (C::kFused ? (C::kOwn ? 1 : 2) * kRows * C::kBQ * elem + 2 * (C::kOwn ? 64 : 32) * D * sizeof(float) : 0) +
+         1024;
+}
+
+template <class T, int D, bool BLOCK, class C>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                        const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
                        BwdArgs<T, T> a, float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = C::kBQ, S = C::kStages;
+  constexpr bool FUSED = C::kFused, OWN = C::kOwn;
   static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
   constexpr uint32_t kTile = BQ * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sV = sK + kRows * D;                              // (128, D)
   T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
-  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + kStages * 2 * BQ * D);  // S x stats
-  T* sdS = reinterpret_cast<T*>(sR + kStages);  // FUSED: 2 x (128 keys, BQ) dS^T, sw128
-  float* sdQ = reinterpret_cast<float*>(sdS + 2 * kRows * BQ);  // FUSED: 2 x (64, d/2) dQ_part
-  __shared__ RingBars bars;
+  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + S * 2 * BQ * D);  // S x stats
+  T* sdS = reinterpret_cast<T*>(sR + S);  // FUSED: 2 (OWN: 1) x (128 keys, BQ) dS^T, sw128
+  float* sdQ = reinterpret_cast<float*>(sdS + (OWN ? 1 : 2) * kRows * BQ);  // FUSED: 2 x dQ_part
+  __shared__ RingBars<S> bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
   const int64_t j0 = int64_t(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
@@ -235,9 +261,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_it = static_cast<int>(G) * nqt;  // (q-head of the group, query tile)
   if (tid == 0) {
     tma::init(&bars.once, 1);
-    for (int s = 0; s < kStages; ++s) {
-      tma::init(&bars.full[s], 2);  // the copies' arrival + warp 1's staged row facts
-      tma::init(&bars.empty[s], 4 * kWgs);
+    for (int s = 0; s < S; ++s) {
+      // full: the copies' arrival + each lane of warp 1 after its row-fact stores; empty: each
+      // consumer thread after its last read of the stage. Every thread that touches the stage's
+      // row facts arrives itself, so each hand-off is a release/acquire pair of that thread.
+      tma::init(&bars.full[s], 1 + 32);
+      tma::init(&bars.empty[s], 128 * kWgs);
     }
     tma::fence_init();
   }
@@ -286,10 +315,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           R.lo[i] = static_cast<int>(lo);
           R.hi[i] = static_cast<int>(hi);
         }
-        __syncwarp();
-        if (lane == 0) tma::arrive(&bars.full[st]);  // release: the stores above before it
+        tma::arrive(&bars.full[st]);  // release: my stores above before it
       }
-      if (++st == kStages) { st = 0; ph ^= 1; }
+      if (++st == S) { st = 0; ph ^= 1; }
     }
     return;
   }
@@ -299,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const int krow = (warp - 4) * 16;  // my warp's first key in the CTA
   const int wtid = tid - 128 * (wg + 1);  // my thread in the warpgroup
-  int dsb = 0;                             // FUSED: dS^T buffer
+  int dsb = 0;                             // FUSED, !OWN: dS^T buffer
   float dk[D / 2], dv[D / 2];        // my 2 keys x D/4 columns (wgmma accumulators)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -318,10 +346,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[BQ / 2], dp[BQ / 2];  // S^T = K Q^T, dP^T = V dO^T: my keys x BQ rows
     const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
     const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
+    const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
     v3::pin(dk);
     v3::pin(dv);
     v3::two_products<T, D, kRows, BQ>(s, dp, dKd, dQb, dVd, dOb);
-    // P^T and dS^T; element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
+    // P^T (5.2); element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
 #pragma unroll
     for (int e = 0; e < BQ / 2; ++e) {
       const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
@@ -331,12 +360,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         vis = jl >= R.lo[il] && jl < R.hi[il];  // empty past nq; hi <= nk
         if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
       }
-      const float p = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
-      s[e] = p;                      // P^T
-      dp[e] = p * (dp[e] - R.D[il]);  // dS^T (5.5)
+      s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
     }
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
     v3::pack_a<T, BQ>(pa, s);
+#pragma unroll
+    for (int e = 0; e < BQ / 2; ++e) {
+      const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
+      dp[e] = s[e] * (dp[e] - R.D[il]);  // dS^T (5.5)
+    }
     v3::pack_a<T, BQ>(sa, dp);
     T* const cS = sdS + dsb * (kRows * BQ);
     if constexpr (FUSED) {  // dS^T (key rows, query columns) as stored, rounded to T
@@ -349,7 +381,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       v3::fence_proxy_async();
     }
-    const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
     v3::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -358,55 +389,77 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     v3::commit();
     if constexpr (FUSED) {
-      // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
-      // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
-      // K's rows: panel wg at d = 128; 64 bytes into the 128-byte swizzled row at d = 64 (the
-      // swizzle is a function of the address, as for the K-major k16 steps).
-      constexpr int kN = D / 2;
-      tma::bar_sync(1, 256);
-      const T* kB = D == 128 ? sK + wg * kRows * 64 : sK + wg * kN;
-      const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
-      const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
+      constexpr int kN = OWN ? D : D / 2;  // dQ_part columns per warpgroup
       float dq[kN / 2];
+      if constexpr (OWN) {
+        // dQ_part (64 query rows x d) = dS K over my 64 keys: keys 64 wg.. of the dS^T tile and
+        // of K (MN-major B). At d = 128 the products finish first (registers: dq beside pa, sa).
+        if constexpr (D == 128) {
+          v3::wait<0>();
+          v3::pin(dk);
+          v3::pin(dv);
+          v3::pin(pa);
+          v3::pin(sa);
+          tma::arrive(&bars.empty[st]);
+        }
+        tma::bar_sync(4 + wg, 128);  // my warpgroup's dS^T stores before its product reads them
+        const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
+        const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(sK));
+        v3::fence();
 #pragma unroll
-      for (int kk = 0; kk < kRows / 16; ++kk)
-        v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
-      v3::commit();
-      v3::wait<1>();  // dV, dK done: Q and dO of this stage may be refilled while dQ_part runs
-      v3::pin(dk);
-      v3::pin(dv);
-      v3::pin(pa);
-      v3::pin(sa);
-      __syncwarp();  // every lane's reads of the row facts before lane 0's release
-      if (lane == 0) tma::arrive(&bars.empty[st]);
+        for (int kk = 0; kk < 4; ++kk)
+          v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, 4 * wg + kk), v3::desc_mn_step(dB, 4 * wg + kk),
+                                               kk);
+        v3::commit();
+      } else {
+        // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
+        // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
+        // K's rows: panel wg at d = 128; 64 bytes into the 128-byte swizzled row at d = 64 (the
+        // swizzle is a function of the address, as for the K-major k16 steps).
+        tma::bar_sync(1, 256);
+        const T* kB = D == 128 ? sK + wg * kRows * 64 : sK + wg * kN;
+        const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
+        const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
+#pragma unroll
+        for (int kk = 0; kk < kRows / 16; ++kk)
+          v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
+        v3::commit();
+      }
+      if constexpr (!(OWN && D == 128)) {
+        v3::wait<1>();  // dV, dK done: Q and dO of this stage may be refilled while dQ_part runs
+        v3::pin(dk);
+        v3::pin(dv);
+        v3::pin(pa);
+        v3::pin(sa);
+        tma::arrive(&bars.empty[st]);  // release: my reads of the row facts before it
+      }
       v3::wait<0>();
       v3::pin(dq);
       // dQ_part to shared memory in fragment order (conflict-free 16-byte stores), then one
-      // bulk atomic add of the 64 x d/2 block into dq_acc.
-      float* qs = sdQ + wg * (32 * D);
+      // bulk atomic add of the block into dq_acc.
+      float* qs = sdQ + wg * (kN * 64);
       if (wtid == 0) tma::bulk_wait_read();  // my previous block has been read
       tma::bar_sync(2 + wg, 128);
 #pragma unroll
-      for (int c = 0; c < D / 16; ++c)
+      for (int c = 0; c < kN / 8; ++c)
         reinterpret_cast<float4*>(qs)[c * 128 + wtid] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
       v3::fence_proxy_async();
       tma::bar_sync(2 + wg, 128);
       if (wtid == 0) {
         const int64_t h = hk * G + it / nqt, qt = it % nqt;
-        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, wg), qs, 32 * D * sizeof(float));
+        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, OWN ? 0 : wg), qs, kN * 64 * sizeof(float));
         tma::bulk_commit();
       }
-      dsb ^= 1;
+      if constexpr (!OWN) dsb ^= 1;
     } else {
       v3::wait<0>();
       v3::pin(dk);
       v3::pin(dv);
       v3::pin(pa);
       v3::pin(sa);
-      __syncwarp();  // every lane's reads of the row facts before lane 0's release
-      if (lane == 0) tma::arrive(&bars.empty[st]);
+      tma::arrive(&bars.empty[st]);  // release: my reads of the row facts before it
     }
-    if (++st == kStages) { st = 0; ph ^= 1; }
+    if (++st == S) { st = 0; ph ^= 1; }
   }
   if (FUSED && wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
   epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
@@ -415,7 +468,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class T, int D, int BC, int BQ>
+// The one-pass (fused) dK/dV pass's shape at head dim D; CF overrides it (tuning, bf16 only).
+template <int D>
+using FusedDefault = DkdvShape<64, true, 2, D == 64>;
+
+template <class T, int D, int BC, int BQ, class CF = FusedDefault<D>>
 bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   const bool block = a.mask.block != nullptr, fused = dq_acc != nullptr;
@@ -425,11 +482,12 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
                  !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, BC, why) ||
                  !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, BC, why)))
     return false;
-  CUtensorMap nK, nV, nQ, ndO;  // the dK/dV pass's boxes: 128 keys, BQ query rows
+  const int bq = fused ? 64 : BQ;
+  CUtensorMap nK, nV, nQ, ndO;  // the dK/dV pass's boxes: 128 keys, bq query rows
   if (!tma::encode_4d(&nK, a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
       !tma::encode_4d(&nV, a.V.data, a.V.dim, a.V.stride, bf, kRows, why) ||
-      !tma::encode_4d(&nQ, a.Q.data, a.Q.dim, a.Q.stride, bf, BQ, why) ||
-      !tma::encode_4d(&ndO, a.dO.data, a.dO.dim, a.dO.stride, bf, BQ, why))
+      !tma::encode_4d(&nQ, a.Q.data, a.Q.dim, a.Q.stride, bf, bq, why) ||
+      !tma::encode_4d(&ndO, a.dO.data, a.dO.dim, a.dO.stride, bf, bq, why))
     return false;
   if (!fused) {
     const size_t smem = size_t(2 * kRows + 2 * kStages * BC) * D * sizeof(T) + 1024;
@@ -442,20 +500,29 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
   } else {
     BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
   }
-  {
-    const size_t smem = size_t(2 * kRows + 2 * kStages * BQ) * D * sizeof(T) + kStages * sizeof(RowStats<BQ>) +
-                        (fused ? 2 * kRows * BQ * sizeof(T) + 2 * 32 * D * sizeof(float) : 0) + 1024;
-    auto k = fused ? (block ? &v4_bwd_dkdv_kernel<T, D, 64, true, true> : &v4_bwd_dkdv_kernel<T, D, 64, false, true>)
-                   : (block ? &v4_bwd_dkdv_kernel<T, D, BQ, true, false> : &v4_bwd_dkdv_kernel<T, D, BQ, false, false>);
+  using CT = DkdvShape<BQ, false, kStages, false>;  // two passes
+  bool own = false;
+  auto go = [&](auto k, size_t smem) {
     allow_smem(reinterpret_cast<const void*>(k), smem);
     const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
                     static_cast<unsigned>(a.B));
     k<<<grid, kThreads, smem, s>>>(nK, nV, nQ, ndO, a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
+  };
+  if (!fused) {
+    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, CT>, dkdv_smem<D, CT>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, D, false, CT>, dkdv_smem<D, CT>(sizeof(T)));
+  } else if (block) {
+    go(&v4_bwd_dkdv_kernel<T, D, true, FusedDefault<D>>, dkdv_smem<D, FusedDefault<D>>(sizeof(T)));
+    own = FusedDefault<D>::kOwn;
+  } else {
+    go(&v4_bwd_dkdv_kernel<T, D, false, CF>, dkdv_smem<D, CF>(sizeof(T)));
+    own = CF::kOwn;
   }
   if (fused) {
-    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * 2;
-    v4_dq_convert<T, D><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
+    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * (own ? 1 : 2);
+    if (own) v4_dq_convert<T, D, true><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
+    else v4_dq_convert<T, D, false><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   }
   return true;
@@ -483,9 +550,15 @@ bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const ch
     v3_backward<T>(a, s);
     return true;
   }
-  // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block); the tuning
-  // configurations change the two-pass shapes only.
-  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;  // tuning: bf16 only
+  // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block). Tuning
+  // (bf16 only): cfg 1 changes the two-pass shapes, cfg 2 flips the one-pass OWN choice.
+  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;
+  if constexpr (std::is_same<T, bf16>::value) {
+    if (dq_acc != nullptr && cfg == 2) {
+      if (a.d == 64) return launch_bwd<T, 64, 64, 64, DkdvShape<64, true, 2, false>>(a, s, dq_acc, why);
+      return launch_bwd<T, 128, 64, 64, DkdvShape<64, true, 2, true>>(a, s, dq_acc, why);
+    }
+  }
   if (a.d == 64) {
     if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, dq_acc, why);
     return launch_bwd<T, 64, 64, 64>(a, s, dq_acc, why);
