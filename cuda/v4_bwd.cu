@@ -46,8 +46,10 @@ constexpr int kRows = 64 * kWgs;         // dQ: query rows per CTA; dK/dV: keys 
 constexpr int kStages = 2;
 constexpr int kRegP = 40, kRegC = 232;   // setmaxnreg budgets: 128 P + 256 C <= 65536
 
+// The first 1024-byte boundary at or after p, by an offset from p: the result stays a pointer into
+// shared memory as far as the compiler knows (an integer round trip would make its loads generic).
 __device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+  return p + ((1024u - (v2::smem_u32(p) & 1023u)) & 1023u);
 }
 
 // Copies a (ROWS, D) tile: D/64 boxes of (64, ROWS), one per sw128 panel.
@@ -200,12 +202,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ------------------------------------------------------------------ dK, dV
-// Row facts of one query tile, staged by producer warp 1: LSE log2(e) (+inf past nq: P = 0), D,
-// and the row's visible local key interval [lo, hi) (empty past nq).
+// One stage's facts, staged by producer warp 1: the visited (q-head, query tile) index `it` (-1:
+// the sequence has ended), whether every pair of the tile and the CTA's keys is visible, and per
+// query row LSE log2(e) (+inf past nq: P = 0), D and the visible local key interval [lo, hi)
+// (empty past nq).
 template <int BQ>
 struct RowStats {
   float L2[BQ], D[BQ];
   int lo[BQ], hi[BQ];
+  int it, full;
 };
 
 // Shapes of the dK/dV pass. FUSED (the non-deterministic mode): the pass also forms dQ's partial
@@ -218,8 +223,8 @@ struct RowStats {
 //                block), which needs both warpgroups' dS^T (a barrier across them per tile);
 //   OWN = true:  each warpgroup adds dS K over its own 64 keys (a 64 x d block): no barrier
 //                across warpgroups, twice the atomic traffic.
-// Measured on H200 (docs/performance-gpu.md): OWN at d = 64, halves at d = 128 (where OWN's
-// 64 x d block needs registers the products still hold, and spills).
+// Measured on H200 (docs/performance-gpu.md): halves are faster at both head dims (OWN's doubled
+// atomic traffic; at d = 128 its 64 x d block also needs registers the products still hold).
 // STAGES: depth of the Q/dO ring.
 template <int BQ, bool FUSED, int STAGES, bool OWN>
 struct DkdvShape {
@@ -248,9 +253,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sV = sK + kRows * D;                              // (128, D)
   T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
-  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sQO + S * 2 * BQ * D);  // S x stats
-  T* sdS = reinterpret_cast<T*>(sR + S);  // FUSED: 2 (OWN: 1) x (128 keys, BQ) dS^T, sw128
-  float* sdQ = reinterpret_cast<float*>(sdS + (OWN ? 1 : 2) * kRows * BQ);  // FUSED: 2 x dQ_part
+  T* sdS = sQO + S * 2 * BQ * D;  // FUSED: 2 (OWN: 1) x (128 keys, BQ) dS^T, sw128 (1024-aligned)
+  float* sdQ = reinterpret_cast<float*>(sdS + (FUSED ? (OWN ? 1 : 2) * kRows * BQ : 0));  // FUSED: 2 x dQ_part
+  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + (FUSED ? 2 * (OWN ? 64 : 32) * D : 0));  // S x facts
   __shared__ RingBars<S> bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
@@ -271,13 +276,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::fence_init();
   }
   __syncthreads();
-  // Visited tiles in order; each warp walks the same sequence (bwd_q_tile is warp-uniform and
-  // needs no barrier). full: every pair of the tile and the CTA's keys is visible.
-  auto next_it = [&](int it, bool* full) -> int {
-    while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, full)) ++it;
-    return it;
-  };
-
   if (wg < 0) {  // ---------------------------------------------------------------- producer
     tma::regs_dec<kRegP>();
     if (warp > 1) return;
@@ -286,22 +284,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
       load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
     }
+    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile is
+    // warp-uniform and needs no barrier); warp 1 hands each tile's index on with its row facts,
+    // then a last stage with it = -1, so the consumers never evaluate the masks per tile.
     int st = 0;
     uint32_t ph = 0;
     bool full = false;
-    for (int it = next_it(0, &full); it < n_it; it = next_it(it + 1, &full)) {
+    for (int it = 0;; ++it) {
+      while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
+      const bool end = it >= n_it;
       const int64_t h = hk * G + it / nqt, i0 = int64_t(it % nqt) * BQ;
       tma::wait(&bars.empty[st], ph ^ 1);
       if (warp == 0) {
         if (lane == 0) {
-          tma::arrive_expect(&bars.full[st], 2 * kTile);
-          T* dst = sQO + st * (2 * BQ * D);
-          load_tile<BQ, D>(dst, &mQ, int(i0), int(h), int(b), &bars.full[st]);
-          load_tile<BQ, D>(dst + BQ * D, &mdO, int(i0), int(h), int(b), &bars.full[st]);
+          if (end) {
+            tma::arrive(&bars.full[st]);
+          } else {
+            tma::arrive_expect(&bars.full[st], 2 * kTile);
+            T* dst = sQO + st * (2 * BQ * D);
+            load_tile<BQ, D>(dst, &mQ, int(i0), int(h), int(b), &bars.full[st]);
+            load_tile<BQ, D>(dst + BQ * D, &mdO, int(i0), int(h), int(b), &bars.full[st]);
+          }
         }
       } else {
         RowStats<BQ>& R = sR[st];
-        for (int i = lane; i < BQ; i += 32) {
+        if (lane == 0) {
+          R.it = end ? -1 : it;
+          R.full = full;
+        }
+        for (int i = lane; i < BQ && !end; i += 32) {
           const int64_t r = i0 + i;
           int64_t lo = 0, hi = 0;
           float L2 = INFINITY, Dv = 0.f;
@@ -317,6 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         tma::arrive(&bars.full[st]);  // release: my stores above before it
       }
+      if (end) break;
       if (++st == S) { st = 0; ph ^= 1; }
     }
     return;
@@ -335,13 +347,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   tma::wait(&bars.once, 0);
   int st = 0;
   uint32_t ph = 0;
-  bool full = false;
-  for (int it = next_it(0, &full); it < n_it; it = next_it(it + 1, &full)) {
+  for (;;) {
+    const RowStats<BQ>& R = sR[st];
+    tma::wait(&bars.full[st], ph);
+    const int it = R.it;
+    if (it < 0) break;
+    const bool full = R.full;
     const int64_t i0 = int64_t(it % nqt) * BQ;
     const T* cQ = sQO + st * (2 * BQ * D);
     const T* cO = cQ + BQ * D;
-    const RowStats<BQ>& R = sR[st];
-    tma::wait(&bars.full[st], ph);
 
     float s[BQ / 2], dp[BQ / 2];  // S^T = K Q^T, dP^T = V dO^T: my keys x BQ rows
     const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
@@ -350,17 +364,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     v3::pin(dk);
     v3::pin(dv);
     v3::two_products<T, D, kRows, BQ>(s, dp, dKd, dQb, dVd, dOb);
-    // P^T (5.2); element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1))
+    // P^T (5.2); element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1)).
+    // Full tiles (the common case) test nothing.
+    if (full) {
 #pragma unroll
-    for (int e = 0; e < BQ / 2; ++e) {
-      const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
-      const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
-      bool vis = full;
-      if (!vis) {
-        vis = jl >= R.lo[il] && jl < R.hi[il];  // empty past nq; hi <= nk
+      for (int e = 0; e < BQ / 2; ++e) s[e] = ex2(fmaf(s[e], sl2, -R.L2[(e >> 2) * 8 + 2 * t4 + (e & 1)]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < BQ / 2; ++e) {
+        const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
+        const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
+        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // empty past nq; hi <= nk
         if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
+        s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
       }
-      s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
     }
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
     v3::pack_a<T, BQ>(pa, s);
@@ -470,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The one-pass (fused) dK/dV pass's shape at head dim D; CF overrides it (tuning, bf16 only).
 template <int D>
-using FusedDefault = DkdvShape<64, true, 2, D == 64>;
+using FusedDefault = DkdvShape<64, true, 2, false>;
 
 template <class T, int D, int BC, int BQ, class CF = FusedDefault<D>>
 bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const char** why) {
@@ -551,11 +568,11 @@ bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const ch
     return true;
   }
   // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block). Tuning
-  // (bf16 only): cfg 1 changes the two-pass shapes, cfg 2 flips the one-pass OWN choice.
+  // (bf16 only): cfg 1 changes the two-pass shapes, cfg 2 runs the one-pass OWN shape.
   const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;
   if constexpr (std::is_same<T, bf16>::value) {
     if (dq_acc != nullptr && cfg == 2) {
-      if (a.d == 64) return launch_bwd<T, 64, 64, 64, DkdvShape<64, true, 2, false>>(a, s, dq_acc, why);
+      if (a.d == 64) return launch_bwd<T, 64, 64, 64, DkdvShape<64, true, 2, true>>(a, s, dq_acc, why);
       return launch_bwd<T, 128, 64, 64, DkdvShape<64, true, 2, true>>(a, s, dq_acc, why);
     }
   }
