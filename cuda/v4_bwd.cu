@@ -62,8 +62,7 @@ __device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row,
 // dq_acc (fp32) holds, per (b, h, 64-row query tile qt, column half w), one 64 x d/2 block in
 // the order the consumer threads of warpgroup w hold it: float (c 128 + t) 4 + e is thread t's
 // accumulator element 4 c + e (wgmma's m64n(d/2) layout: rows 16 (t / 32) + (t % 32) / 4 +
-// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2). The OWN shape adds whole 64 x d blocks at
-// w = 0, in the order of wgmma's m64nd layout (the same formulas with d/2 w = 0).
+// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2).
 template <class T, class G>
 __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int w) {
   const int64_t nqt = (a.nq + 63) / 64;
@@ -71,16 +70,15 @@ __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t 
 }
 
 // dQ = scale dq_acc, back from the block order above into the dQ view. Grid (blocks, 1, 1) over
-// (b, h, qt, w); 128 threads, thread t converting its d/4 elements. OWN: the blocks are whole
-// 64 x d blocks (w = 0, d/2 elements per thread; see v4_bwd_dkdv_kernel's OWN).
-template <class T, int D, bool OWN>
+// (b, h, qt, w); 128 threads, thread t converting its d/4 elements.
+template <class T, int D>
 __global__ void __launch_bounds__(128) v4_dq_convert(BwdArgs<T, T> a, const float* dq_acc) {
-  constexpr int W = OWN ? 1 : 2, N = D / W;  // column blocks per 64-row tile, columns per block
+  constexpr int N = D / 2;  // columns per block
   const int t = threadIdx.x;
   const int64_t nqt = (a.nq + 63) / 64;
   const int64_t blk = blockIdx.x;
-  const int w = static_cast<int>(blk % W);
-  const int64_t qt = (blk / W) % nqt, bh = blk / W / nqt, h = bh % a.Hq, b = bh / a.Hq;
+  const int w = static_cast<int>(blk % 2);
+  const int64_t qt = (blk / 2) % nqt, bh = blk / 2 / nqt, h = bh % a.Hq, b = bh / a.Hq;
   const float* src = dq_acc + dq_acc_index(a, b, h, qt, w);
   const float sc = static_cast<float>(a.scale);
   const int64_t r0 = qt * 64 + 16 * (t / 32) + (t % 32) / 4;
@@ -215,27 +213,23 @@ struct RowStats {
 
 // Shapes of the dK/dV pass. FUSED (the non-deterministic mode): the pass also forms dQ's partial
 // sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
-// consumer warpgroup writes its dS^T to shared memory (the M-major A of that product); the fp32
-// block goes through shared memory to dq_acc by the copy engine's element-wise atomic add
-// (layout: dq_acc_index), and v4_dq_convert writes dQ. The order of those adds varies from run
-// to run, hence not bitwise repeatable.
-//   OWN = false: each warpgroup takes half of dQ_part's columns over all 128 keys (a 64 x d/2
-//                block), which needs both warpgroups' dS^T (a barrier across them per tile);
-//   OWN = true:  each warpgroup adds dS K over its own 64 keys (a 64 x d block): no barrier
-//                across warpgroups, twice the atomic traffic.
-// Measured on H200 (docs/performance-gpu.md): halves are faster at both head dims (OWN's doubled
-// atomic traffic; at d = 128 its 64 x d block also needs registers the products still hold).
-// STAGES: depth of the Q/dO ring.
-template <int BQ, bool FUSED, int STAGES, bool OWN>
+// consumer warpgroup writes its dS^T to shared memory (the M-major A of that product), then
+// takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both warpgroups' dS^T,
+// hence a barrier across them per tile). The block goes through shared memory to dq_acc by the
+// copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert writes dQ. The
+// order of those adds varies from run to run, hence not bitwise repeatable. STAGES: depth of the
+// Q/dO ring. (Measured and dropped, docs/performance-gpu.md: each warpgroup adding dS K over its
+// own keys, no barrier but twice the atomic traffic; S^T and dP^T waited for apart.)
+template <int BQ, bool FUSED, int STAGES>
 struct DkdvShape {
   static constexpr int kBQ = BQ, kStages = STAGES;
-  static constexpr bool kFused = FUSED, kOwn = FUSED && OWN;
+  static constexpr bool kFused = FUSED;
 };
 
 template <int D, class C>
 constexpr size_t dkdv_smem(size_t elem) {
   return size_t(2 * kRows + 2 * C::kStages * C::kBQ) * D * elem + C::kStages * sizeof(RowStats<C::kBQ>) +
-         (C::kFused ? (C::kOwn ? 1 : 2) * kRows * C::kBQ * elem + 2 * (C::kOwn ? 64 : 32) * D * sizeof(float) : 0) +
+         (C::kFused ? 2 * kRows * C::kBQ * elem + 2 * 32 * D * sizeof(float) : 0) +
          1024;
 }
 
@@ -246,20 +240,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                        BwdArgs<T, T> a, float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BQ = C::kBQ, S = C::kStages;
-  constexpr bool FUSED = C::kFused, OWN = C::kOwn;
+  constexpr bool FUSED = C::kFused;
   static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
   constexpr uint32_t kTile = BQ * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sV = sK + kRows * D;                              // (128, D)
   T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
-  T* sdS = sQO + S * 2 * BQ * D;  // FUSED: 2 (OWN: 1) x (128 keys, BQ) dS^T, sw128 (1024-aligned)
-  float* sdQ = reinterpret_cast<float*>(sdS + (FUSED ? (OWN ? 1 : 2) * kRows * BQ : 0));  // FUSED: 2 x dQ_part
-  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + (FUSED ? 2 * (OWN ? 64 : 32) * D : 0));  // S x facts
+  T* sdS = sQO + S * 2 * BQ * D;  // FUSED: 2 x (128 keys, BQ) dS^T, sw128 (1024-aligned)
+  float* sdQ = reinterpret_cast<float*>(sdS + (FUSED ? 2 * kRows * BQ : 0));  // FUSED: 2 x (64, d/2) dQ_part
+  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + (FUSED ? 2 * 32 * D : 0));  // S x facts
   __shared__ RingBars<S> bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
-  const int64_t j0 = int64_t(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
+  // 1-d grid, key blocks of one (b, kv-head) pair consecutive: the CTAs that run at once share
+  // the pair's Q and dO tiles in L2 (interleaving pairs to start long causal CTAs first lost
+  // more in L2 than it gained, docs/performance-gpu.md).
+  const int64_t nkb = (a.nk + kRows - 1) / kRows, pair = blockIdx.x / nkb;
+  const int64_t hk = pair % a.Hkv, b = pair / a.Hkv, j0 = (blockIdx.x % nkb) * kRows;
   const int64_t nq = a.nq, nk = a.nk, G = a.group;
   const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // keys [j0, jend) (global = local)
   const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
@@ -339,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const int krow = (warp - 4) * 16;  // my warp's first key in the CTA
   const int wtid = tid - 128 * (wg + 1);  // my thread in the warpgroup
-  int dsb = 0;                             // FUSED, !OWN: dS^T buffer
+  int dsb = 0;                             // FUSED: dS^T buffer
   float dk[D / 2], dv[D / 2];        // my 2 keys x D/4 columns (wgmma accumulators)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -406,50 +404,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     v3::commit();
     if constexpr (FUSED) {
-      constexpr int kN = OWN ? D : D / 2;  // dQ_part columns per warpgroup
+      // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
+      // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
+      // K's rows: panel wg at d = 128; 64 bytes into the 128-byte swizzled row at d = 64 (the
+      // swizzle is a function of the address, as for the K-major k16 steps).
+      constexpr int kN = D / 2;
       float dq[kN / 2];
-      if constexpr (OWN) {
-        // dQ_part (64 query rows x d) = dS K over my 64 keys: keys 64 wg.. of the dS^T tile and
-        // of K (MN-major B). At d = 128 the products finish first (registers: dq beside pa, sa).
-        if constexpr (D == 128) {
-          v3::wait<0>();
-          v3::pin(dk);
-          v3::pin(dv);
-          v3::pin(pa);
-          v3::pin(sa);
-          tma::arrive(&bars.empty[st]);
-        }
-        tma::bar_sync(4 + wg, 128);  // my warpgroup's dS^T stores before its product reads them
-        const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
-        const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(sK));
-        v3::fence();
+      tma::bar_sync(1, 256);
+      const T* kB = D == 128 ? sK + wg * kRows * 64 : sK + wg * kN;
+      const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
+      const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, 4 * wg + kk), v3::desc_mn_step(dB, 4 * wg + kk),
-                                               kk);
-        v3::commit();
-      } else {
-        // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
-        // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
-        // K's rows: panel wg at d = 128; 64 bytes into the 128-byte swizzled row at d = 64 (the
-        // swizzle is a function of the address, as for the K-major k16 steps).
-        tma::bar_sync(1, 256);
-        const T* kB = D == 128 ? sK + wg * kRows * 64 : sK + wg * kN;
-        const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS));
-        const uint64_t dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
-#pragma unroll
-        for (int kk = 0; kk < kRows / 16; ++kk)
-          v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
-        v3::commit();
-      }
-      if constexpr (!(OWN && D == 128)) {
-        v3::wait<1>();  // dV, dK done: Q and dO of this stage may be refilled while dQ_part runs
-        v3::pin(dk);
-        v3::pin(dv);
-        v3::pin(pa);
-        v3::pin(sa);
-        tma::arrive(&bars.empty[st]);  // release: my reads of the row facts before it
-      }
+      for (int kk = 0; kk < kRows / 16; ++kk)
+        v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), kk);
+      v3::commit();
+      v3::wait<1>();  // dV, dK done: Q and dO of this stage may be refilled while dQ_part runs
+      v3::pin(dk);
+      v3::pin(dv);
+      v3::pin(pa);
+      v3::pin(sa);
+      tma::arrive(&bars.empty[st]);  // release: my reads of the row facts before it
       v3::wait<0>();
       v3::pin(dq);
       // dQ_part to shared memory in fragment order (conflict-free 16-byte stores), then one
@@ -464,10 +438,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::bar_sync(2 + wg, 128);
       if (wtid == 0) {
         const int64_t h = hk * G + it / nqt, qt = it % nqt;
-        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, OWN ? 0 : wg), qs, kN * 64 * sizeof(float));
+        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, wg), qs, kN * 64 * sizeof(float));
         tma::bulk_commit();
       }
-      if constexpr (!OWN) dsb ^= 1;
+      dsb ^= 1;
     } else {
       v3::wait<0>();
       v3::pin(dk);
@@ -486,10 +460,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The one-pass (fused) dK/dV pass's shape at head dim D; CF overrides it (tuning, bf16 only).
-template <int D>
-using FusedDefault = DkdvShape<64, true, 2, false>;
+// Tuning knob for the benchmark only: BURSTLAB_V4_BWD_CFG = 0 (default) or 1 (cuda/README.md).
+int v4_bwd_cfg() {
+  static const int v = [] {
+    const char* e = std::getenv("BURSTLAB_V4_BWD_CFG");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
 
-template <class T, int D, int BC, int BQ, class CF = FusedDefault<D>>
+template <class T, int D, int BC, int BQ>
 bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   const bool block = a.mask.block != nullptr, fused = dq_acc != nullptr;
@@ -517,41 +497,26 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
   } else {
     BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
   }
-  using CT = DkdvShape<BQ, false, kStages, false>;  // two passes
-  bool own = false;
+  using CF = DkdvShape<64, true, kStages>;   // one pass
+  using CT = DkdvShape<BQ, false, kStages>;  // two passes
   auto go = [&](auto k, size_t smem) {
     allow_smem(reinterpret_cast<const void*>(k), smem);
-    const dim3 grid(static_cast<unsigned>((a.nk + kRows - 1) / kRows), static_cast<unsigned>(a.Hkv),
-                    static_cast<unsigned>(a.B));
-    k<<<grid, kThreads, smem, s>>>(nK, nV, nQ, ndO, a, dq_acc);
+    const int64_t ctas = (a.nk + kRows - 1) / kRows * a.Hkv * a.B;  // 1-d: see the kernel's CTA order
+    if (ctas > INT_MAX) fail("v4 backward: ", ctas, " CTAs exceed the grid limit");
+    k<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(nK, nV, nQ, ndO, a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
   };
-  if (!fused) {
+  if (fused) {
+    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, CF>, dkdv_smem<D, CF>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, D, false, CF>, dkdv_smem<D, CF>(sizeof(T)));
+    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * 2;
+    v4_dq_convert<T, D><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
+    BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
+  } else {
     if (block) go(&v4_bwd_dkdv_kernel<T, D, true, CT>, dkdv_smem<D, CT>(sizeof(T)));
     else go(&v4_bwd_dkdv_kernel<T, D, false, CT>, dkdv_smem<D, CT>(sizeof(T)));
-  } else if (block) {
-    go(&v4_bwd_dkdv_kernel<T, D, true, FusedDefault<D>>, dkdv_smem<D, FusedDefault<D>>(sizeof(T)));
-    own = FusedDefault<D>::kOwn;
-  } else {
-    go(&v4_bwd_dkdv_kernel<T, D, false, CF>, dkdv_smem<D, CF>(sizeof(T)));
-    own = CF::kOwn;
-  }
-  if (fused) {
-    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64) * (own ? 1 : 2);
-    if (own) v4_dq_convert<T, D, true><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
-    else v4_dq_convert<T, D, false><<<static_cast<unsigned>(blocks), 128, 0, s>>>(a, dq_acc);
-    BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   }
   return true;
-}
-
-// Tuning knob for the benchmark only: BURSTLAB_V4_BWD_CFG = 0 (default) or 1 (cuda/README.md).
-int v4_bwd_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V4_BWD_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
 }
 
 }  // namespace
@@ -567,15 +532,9 @@ bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const ch
     v3_backward<T>(a, s);
     return true;
   }
-  // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block). Tuning
-  // (bf16 only): cfg 1 changes the two-pass shapes, cfg 2 runs the one-pass OWN shape.
-  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;
-  if constexpr (std::is_same<T, bf16>::value) {
-    if (dq_acc != nullptr && cfg == 2) {
-      if (a.d == 64) return launch_bwd<T, 64, 64, 64, DkdvShape<64, true, 2, true>>(a, s, dq_acc, why);
-      return launch_bwd<T, 128, 64, 64, DkdvShape<64, true, 2, true>>(a, s, dq_acc, why);
-    }
-  }
+  // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block); the tuning
+  // configuration changes the two-pass shapes only.
+  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;  // tuning: bf16 only
   if (a.d == 64) {
     if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, dq_acc, why);
     return launch_bwd<T, 64, 64, 64>(a, s, dq_acc, why);
