@@ -62,8 +62,9 @@ template <class A> __device__ __forceinline__ A warp_sum(A v) {
 }
 
 // Visible keys of global row ig in LOCAL key indices [*lo, *hi) when k_pos is contiguous
-// (eq. 3.4 clipped to this block's keys); block bits are not included.
-__device__ __forceinline__ void local_range(const MaskParams& m, int64_t ig, const Positions& kp,
+// (eq. 3.4 clipped to this block's keys); block bits are not included. Host too (v4_forward's
+// choice of shape samples rows).
+__host__ __device__ __forceinline__ void local_range(const MaskParams& m, int64_t ig, const Positions& kp,
                                             int64_t nk, int64_t* lo, int64_t* hi) {
   int64_t a, b;
   row_range(m, ig, &a, &b);

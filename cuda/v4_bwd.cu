@@ -10,8 +10,9 @@
 //          registers, dQ += dS K (5.6).
 //   dK,dV  CTA = (b, kv-head, 128 keys); K and V copied once; the (q-head of the group, query
 //          tile of BQ rows) pairs that see the keys stream through the ring: Q and dO by the
-//          copy engine, and each row's LSE log2(e), D and visible key interval (eq. 3.4) staged
-//          by producer warp 1. Per tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO (5.3),
+//          copy engine, and with them the tile's index and each row's LSE log2(e), D and
+//          visible key interval (eq. 3.4), staged by producer warp 1 (the consumers never
+//          evaluate the mask to find their tiles). Per tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO (5.3),
 //          dK += dS^T Q (5.7); in the default (one-pass) mode also dQ's partial sums (see
 //          v4_bwd_dkdv_kernel's FUSED), added atomically into fp32 scratch, then converted.
 // Deterministic mode: the two passes write every output element from one thread in a fixed

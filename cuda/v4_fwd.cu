@@ -34,13 +34,15 @@ namespace {
 using v2::kLog2e;
 
 // WGS consumer warpgroups (Br = 64 WGS), BC keys per tile, STAGES K/V buffers; register budgets
-// per thread after setmaxnreg (producer, consumer): 128 P + 128 WGS C <= 65536.
+// per thread after setmaxnreg (producer, consumer): 128 P + 128 WGS C <= 65536 / kCtas. With one
+// consumer warpgroup two CTAs share a multiprocessor, so that one's loads and epilogue overlap
+// the other's math (short sequences, where each CTA has few key tiles).
 template <int D, int WGS, int BC, int STAGES>
 struct Cfg4 {
   static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
-  static constexpr int kThreads = 128 * (WGS + 1), kWarps = 4 * (WGS + 1);
-  static constexpr int kRegP = WGS == 2 ? 24 : 32, kRegC = WGS == 2 ? 240 : 160;
-  static_assert(128 * kRegP + 128 * WGS * kRegC <= 65536, "register budgets exceed the file");
+  static constexpr int kThreads = 128 * (WGS + 1), kWarps = 4 * (WGS + 1), kCtas = WGS == 1 ? 2 : 1;
+  static constexpr int kRegP = WGS == 3 ? 32 : 24, kRegC = WGS == 3 ? 160 : WGS == 2 ? 240 : 232;
+  static_assert(128 * kRegP + 128 * WGS * kRegC <= 65536 / kCtas, "register budgets exceed the file");
   // Q, STAGES x (K, V), one zeroed V-sized tile, plus 1 KB to align the first tile to 1024 bytes.
   static constexpr size_t smem_bytes(size_t elem) {
     return size_t(kBr + (2 * STAGES + 1) * kBc) * D * elem + 1024;
@@ -55,7 +57,7 @@ struct Bars {
 // KIDX: key positions are indexed (a.kp.index), so every tile runs the general predicate; its
 // code is kept out of the common kernel, where its temporaries would spill the accumulators.
 template <class T, class C, bool KIDX>
-__global__ void __launch_bounds__(C::kThreads, 1)
+__global__ void __launch_bounds__(C::kThreads, C::kCtas)
     v4_fwd_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mK,
                   const __grid_constant__ CUtensorMap mV, FwdArgs<T> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -219,13 +221,29 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   return true;
 }
 
-// Tuning knob for the benchmark only: BURSTLAB_V4_CFG = 0 (default), 1, 2 (cuda/README.md).
+// Tuning knob for the benchmark only: BURSTLAB_V4_CFG = 0 (default), 1, 2, 3, 4 (cuda/README.md).
 int v4_tuning_cfg() {
   static const int v = [] {
     const char* e = std::getenv("BURSTLAB_V4_CFG");
     return e ? std::atoi(e) : 0;
   }();
   return v;
+}
+
+// Do the query rows see at most `limit` keys on average? Estimated from 64 evenly spaced rows
+// (eq. 3.4 on the host); false when the mask or the positions live in device arrays (document
+// masks, indexed positions), which the host cannot read.
+template <class T>
+bool few_keys_per_row(const FwdArgs<T>& a, int64_t limit) {
+  if (a.mask.doc != nullptr || a.qp.index != nullptr || a.kp.index != nullptr) return false;
+  int64_t sum = 0;
+  constexpr int kSamples = 64;
+  for (int k = 0; k < kSamples; ++k) {
+    int64_t lo, hi;
+    local_range(a.mask, a.qp[(a.nq - 1) * k / (kSamples - 1)], a.kp, a.nk, &lo, &hi);
+    sum += hi - lo;
+  }
+  return sum <= limit * kSamples;
 }
 
 }  // namespace
@@ -239,13 +257,19 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
     v3_forward<T>(a, s);
     return true;
   }
-  const int cfg = std::is_same<T, bf16>::value ? v4_tuning_cfg() : 0;  // tuning: bf16 only
+  const int cfg = v4_tuning_cfg();
+  // Rows that see few keys (short or causal sequences) give each CTA few key tiles, so its loads
+  // and epilogue weigh: one consumer warpgroup, two CTAs per multiprocessor. The limits are where
+  // that shape measured faster on H200 (docs/performance-gpu.md).
+  const bool few = cfg == 0 && few_keys_per_row(a, a.d == 64 ? 1024 : 512);
   if (a.d == 64) {
     if (cfg == 1) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
     if (cfg == 2) return launch<T, Cfg4<64, 3, 128, 3>>(a, s, why);
-    return launch<T, Cfg4<64, 3, 128, 2>>(a, s, why);
+    if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 128, 2>>(a, s, why);
+    return launch<T, Cfg4<64, 3, 128, 2>>(a, s, why);  // also cfg 4: never the few-keys shape
   }
   if (cfg == 1) return launch<T, Cfg4<128, 2, 64, 4>>(a, s, why);
+  if (cfg == 3 || few) return launch<T, Cfg4<128, 1, 64, 2>>(a, s, why);
   return launch<T, Cfg4<128, 2, 128, 2>>(a, s, why);
 }
 
