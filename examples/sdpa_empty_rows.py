@@ -12,6 +12,7 @@ answer of uniform attention over all keys), and whether any value is NaN. It com
 a tolerance and never fails: it reports.
 """
 import sys
+import warnings
 
 try:
     import torch
@@ -26,6 +27,7 @@ def main():
         print("needs a CUDA device")
         return 2
     dev = "cuda"
+    warnings.filterwarnings("ignore", category=UserWarning)  # torch names each refused backend
     g = torch.Generator(device="cpu").manual_seed(7)
     B, H, N, d, n_empty = 1, 2, 128, 64, 16
     q0 = torch.randn(B, H, N, d, generator=g)
