@@ -3,7 +3,7 @@
 // and 2 consume, 64 rows or 64 keys each, and never meet at a CTA barrier (the one-pass mode's
 // dS hand-off aside): tiles arrive in an mbarrier ring, filled by the copy engine (TMA, tma.cuh)
 // in wgmma's 128-byte swizzle.
-//   D      (5.1) by the v1 compute_D kernel.
+//   D      (5.1) by compute_D (v1.cu; one 16-byte chunk per lane for these views).
 //   dQ     (deterministic mode) CTA = (b, h, 128 query rows); Q and dO copied once; K and V
 //          tiles of BC keys in a ring. Per tile: S = Q K^T and dP = dO V^T (wgmma,
 //          shared-memory operands), P = 2^(S c - LSE) (5.2), dS = P (dP - D) (5.5) in
