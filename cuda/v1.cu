@@ -277,19 +277,15 @@ void v1_backward(const BwdArgs<T, G>& a, cudaStream_t s) {
   }
 }
 
-// Rows 16-byte aligned with unit d-stride: the vectorized D kernel may read the view.
-template <class T>
-bool rows_16b(const View4<const T>& v) {
-  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && v.stride[3] == 1 && v.stride[0] % 8 == 0 &&
-         v.stride[1] % 8 == 0 && v.stride[2] % 8 == 0;
-}
-
 template <class T>
 void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, cudaStream_t s) {
   if (O.dim[2] == 0) return;
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (sizeof(T) == 2) {  // the tensor-core variants' view rules: d, alignment, strides
     const int64_t d = O.dim[3];
-    if ((d == 64 || d == 128) && rows_16b(O) && rows_16b(dO)) {
+    const void* ptrs[2] = {O.data, dO.data};
+    const int64_t* strides[2] = {O.stride, dO.stride};
+    const char* why = nullptr;
+    if (v2_forward_ok_common(d, ptrs, strides, 2, &why)) {
       const int rows = d == 64 ? 32 : 16;  // per block of 256 threads
       const dim3 grid(static_cast<unsigned>((O.dim[2] + rows - 1) / rows), static_cast<unsigned>(O.dim[1]),
                       static_cast<unsigned>(O.dim[0]));

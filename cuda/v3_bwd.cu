@@ -96,23 +96,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dq_kernel(BwdArgs<T, T> a)
     v3::fence_proxy_async();
     __syncthreads();
 
-    float s[BC / 2], dp[BC / 2];  // S = Q K^T, dP = dO V^T (5.4); s[4 nt + e] is v2's s[nt][e]
-    const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
-    const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
-    v3::pin(acc);
-    v3::two_products<T, D, kRows, BC>(s, dp, dQd, dK, dOd, dV);
-    tiles::dq_pass_ds<BC>(s, dp, rows, full, has_block, j0, t4, sl2, a, q0 + warp * 16 + g);  // dS (5.5)
-    uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
-    v3::pack_a<T, BC>(da, s);
-    const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, da[kk], v3::desc_mn_step(dKt, kk), 1);  // dQ += dS K
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(acc);
-    v3::pin(da);
+    v3::dq_tile<T, D, kRows, BC>(acc, dQd0, dOd0, cK, cV, rows, full, has_block, j0, t4, sl2, a, q0 + warp * 16 + g);
     __syncthreads();
     buf ^= 1;
   }
@@ -210,13 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> 
     v3::pack_a<T, BQ>(pa, s);
     v3::pack_a<T, BQ>(sa, dp);
     const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      v3::Wgmma<T>::template rs<D, 1>(dv, pa[kk], v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
-      v3::Wgmma<T>::template rs<D, 1>(dk, sa[kk], v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
-    }
-    v3::commit();
+    v3::dvdk_products<T, D, BQ>(dv, dk, pa, sa, dOt, dQt);
     v3::wait<0>();
     v3::pin(dk);
     v3::pin(dv);

@@ -185,23 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* cV = cK + BC * D;
     tma::wait(&bars.full[st], ph);
 
-    float s[BC / 2], dp[BC / 2];  // S = Q K^T, dP = dO V^T (5.4)
-    const uint64_t dQd = v3::opaque(dQd0), dOd = v3::opaque(dOd0);
-    const uint64_t dK = v3::opaque(v3::desc_k_base<BC>(cK, 0)), dV = v3::opaque(v3::desc_k_base<BC>(cV, 0));
-    v3::pin(acc);
-    v3::two_products<T, D, kRows, BC>(s, dp, dQd, dK, dOd, dV);
-    tiles::dq_pass_ds<BC>(s, dp, rows, full, BLOCK, j0, t4, sl2, a, q0 + wrow + g);  // dS (5.5)
-    uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
-    v3::pack_a<T, BC>(da, s);
-    const uint64_t dKt = v3::opaque(v3::desc_mn_base<BC>(cK));
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, da[kk], v3::desc_mn_step(dKt, kk), 1);  // dQ += dS K
-    v3::commit();
-    v3::wait<0>();
-    v3::pin(acc);
-    v3::pin(da);
+    v3::dq_tile<T, D, kRows, BC>(acc, dQd0, dOd0, cK, cV, rows, full, BLOCK, j0, t4, sl2, a, q0 + wrow + g);
     if (lane == 0) tma::arrive(&bars.empty[st]);
     if (++st == kStages) { st = 0; ph ^= 1; }
   }
@@ -227,36 +211,28 @@ struct RowStats {
   int it, full;
 };
 
-// Shapes of the dK/dV pass. FUSED (the non-deterministic mode): the pass also forms dQ's partial
+// The dK/dV pass: query tiles of BQ rows. FUSED (the non-deterministic mode): the pass also forms dQ's partial
 // sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
 // consumer warpgroup writes its dS^T to shared memory (the M-major A of that product), then
 // takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both warpgroups' dS^T,
 // hence a barrier across them per tile). The block goes through shared memory to dq_acc by the
 // copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert writes dQ. The
-// order of those adds varies from run to run, hence not bitwise repeatable. STAGES: depth of the
-// Q/dO ring. (Measured and dropped, docs/performance-gpu.md: each warpgroup adding dS K over its
-// own keys, no barrier but twice the atomic traffic; S^T and dP^T waited for apart.)
-template <int BQ, bool FUSED, int STAGES>
-struct DkdvShape {
-  static constexpr int kBQ = BQ, kStages = STAGES;
-  static constexpr bool kFused = FUSED;
-};
-
-template <int D, class C>
+// order of those adds varies from run to run, hence not bitwise repeatable. (Measured and
+// dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no barrier but
+// twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
+template <int D, int BQ, bool FUSED>
 constexpr size_t dkdv_smem(size_t elem) {
-  return size_t(2 * kRows + 2 * C::kStages * C::kBQ) * D * elem + C::kStages * sizeof(RowStats<C::kBQ>) +
-         (C::kFused ? 2 * kRows * C::kBQ * elem + 2 * 32 * D * sizeof(float) : 0) +
-         1024;
+  return size_t(2 * kRows + 2 * kStages * BQ) * D * elem + kStages * sizeof(RowStats<BQ>) +
+         (FUSED ? 2 * kRows * BQ * elem + 2 * 32 * D * sizeof(float) : 0) + 1024;
 }
 
-template <class T, int D, bool BLOCK, class C>
+template <class T, int D, bool BLOCK, int BQ, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                        const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
                        BwdArgs<T, T> a, float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BQ = C::kBQ, S = C::kStages;
-  constexpr bool FUSED = C::kFused;
+  constexpr int S = kStages;
   static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
   constexpr uint32_t kTile = BQ * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -412,13 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       v3::fence_proxy_async();
     }
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      v3::Wgmma<T>::template rs<D, 1>(dv, pa[kk], v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
-      v3::Wgmma<T>::template rs<D, 1>(dk, sa[kk], v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
-    }
-    v3::commit();
+    v3::dvdk_products<T, D, BQ>(dv, dk, pa, sa, dOt, dQt);
     if constexpr (FUSED) {
       // dQ_part (64 query rows x my d/2 columns) = dS K over all 128 keys: both warpgroups'
       // dS^T (barrier 1 over the 256 consumer threads). My columns start d/2 wg elements into
@@ -513,8 +483,6 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
   } else {
     BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
   }
-  using CF = DkdvShape<64, true, kStages>;   // one pass
-  using CT = DkdvShape<BQ, false, kStages>;  // two passes
   auto go = [&](auto k, size_t smem) {
     allow_smem(reinterpret_cast<const void*>(k), smem);
     const int64_t ctas = (a.nk + kRows - 1) / kRows * a.Hkv * a.B;  // 1-d: see the kernel's CTA order
@@ -523,14 +491,14 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
   };
   if (fused) {
-    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, CF>, dkdv_smem<D, CF>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, D, false, CF>, dkdv_smem<D, CF>(sizeof(T)));
+    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, D, false, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
     const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64);
     v4_dq_convert<T, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   } else {
-    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, CT>, dkdv_smem<D, CT>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, D, false, CT>, dkdv_smem<D, CT>(sizeof(T)));
+    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, D, false, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
   }
   return true;
 }

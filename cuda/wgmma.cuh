@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "mma.cuh"
+#include "tile_mask.cuh"
 
 namespace burstlab::cuda::detail::v3 {
 
@@ -166,6 +167,47 @@ __device__ __forceinline__ void two_products(float (&s)[N / 2], float (&s2)[N / 
   wait<0>();
   pin(s);
   pin(s2);
+}
+
+// The dQ pass's step over one key tile (v3 and v4's deterministic mode): S = Q K^T and
+// dP = dO V^T (5.4) from shared memory, dS = P (dP - D) (5.5, tile_mask.cuh's dq_pass_ds) in
+// registers, then acc += dS K (5.6, K transposed), waited for. dQd0, dOd0: the warpgroup's Q and
+// dO descriptors (tiles of ROWS rows); cK, cV: the (BC, D) key and value tiles; r0: the thread's
+// first local query row.
+template <class T, int D, int ROWS, int BC, class G>
+__device__ __forceinline__ void dq_tile(float (&acc)[D / 2], uint64_t dQd0, uint64_t dOd0, const T* cK, const T* cV,
+                                        const tiles::BwdRows& rows, bool full, bool block, int j0, int t4, float sl2,
+                                        const BwdArgs<T, G>& a, int64_t r0) {
+  float s[BC / 2], dp[BC / 2];  // S, dP: my 2 rows x BC/4 keys
+  const uint64_t dQd = opaque(dQd0), dOd = opaque(dOd0);
+  const uint64_t dK = opaque(desc_k_base<BC>(cK, 0)), dV = opaque(desc_k_base<BC>(cV, 0));
+  pin(acc);
+  two_products<T, D, ROWS, BC>(s, dp, dQd, dK, dOd, dV);
+  tiles::dq_pass_ds<BC>(s, dp, rows, full, block, j0, t4, sl2, a, r0);  // dS (5.5)
+  uint32_t da[BC / 16][4];  // dS as A fragments, rounded to T
+  pack_a<T, BC>(da, s);
+  const uint64_t dKt = opaque(desc_mn_base<BC>(cK));
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) Wgmma<T>::template rs<D, 1>(acc, da[kk], desc_mn_step(dKt, kk), 1);  // dQ += dS K
+  commit();
+  wait<0>();
+  pin(acc);
+  pin(da);
+}
+
+// The dK/dV pass's products, issued and committed (not waited for): dV += P^T dO (5.3) and
+// dK += dS^T Q (5.7), P^T and dS^T from registers (pa, sa), dO and Q transposed (MN-major).
+template <class T, int D, int BQ>
+__device__ __forceinline__ void dvdk_products(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[BQ / 16][4],
+                                              const uint32_t (&sa)[BQ / 16][4], uint64_t dOt, uint64_t dQt) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < BQ / 16; ++kk) {
+    Wgmma<T>::template rs<D, 1>(dv, pa[kk], desc_mn_step(dOt, kk), 1);  // dV += P^T dO
+    Wgmma<T>::template rs<D, 1>(dk, sa[kk], desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
+  }
+  commit();
 }
 
 // The forward's last O += P V (P from registers, V of BC keys transposed in shared memory), waited for.
