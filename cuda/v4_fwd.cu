@@ -33,98 +33,146 @@ namespace {
 
 using v2::kLog2e;
 
-// WGS consumer warpgroups (Br = 64 WGS), BC keys per tile, STAGES K/V buffers; register budgets
-// per thread after setmaxnreg (producer, consumer): 128 P + 128 WGS C <= 65536 / kCtas. With one
-// consumer warpgroup two CTAs share a multiprocessor, so that one's loads and epilogue overlap
-// the other's math (short sequences, where each CTA has few key tiles).
+// WGS consumer warpgroups (Br = 64 WGS), BC keys per tile, STAGES K/V buffers. Register budgets
+// per thread after setmaxnreg (producer P, consumer C): the launch gives every thread R registers
+// (what __launch_bounds__ allows); setmaxnreg.inc waits until the registers the producer gave
+// back suffice, so P + WGS C <= (WGS + 1) R, or the consumers wait forever. With one consumer
+// warpgroup two CTAs share a multiprocessor, so that one's loads and epilogue overlap the
+// other's math (short sequences, where each item has few key tiles).
 template <int D, int WGS, int BC, int STAGES>
 struct Cfg4 {
   static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
-  static constexpr int kThreads = 128 * (WGS + 1), kWarps = 4 * (WGS + 1), kCtas = WGS == 1 ? 2 : 1;
-  static constexpr int kRegP = WGS == 3 ? 32 : 24, kRegC = WGS == 3 ? 160 : WGS == 2 ? 240 : 232;
-  static_assert(128 * kRegP + 128 * WGS * kRegC <= 65536 / kCtas, "register budgets exceed the file");
-  // Q, STAGES x (K, V), one zeroed V-sized tile, plus 1 KB to align the first tile to 1024 bytes.
+  static constexpr int kThreads = 128 * (WGS + 1), kCtas = WGS == 1 ? 2 : 1;
+  static constexpr int kRegLaunch = (65536 / (kThreads * kCtas)) & ~7;
+  static constexpr int kRegP = WGS == 2 ? 40 : 32, kRegC = WGS == 3 ? 160 : WGS == 2 ? 232 : 224;
+  static_assert(kRegP + WGS * kRegC <= (WGS + 1) * kRegLaunch, "consumers would wait for registers forever");
+  // 2 x Q (the next item's lands during this one), STAGES x (K, V), plus 1 KB to align the
+  // first tile to 1024 bytes.
   static constexpr size_t smem_bytes(size_t elem) {
-    return size_t(kBr + (2 * STAGES + 1) * kBc) * D * elem + 1024;
+    return size_t(2 * kBr + 2 * STAGES * kBc) * D * elem + 1024;
   }
 };
 
 struct Bars {
-  uint64_t q;
+  uint64_t q_full[2], q_empty[2];
   uint64_t k_full[4], k_empty[4], v_full[4], v_empty[4];
+  uint64_t item_full[2], item_empty[2];
 };
 
+// One work item: query tile qt of head h, batch b, and the key tiles [t_begin, t_end) its rows
+// visit, with the keys [full_lo, full_hi) every row sees; qt < 0 ends the CTA's loop.
+struct Item {
+  int qt, h, b, t_begin, t_end, full_lo, full_hi, pad;
+};
+
+// Persistent: gridDim.x CTAs take the items k = (b H_q + h) n_qt + (n_qt - 1 - qt) in order, a
+// (b, h)'s longest tiles first; a CTA's first item is blockIdx.x, the next ones come from *next
+// (gridDim.x + a fetch-and-add, sent two tiles before the item's last load; never read when the
+// grid covers every item). The producer warp works out each item's tile range (its own hull, no
+// CTA barrier) and hands it to the consumers through a two-slot mailbox, then loads the item's
+// Q into one of two buffers (free once the consumers finished the item two back) and its K/V
+// tiles into the ring, which runs on across items: the next item's loads overlap this one's last
+// tiles and epilogue.
 // KIDX: key positions are indexed (a.kp.index), so every tile runs the general predicate; its
 // code is kept out of the common kernel, where its temporaries would spill the accumulators.
 template <class T, class C, bool KIDX>
 __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     v4_fwd_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mK,
-                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a) {
+                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a, int n_items, int* next) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages, kWarps = C::kWarps;
+  constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages;
   constexpr int kPanels = D / 64;
   constexpr uint32_t kTileBytes = kBc * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));  // (Br, D) sw128
-  T* sK = sQ + kBr * D;         // S x (Bc, D) sw128
+  T* sQ = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));  // 2 x (Br, D) sw128
+  T* sK = sQ + 2 * kBr * D;     // S x (Bc, D) sw128
   T* sV = sK + kS * kBc * D;    // S x (Bc, D) sw128
-  T* sZ = sV + kS * kBc * D;    // (Bc, D) zeros: the V of "tile -1" (P = 0 there)
   __shared__ Bars bars;
-  __shared__ int red[4][kWarps];
+  __shared__ Item mail[2];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
-  const int wg = warp / 4 - 1;   // consumer warpgroup (-1: producer)
-  const int wrow = (warp - 4) * 16;  // a consumer warp's first row in the CTA
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBr, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-  const int64_t nq = a.nq, nk = a.nk;
+  const int wg = warp / 4 - 1;       // consumer warpgroup (-1: producer)
+  const int wrow = (warp - 4) * 16;  // a consumer warp's first row in the item
+  const int nqt = static_cast<int>((a.nq + kBr - 1) / kBr);
 
   if (tid == 0) {
-    tma::init(&bars.q, 1);
+    for (int s = 0; s < 2; ++s) {
+      tma::init(&bars.q_full[s], 1);
+      tma::init(&bars.q_empty[s], 4 * C::kWgs);  // one arrival per consumer warp
+      tma::init(&bars.item_full[s], 1);
+      tma::init(&bars.item_empty[s], 128 * C::kWgs);  // every consumer thread read its copy
+    }
     for (int s = 0; s < kS; ++s) {
       tma::init(&bars.k_full[s], 1);
       tma::init(&bars.v_full[s], 1);
-      tma::init(&bars.k_empty[s], 4 * C::kWgs);  // one arrival per consumer warp
+      tma::init(&bars.k_empty[s], 4 * C::kWgs);
       tma::init(&bars.v_empty[s], 4 * C::kWgs);
     }
     tma::fence_init();
   }
-  for (int e = tid; e < kBc * D / 8; e += C::kThreads) reinterpret_cast<uint4*>(sZ)[e] = make_uint4(0u, 0u, 0u, 0u);
-  v3::fence_proxy_async();  // the zeros are read by wgmma
-
-  // ---- mask facts of a consumer thread's rows g, g + 8 (eq. 3.4) and the CTA's key hull
-  // (tile_mask.cuh); the barrier inside also publishes the barrier inits and the zeros.
+  __syncthreads();  // publishes the barrier inits
   constexpr bool kidx = KIDX;
-  int llo[2], lhi[2];
-  const tiles::Hull hull = tiles::fwd_rows<kWarps>(a, q0 + wrow + g, kidx, wg >= 0, red, llo, lhi);
-  // Without a block mask every key tile of the hull is visited (tile_mask.cuh's fwd_tile).
-  const int t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
-  const int t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
 
   if (wg < 0) {  // ---------------------------------------------------------------- producer
     tma::regs_dec<C::kRegP>();
-    if (warp == 0 && lane == 0) {
+    if (warp != 0) return;
+    if (lane == 0) {
       tma::prefetch_map(&mQ);
       tma::prefetch_map(&mK);
       tma::prefetch_map(&mV);
-      tma::arrive_expect(&bars.q, kBr * D * sizeof(T));
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        tma::load_4d(sQ + p * kBr * 64, &mQ, 64 * p, int(q0), int(h), int(b), &bars.q);
-      int st = 0;
-      uint32_t ph = 0;
-      for (int t = t_begin; t < t_end; ++t) {
-        tma::wait(&bars.k_empty[st], ph ^ 1);
-        tma::arrive_expect(&bars.k_full[st], kTileBytes);
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          tma::load_4d(sK + st * kBc * D + p * kBc * 64, &mK, 64 * p, t * kBc, int(hk), int(b), &bars.k_full[st]);
-        tma::wait(&bars.v_empty[st], ph ^ 1);
-        tma::arrive_expect(&bars.v_full[st], kTileBytes);
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          tma::load_4d(sV + st * kBc * D + p * kBc * 64, &mV, 64 * p, t * kBc, int(hk), int(b), &bars.v_full[st]);
-        if (++st == kS) { st = 0; ph ^= 1; }
+    }
+    auto fetch = [&] { return int(gridDim.x) >= n_items ? n_items : int(gridDim.x) + atomicAdd(next, 1); };
+    int item = blockIdx.x, st = 0;
+    uint32_t ph = 0;
+    for (int n = 0;; ++n) {
+      Item it{-1, 0, 0, 0, 0, 0, 0, 0};
+      if (item < n_items) {
+        const int bh = item / nqt;
+        it.qt = nqt - 1 - item % nqt;
+        it.h = bh % static_cast<int>(a.Hq);
+        it.b = bh / static_cast<int>(a.Hq);
+        const tiles::Hull hull = tiles::fwd_rows_warp<kBr>(a, int64_t(it.qt) * kBr, kidx);
+        // Without a block mask every key tile of the hull is visited (tile_mask.cuh's fwd_tile).
+        it.t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
+        it.t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
+        it.full_lo = hull.full_lo;
+        it.full_hi = hull.full_hi;
       }
+      int fetched = 0;
+      if (lane == 0) {
+        tma::wait(&bars.item_empty[n & 1], ((n >> 1) & 1) ^ 1);
+        mail[n & 1] = it;
+        tma::arrive(&bars.item_full[n & 1]);
+        if (it.qt >= 0) {
+          const int64_t hk = it.h / a.group;
+          const int qb = n & 1;
+          tma::wait(&bars.q_empty[qb], ((n >> 1) & 1) ^ 1);
+          tma::arrive_expect(&bars.q_full[qb], kBr * D * sizeof(T));
+#pragma unroll
+          for (int p = 0; p < kPanels; ++p)
+            tma::load_4d(sQ + qb * kBr * D + p * kBr * 64, &mQ, 64 * p, it.qt * kBr, it.h, it.b, &bars.q_full[qb]);
+          // The next item is fetched two tiles before this one's last load: late enough that a
+          // long item does not hold a claim on it, early enough to hide the atomic's latency.
+          bool sent = false;
+          for (int t = it.t_begin; t < it.t_end; ++t) {
+            if (t == it.t_end - 2) { fetched = fetch(); sent = true; }
+            tma::wait(&bars.k_empty[st], ph ^ 1);
+            tma::arrive_expect(&bars.k_full[st], kTileBytes);
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              tma::load_4d(sK + st * kBc * D + p * kBc * 64, &mK, 64 * p, t * kBc, int(hk), it.b, &bars.k_full[st]);
+            tma::wait(&bars.v_empty[st], ph ^ 1);
+            tma::arrive_expect(&bars.v_full[st], kTileBytes);
+#pragma unroll
+            for (int p = 0; p < kPanels; ++p)
+              tma::load_4d(sV + st * kBc * D + p * kBc * 64, &mV, 64 * p, t * kBc, int(hk), it.b, &bars.v_full[st]);
+            if (++st == kS) { st = 0; ph ^= 1; }
+          }
+          if (!sent) fetched = fetch();
+        }
+      }
+      if (it.qt < 0) break;
+      item = __shfl_sync(0xffffffffu, fetched, 0);
     }
     return;
   }
@@ -132,79 +180,120 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   // ------------------------------------------------------------------------------ consumers
   tma::regs_inc<C::kRegC>();
   const bool has_block = false;  // v4_forward never launches with a block mask
-  auto pred = [&](int ri, int jl) -> bool {
-    return tiles::fwd_visible(a, kidx, has_block, llo[ri], lhi[ri], q0 + wrow + g + 8 * ri, jl);
-  };
   constexpr bool band_only = !KIDX;
-  float acc[D / 2];  // O~ (4.3): wgmma accumulator, my 2 rows x D/4 columns
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
-  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const float c2 = sl2 > 0.f ? sl2 : 1.f;
-  // P_{i-1} as wgmma A fragments; before the first tile P = 0 against the zeroed tile, so the
-  // P V product is issued unconditionally (every wgmma stays out of data-dependent branches).
-  uint32_t pa[kBc / 16][4];
+  // (st, ph): stage and parity of the ring's next tile; it runs on across items.
+  int st = 0;
+  uint32_t ph = 0;
+  for (int n = 0;; ++n) {
+    tma::wait(&bars.item_full[n & 1], (n >> 1) & 1);
+    const Item it = mail[n & 1];
+    tma::arrive(&bars.item_empty[n & 1]);
+    if (it.qt < 0) break;
+    const int64_t q0 = int64_t(it.qt) * kBr, h = it.h, b = it.b;
+    // mask facts of my rows g, g + 8 (eq. 3.4): local key intervals [llo, lhi)
+    int llo[2], lhi[2];
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-  const uint64_t dQ0 = v3::desc_k_base<kBr>(sQ, wg * 64);  // my warpgroup's 64 rows of Q
-  tma::wait(&bars.q, 0);
+    for (int ri = 0; ri < 2; ++ri) {
+      const int64_t r = q0 + wrow + g + 8 * ri;
+      int64_t lo = 0, hi = a.nk;
+      if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+      llo[ri] = static_cast<int>(lo);
+      lhi[ri] = static_cast<int>(hi);
+    }
+    auto pred = [&](int ri, int jl) -> bool {
+      return tiles::fwd_visible(a, kidx, has_block, llo[ri], lhi[ri], q0 + wrow + g + 8 * ri, jl);
+    };
+    float acc[D / 2];  // O~ (4.3): wgmma accumulator, my 2 rows x D/4 columns
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
+    uint32_t pa[kBc / 16][4];  // P_{i-1} as wgmma A fragments
+    const uint64_t dQ0 = v3::desc_k_base<kBr>(sQ + (n & 1) * kBr * D, wg * 64);  // my 64 rows of Q
+    tma::wait(&bars.q_full[n & 1], (n >> 1) & 1);
 
-  // Iteration i: S_i = Q K_{tau_i}^T, then O += P_{i-1} V_{tau_{i-1}} while S_i's softmax runs.
-  // (st, ph): stage and parity of tile i; (pst, pph): of tile i - 1.
-  int st = 0, pst = 0;
-  uint32_t ph = 0, pph = 0;
-  const T* pV = sZ;
-  for (int t = t_begin; t < t_end; ++t) {
-    const int j0 = t * kBc;
-    const bool full = hull.full_lo <= j0 && j0 + kBc <= hull.full_hi;
-    tma::wait(&bars.k_full[st], ph);
-    if (pV != sZ) tma::wait(&bars.v_full[pst], pph);
-    float s[kBc / 2];  // S = Q K^T (2.1), unscaled
-    const uint64_t dQ = v3::opaque(dQ0), dK = v3::opaque(v3::desc_k_base<kBc>(sK + st * kBc * D, 0));
-    const uint64_t dV = v3::opaque(v3::desc_mn_base<kBc>(pV));
-    v3::pin(acc);
-    v3::fence();
+    // Tile i: S_i = Q K_{tau_i}^T, then O += P_{i-1} V_{tau_{i-1}} while S_i's softmax runs; the
+    // first tile has no P V (a separate instantiation, so no wgmma sits in a data-dependent
+    // branch). (pst, pph): stage and parity of tile i - 1.
+    int pst = 0;
+    uint32_t pph = 0;
+    auto tile = [&](int t, auto first) {
+      constexpr bool kFirst = decltype(first)::value;
+      const int j0 = t * kBc;
+      const bool full = it.full_lo <= j0 && j0 + kBc <= it.full_hi;
+      tma::wait(&bars.k_full[st], ph);
+      if (!kFirst) tma::wait(&bars.v_full[pst], pph);
+      float s[kBc / 2];  // S = Q K^T (2.1), unscaled
+      const uint64_t dQ = v3::opaque(dQ0), dK = v3::opaque(v3::desc_k_base<kBc>(sK + st * kBc * D, 0));
+      v3::pin(acc);
+      v3::fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k_step<kBr>(dQ, kk), v3::desc_k_step<kBc>(dK, kk), kk);
-    v3::commit();
+      for (int kk = 0; kk < D / 16; ++kk)
+        v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k_step<kBr>(dQ, kk), v3::desc_k_step<kBc>(dK, kk), kk);
+      v3::commit();
+      if constexpr (!kFirst) {
+        const uint64_t dV = v3::opaque(v3::desc_mn_base<kBc>(sV + pst * kBc * D));
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(dV, kk), 1);
-    v3::commit();
-    v3::wait<1>();  // S done: K_{tau_i} may be refilled
-    v3::pin(s);
-    if (lane == 0) tma::arrive(&bars.k_empty[st]);
+        for (int kk = 0; kk < kBc / 16; ++kk)
+          v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(dV, kk), 1);
+        v3::commit();
+        v3::wait<1>();  // S done: K_{tau_i} may be refilled
+      } else {
+        v3::wait<0>();
+      }
+      v3::pin(s);
+      if (lane == 0) tma::arrive(&bars.k_empty[st]);
 
-    softmax::mask_tile<kBc>(s, sl2, full, band_only, j0, t4, llo, lhi, pred);
-    float alpha[2];
-    softmax::online<kBc>(s, c2, m_r, l_r, alpha);
-    v3::wait<0>();  // P_{i-1} V done: V_{tau_{i-1}} may be refilled, O rescaled, pa refilled
-    v3::pin(acc);
-    v3::pin(pa);
-    if (pV != sZ && lane == 0) tma::arrive(&bars.v_empty[pst]);
-    softmax::rescale_pack<T, D, kBc>(acc, pa, s, alpha);
-    pV = sV + st * kBc * D;
-    pst = st;
-    pph = ph;
-    if (++st == kS) { st = 0; ph ^= 1; }
+      softmax::mask_tile<kBc>(s, sl2, full, band_only, j0, t4, llo, lhi, pred);
+      float alpha[2];
+      softmax::online<kBc>(s, c2, m_r, l_r, alpha);
+      if constexpr (!kFirst) {
+        v3::wait<0>();  // P_{i-1} V done: V_{tau_{i-1}} may be refilled, O rescaled, pa refilled
+        v3::pin(acc);
+        v3::pin(pa);
+        if (lane == 0) tma::arrive(&bars.v_empty[pst]);
+      }
+      softmax::rescale_pack<T, D, kBc>(acc, pa, s, alpha);
+      pst = st;
+      pph = ph;
+      if (++st == kS) { st = 0; ph ^= 1; }
+    };
+    if (it.t_begin < it.t_end) {
+      tile(it.t_begin, std::true_type{});
+      for (int t = it.t_begin + 1; t < it.t_end; ++t) tile(t, std::false_type{});
+    }
+    if (lane == 0) tma::arrive(&bars.q_empty[n & 1]);  // every S of this item is done
+    if (it.t_begin < it.t_end) {  // the last P V
+      tma::wait(&bars.v_full[pst], pph);
+      v3::pv_product<T, D, kBc>(acc, pa, sV + pst * kBc * D);
+      if (lane == 0) tma::arrive(&bars.v_empty[pst]);
+    }
+
+    // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)
+    epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + g, acc, m_r, l_r, t4);
   }
-  {  // the last P V (against the zeroed tile when no key tile was visited)
-    if (pV != sZ) tma::wait(&bars.v_full[pst], pph);
-    v3::pv_product<T, D, kBc>(acc, pa, pV);
-  }
-
-  // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)
-  epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + g, acc, m_r, l_r, t4);
 #else
   __trap();  // built without sm_90a: the dispatcher never launches v4 then
 #endif
 }
 
+// Tuning knob: BURSTLAB_V4_GRID = 0 (default: as many CTAs as fit on the device at once), n > 0
+// (at most n CTAs: the tests' way to make few CTAs loop over many items), -1 (one CTA per item,
+// as a non-persistent launch; for the benchmark's comparison).
+int v4_grid_knob() {
+  static const int v = [] {
+    const char* e = std::getenv("BURSTLAB_V4_GRID");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <class T, class C>
 bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
+  const int64_t items = (a.nq + C::kBr - 1) / C::kBr * a.Hq * a.B;
+  if (items > INT_MAX / 2) { *why = "v4 forward: more than 2^30 query tiles"; return false; }
   CUtensorMap mQ, mK, mV;
   if (!tma::encode_4d(&mQ, a.Q.data, a.Q.dim, a.Q.stride, bf, C::kBr, why) ||
       !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, C::kBc, why) ||
@@ -214,10 +303,24 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   const bool kidx = a.kp.index != nullptr;
   auto kernel = kidx ? &v4_fwd_kernel<T, C, true> : &v4_fwd_kernel<T, C, false>;
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
-  const dim3 grid(static_cast<unsigned>((a.nq + C::kBr - 1) / C::kBr), static_cast<unsigned>(a.Hq),
-                  static_cast<unsigned>(a.B));
-  kernel<<<grid, C::kThreads, smem, s>>>(mQ, mK, mV, a);
-  BURSTLAB_CUDA_LAUNCH_CHECK("v4_fwd_kernel");
+  int dev = 0, sms = 0, per_sm = 0;
+  BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
+  BURSTLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  BURSTLAB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, smem));
+  const int knob = v4_grid_knob();
+  int64_t grid = knob < 0 ? items : int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  if (knob > 0 && knob < grid) grid = knob;
+  if (grid > items) grid = items;
+  // The fetch-and-add counter, zeroed in stream order; not needed when every item has a CTA.
+  int* next = nullptr;
+  if (grid < items) {
+    BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&next), sizeof(int), s));
+    BURSTLAB_CUDA_CHECK(cudaMemsetAsync(next, 0, sizeof(int), s));
+  }
+  kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, s>>>(mQ, mK, mV, a, static_cast<int>(items), next);
+  const cudaError_t launched = cudaGetLastError();
+  if (next) BURSTLAB_CUDA_CHECK(cudaFreeAsync(next, s));
+  ::burstlab::cuda::check(launched, "launch of v4_fwd_kernel", __FILE__, __LINE__);
   return true;
 }
 
@@ -258,6 +361,7 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
     return true;
   }
   const int cfg = v4_tuning_cfg();
+  const bool kidx = a.kp.index != nullptr;
   // Rows that see few keys (short or causal sequences) give each CTA few key tiles, so its loads
   // and epilogue weigh: one consumer warpgroup, two CTAs per multiprocessor. The limits are where
   // that shape measured faster on H200 (docs/performance-gpu.md).
@@ -266,9 +370,13 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
     if (cfg == 1) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
     if (cfg == 2) return launch<T, Cfg4<64, 3, 128, 3>>(a, s, why);
     if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 128, 2>>(a, s, why);
+    // Indexed keys: the general predicate's temporaries spill 3 x 160 registers (ptxas: 476
+    // bytes), not 2 x 240 (4 bytes).
+    if (kidx) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
     return launch<T, Cfg4<64, 3, 128, 2>>(a, s, why);  // also cfg 4: never the few-keys shape
   }
-  if (cfg == 1) return launch<T, Cfg4<128, 2, 64, 4>>(a, s, why);
+  // Indexed keys at Bc = 128 spill 196 bytes, at Bc = 64 none.
+  if (cfg == 1 || kidx) return launch<T, Cfg4<128, 2, 64, 4>>(a, s, why);
   if (cfg == 3 || few) return launch<T, Cfg4<128, 1, 64, 2>>(a, s, why);
   return launch<T, Cfg4<128, 2, 128, 2>>(a, s, why);
 }
