@@ -1,16 +1,18 @@
-// cuda/v4_fwd.cu — variant 4 forward: v3's wgmma forward, warp-specialized (FA3's structure).
-// Spec §4.1 (eq. 4.1-4.4), §6.1 (blocks over global positions), §4.3 (fold into a running
-// partial). One CTA = (b, h, Br = 64 WGS query rows) and 1 + WGS warpgroups:
-//   producer  warpgroup 0 gives its registers back (setmaxnreg) and one thread issues every
-//             copy: Q once, then K and V tiles of BC keys into a ring of STAGES buffers, by the
-//             bulk tensor copy engine (TMA, tma.cuh), straight into wgmma's 128-byte swizzle;
+// cuda/v4_fwd.cu — variant 4 forward: v3's wgmma forward, warp-specialized (FA3's structure) on a
+// persistent grid. Spec §4.1 (eq. 4.1-4.4), §6.1 (blocks over global positions), §4.3 (fold
+// into a running partial). As many CTAs as fit on the device; each loops over work items (query
+// tile of Br = 64 WGS rows, head h, batch b) and has 1 + WGS warpgroups:
+//   producer  warpgroup 0 gives its registers back (setmaxnreg); its warp 0 works out each
+//             item's key tiles and posts them to the consumers, and one thread issues every
+//             copy: the item's Q, then K and V tiles of BC keys into a ring of STAGES buffers, by
+//             the bulk tensor copy engine (TMA, tma.cuh), straight into wgmma's 128-byte swizzle;
 //   consumers warpgroups 1..WGS, 64 query rows each, run v3's per-tile math (S = Q K^T, the
 //             online softmax of softmax.cuh, O += P V overlapped with the next tile's softmax)
 //             and never meet at a CTA barrier: each waits on the mbarrier that says its tile has
 //             landed and releases the buffer with an arrival once its wgmma has read it.
-// The loads thus run ahead of the math on their own, the consumers hold no load addresses (up to
-// 240 registers each for the accumulators), and the two warpgroups drift in and out of phase,
-// which overlaps one's softmax with the other's products.
+// The loads thus run ahead of the math on their own, across items too, the consumers hold no
+// load addresses (up to 232 registers each for the accumulators), and the warpgroups drift in
+// and out of phase, which overlaps one's softmax with another's products.
 // Limits: v3's (bf16/fp16, d in {64, 128}, 16-byte aligned views with strides in multiples of 8
 // elements, a compute capability 9.0 device), and no block-sparse mask: the tile sequence must be
 // known to the producer without a CTA-wide vote (v3 runs those). v4_forward returns false when it
