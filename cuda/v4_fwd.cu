@@ -39,14 +39,16 @@ using v2::kLog2e;
 // per thread after setmaxnreg (producer P, consumer C): the launch gives every thread R registers
 // (what __launch_bounds__ allows); setmaxnreg.inc waits until the registers the producer gave
 // back suffice, so P + WGS C <= (WGS + 1) R, or the consumers wait forever. With one consumer
-// warpgroup two CTAs share a multiprocessor, so that one's loads and epilogue overlap the
-// other's math (short sequences, where each item has few key tiles).
-template <int D, int WGS, int BC, int STAGES>
+// warpgroup CTAS = 2 or 3 CTAs share a multiprocessor, so that one's loads, first and last tile
+// and epilogue overlap the others' math (short sequences, where each item has few key tiles);
+// 3 fit in the register file with BC = 64 and 128 registers.
+template <int D, int WGS, int BC, int STAGES, int CTAS = WGS == 1 ? 2 : 1>
 struct Cfg4 {
   static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
-  static constexpr int kThreads = 128 * (WGS + 1), kCtas = WGS == 1 ? 2 : 1;
+  static constexpr int kThreads = 128 * (WGS + 1), kCtas = CTAS;
   static constexpr int kRegLaunch = (65536 / (kThreads * kCtas)) & ~7;
-  static constexpr int kRegP = WGS == 2 ? 40 : 32, kRegC = WGS == 3 ? 160 : WGS == 2 ? 232 : 224;
+  static constexpr int kRegP = WGS == 2 ? 40 : 32;
+  static constexpr int kRegC = CTAS == 3 ? 128 : WGS == 3 ? 160 : WGS == 2 ? 232 : 224;
   static_assert(kRegP + WGS * kRegC <= (WGS + 1) * kRegLaunch, "consumers would wait for registers forever");
   // 2 x Q (the next item's lands during this one), STAGES x (K, V), plus 1 KB to align the
   // first tile to 1024 bytes.
@@ -364,14 +366,15 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   }
   const int cfg = v4_tuning_cfg();
   const bool kidx = a.kp.index != nullptr;
-  // Rows that see few keys (short or causal sequences) give each CTA few key tiles, so its loads
-  // and epilogue weigh: one consumer warpgroup, two CTAs per multiprocessor. The limits are where
-  // that shape measured faster on H200 (docs/performance-gpu.md).
+  // Rows that see few keys (short or causal sequences) give each item few key tiles, so its loads
+  // and epilogue weigh: one consumer warpgroup, three (d=64, 64-key tiles) or two (d=128) CTAs
+  // per multiprocessor. The limits are where that shape measured faster on H200
+  // (docs/performance-gpu.md).
   const bool few = cfg == 0 && few_keys_per_row(a, a.d == 64 ? 1024 : 512);
   if (a.d == 64) {
     if (cfg == 1) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
     if (cfg == 2) return launch<T, Cfg4<64, 3, 128, 3>>(a, s, why);
-    if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 128, 2>>(a, s, why);
+    if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 64, 2, 3>>(a, s, why);
     // Indexed keys: the general predicate's temporaries spill 3 x 160 registers (ptxas: 476
     // bytes), not 2 x 240 (4 bytes).
     if (kidx) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
