@@ -1,6 +1,7 @@
 // cuda/api.cu — host entry points of the CUDA layer: validation (spec §1.4) before any launch,
 // dispatch to the numbered variants (cuda/README.md), device masks.
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "detail.cuh"
@@ -83,6 +84,11 @@ DeviceMask::DeviceMask(const MaskData& m) {
 }
 
 namespace detail {
+
+int env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : 0;
+}
 
 int max_dynamic_smem() {
   int dev = 0, v = 0;

@@ -105,6 +105,9 @@ template <class T> bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const ch
 template <class T> bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d);
 
+// A tuning knob's value: the integer in environment variable `name`, 0 when unset (read once
+// by each caller into a static; benchmark and tests only, cuda/README.md).
+int env_int(const char* name);
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();
 // Raise a kernel's dynamic shared-memory limit when it needs more than 48 KB.

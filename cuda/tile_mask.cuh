@@ -51,22 +51,30 @@ __device__ __forceinline__ void add_row(int64_t lo, int64_t hi, int* hlo, int* h
   *fhi = min(*fhi, int(hi));
 }
 
-// Forward: the local key intervals [llo, lhi) of the thread's rows r0, r0 + 8 (eq. 3.4; all
-// keys when the keys are indexed, kidx) and the CTA's hull over every thread (a block-wide
-// barrier inside). Threads with active = false (a producer warp) contribute no rows.
-template <int kWarps, class T>
-__device__ __forceinline__ Hull fwd_rows(const FwdArgs<T>& a, int64_t r0, bool kidx, bool active,
-                                         int (&red)[4][kWarps], int (&llo)[2], int (&lhi)[2]) {
-  int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
+// Forward: the local key intervals [llo, lhi) of a thread's rows r0, r0 + 8 (eq. 3.4; all keys
+// when the keys are indexed, kidx, and for rows past nq, which are never stored).
+template <class T>
+__device__ __forceinline__ void fwd_row_intervals(const FwdArgs<T>& a, int64_t r0, bool kidx, int (&llo)[2],
+                                                  int (&lhi)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t r = r0 + 8 * ri;
-    int64_t lo = 0, hi = active ? a.nk : 0;
-    if (active && !kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+    int64_t lo = 0, hi = a.nk;
+    if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
     llo[ri] = static_cast<int>(lo);
     lhi[ri] = static_cast<int>(hi);
-    if (active && r < a.nq) add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
   }
+}
+
+// Forward: fwd_row_intervals and the CTA's hull over every thread (a block-wide barrier inside).
+template <int kWarps, class T>
+__device__ __forceinline__ Hull fwd_rows(const FwdArgs<T>& a, int64_t r0, bool kidx, int (&red)[4][kWarps],
+                                         int (&llo)[2], int (&lhi)[2]) {
+  fwd_row_intervals(a, r0, kidx, llo, lhi);
+  int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri)
+    if (r0 + 8 * ri < a.nq) add_row(llo[ri], lhi[ri], &hlo, &hhi, &flo, &fhi);
   Hull hull = cta_hull<kWarps>(hlo, hhi, flo, fhi, red);
   if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }  // indexed keys: predicate everywhere
   return hull;

@@ -13,7 +13,6 @@
 // 16-byte aligned data (checked on the host; otherwise v1 runs).
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "detail.cuh"
@@ -278,10 +277,7 @@ void launch(const FwdArgs<T>& a, cudaStream_t s) {
 // Tuning knob for the benchmark only: BURSTLAB_V2_CFG = 0 (default), 1, 2, 3 picks one of the
 // compiled configurations (see cuda/README.md).
 int tuning_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V2_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V2_CFG");
   return v;
 }
 

@@ -16,7 +16,6 @@
 // v2's alignment rules, a compute capability 9.0 device.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "detail.cuh"
@@ -236,10 +235,7 @@ void launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s) {
 
 // Tuning knob for the benchmark only: BURSTLAB_V3_BWD_CFG = 0 (default) or 1 (cuda/README.md).
 int v3_bwd_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V3_BWD_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V3_BWD_CFG");
   return v;
 }
 

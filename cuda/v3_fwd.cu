@@ -15,7 +15,6 @@
 // 9.0 (sm_90a code). The API's dispatcher checks all of these before choosing v3.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "detail.cuh"
@@ -69,7 +68,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) v3_fwd_kernel(FwdA
   // of key tiles and the keys every row sees (tile_mask.cuh, shared with v2).
   const bool kidx = a.kp.index != nullptr;
   int llo[2], lhi[2];
-  const tiles::Hull hull = tiles::fwd_rows<kWarps>(a, q0 + wrow + g, kidx, true, red, llo, lhi);
+  const tiles::Hull hull = tiles::fwd_rows<kWarps>(a, q0 + wrow + g, kidx, red, llo, lhi);
   const int t_begin = hull.lo < hull.hi ? static_cast<int>(hull.lo / kBc) : 0;
   const int t_end = hull.lo < hull.hi ? static_cast<int>((hull.hi + kBc - 1) / kBc) : 0;
   const bool has_block = a.mask.block != nullptr;
@@ -198,10 +197,7 @@ bool v3_device_ok(const char** why) {
 
 // Tuning knob for the benchmark only: BURSTLAB_V3_CFG = 0 (default), 1, 2 (cuda/README.md).
 int v3_tuning_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V3_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V3_CFG");
   return v;
 }
 

@@ -25,7 +25,6 @@
 // describe; v4_backward returns false (nothing launched) otherwise and the dispatcher runs v3.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "detail.cuh"
@@ -448,10 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The one-pass (fused) dK/dV pass's shape at head dim D; CF overrides it (tuning, bf16 only).
 // Tuning knob for the benchmark only: BURSTLAB_V4_BWD_CFG = 0 (default) or 1 (cuda/README.md).
 int v4_bwd_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V4_BWD_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V4_BWD_CFG");
   return v;
 }
 

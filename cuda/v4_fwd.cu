@@ -19,7 +19,6 @@
 // cannot run a call; the dispatcher (api.cu) then runs v3 or reports why.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "detail.cuh"
@@ -198,14 +197,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     const int64_t q0 = int64_t(it.qt) * kBr, h = it.h, b = it.b;
     // mask facts of my rows g, g + 8 (eq. 3.4): local key intervals [llo, lhi)
     int llo[2], lhi[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int64_t r = q0 + wrow + g + 8 * ri;
-      int64_t lo = 0, hi = a.nk;
-      if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
-      llo[ri] = static_cast<int>(lo);
-      lhi[ri] = static_cast<int>(hi);
-    }
+    tiles::fwd_row_intervals(a, q0 + wrow + g, kidx, llo, lhi);
     auto pred = [&](int ri, int jl) -> bool {
       return tiles::fwd_visible(a, kidx, has_block, llo[ri], lhi[ri], q0 + wrow + g + 8 * ri, jl);
     };
@@ -286,10 +278,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
 // (at most n CTAs: the tests' way to make few CTAs loop over many items), -1 (one CTA per item,
 // as a non-persistent launch; for the benchmark's comparison).
 int v4_grid_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V4_GRID");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V4_GRID");
   return v;
 }
 
@@ -330,10 +319,7 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
 
 // Tuning knob for the benchmark only: BURSTLAB_V4_CFG = 0 (default), 1, 2, 3, 4 (cuda/README.md).
 int v4_tuning_cfg() {
-  static const int v = [] {
-    const char* e = std::getenv("BURSTLAB_V4_CFG");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_int("BURSTLAB_V4_CFG");
   return v;
 }
 
