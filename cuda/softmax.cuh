@@ -69,15 +69,67 @@ __device__ __forceinline__ void online(float (&s)[BC / 2], float c2, float (&m_r
   }
 }
 
+// The same update with a lagging reference (FlashAttention-4's conditional rescaling; spec §4.1):
+// m_r moves only when some row of the warp meets a tile max above m_r + kLag, so most tiles skip
+// the rescaling of O~ and l and its two exponentials. P~ = 2^(x - m_r) then lies in [0, 2^kLag]
+// instead of [0, 1], which changes no relative rounding (spec §9.2). Returns whether the warp
+// moved its references (warp-uniform); only then must O~ be scaled by alpha.
+constexpr float kLag = 8.f;
+template <int BC>
+__device__ __forceinline__ bool online_lazy(float (&s)[BC / 2], float c2, float (&m_r)[2], float (&l_r)[2],
+                                            float (&alpha)[2]) {
+  float mx[2];
+  bool above = false;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) m = fmaxf(m, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    mx[ri] = m * c2;
+    above = above || mx[ri] > m_r[ri] + kLag;  // always when m_r = -inf and the row sees a key
+  }
+  const bool moved = __any_sync(0xffffffffu, above);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float m_new = moved ? fmaxf(m_r[ri], mx[ri]) : m_r[ri];
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = v2::ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
+        s[4 * nt + 2 * ri + e] = p;
+        sum += p;
+      }
+    if (moved) {
+      alpha[ri] = v2::ex2(m_r[ri] - m_use);  // 0 when m = -inf
+      l_r[ri] = l_r[ri] * alpha[ri] + sum;
+    } else {
+      l_r[ri] += sum;
+    }
+    m_r[ri] = m_new;
+  }
+  return moved;
+}
+
+// O~ *= alpha (eq. 4.3).
+template <int D>
+__device__ __forceinline__ void rescale(float (&acc)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int c = 0; c < D / 8; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[4 * c + e] *= alpha[e >> 1];
+}
+
 // O~ *= alpha (eq. 4.3) and P~ packed into wgmma A fragments (the m16n8k16 A layout per warp),
 // rounded to the storage dtype T (the u_P term of spec §9.1).
 template <class T, int D, int BC>
 __device__ __forceinline__ void rescale_pack(float (&acc)[D / 2], uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 2],
                                              const float (&alpha)[2]) {
-#pragma unroll
-  for (int c = 0; c < D / 8; ++c)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[4 * c + e] *= alpha[e >> 1];
+  rescale<D>(acc, alpha);
   v3::pack_a<T, BC>(pa, s);
 }
 

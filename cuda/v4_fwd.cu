@@ -7,9 +7,11 @@
 //             copy: the item's Q, then K and V tiles of BC keys into a ring of STAGES buffers, by
 //             the bulk tensor copy engine (TMA, tma.cuh), straight into wgmma's 128-byte swizzle;
 //   consumers warpgroups 1..WGS, 64 query rows each, run v3's per-tile math (S = Q K^T, the
-//             online softmax of softmax.cuh, O += P V overlapped with the next tile's softmax)
-//             and never meet at a CTA barrier: each waits on the mbarrier that says its tile has
-//             landed and releases the buffer with an arrival once its wgmma has read it.
+//             online softmax of softmax.cuh, O += P V overlapped with the next tile's softmax),
+//             with a lagging max (softmax::online_lazy: O~ is rescaled only when a row's max
+//             grows by more than 2^8, spec §4.1), and never meet at a CTA barrier: each waits on
+//             the mbarrier that says its tile has landed and releases the buffer with an
+//             arrival once its wgmma has read it.
 // The loads thus run ahead of the math on their own, across items too, the consumers hold no
 // load addresses (up to 232 registers each for the accumulators), and the warpgroups drift in
 // and out of phase, which overlaps one's softmax with another's products.
@@ -40,7 +42,8 @@ using v2::kLog2e;
 // back suffice, so P + WGS C <= (WGS + 1) R, or the consumers wait forever. With one consumer
 // warpgroup CTAS = 2 or 3 CTAs share a multiprocessor, so that one's loads, first and last tile
 // and epilogue overlap the others' math (short sequences, where each item has few key tiles);
-// 3 fit in the register file with BC = 64 and 128 registers.
+// 3 fit in the register file with BC = 64 and 128 registers (and in shared memory with 3
+// stages: 3 x 66.5 KB).
 template <int D, int WGS, int BC, int STAGES, int CTAS = WGS == 1 ? 2 : 1>
 struct Cfg4 {
   static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
@@ -243,14 +246,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
 
       softmax::mask_tile<kBc>(s, sl2, full, band_only, j0, t4, llo, lhi, pred);
       float alpha[2];
-      softmax::online<kBc>(s, c2, m_r, l_r, alpha);
+      const bool moved = softmax::online_lazy<kBc>(s, c2, m_r, l_r, alpha);
       if constexpr (!kFirst) {
         v3::wait<0>();  // P_{i-1} V done: V_{tau_{i-1}} may be refilled, O rescaled, pa refilled
         v3::pin(acc);
         v3::pin(pa);
         if (lane == 0) tma::arrive(&bars.v_empty[pst]);
+        if (moved) softmax::rescale<D>(acc, alpha);  // the first tile's O~ is still 0
       }
-      softmax::rescale_pack<T, D, kBc>(acc, pa, s, alpha);
+      v3::pack_a<T, kBc>(pa, s);
       pst = st;
       pph = ph;
       if (++st == kS) { st = 0; ph ^= 1; }
@@ -282,7 +286,7 @@ int v4_grid_knob() {
   return v;
 }
 
-template <class T, class C>
+template <class T, class C, bool KIDX = false>
 bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   const int64_t items = (a.nq + C::kBr - 1) / C::kBr * a.Hq * a.B;
@@ -293,8 +297,7 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
       !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, C::kBc, why))
     return false;
   const size_t smem = C::smem_bytes(sizeof(T));
-  const bool kidx = a.kp.index != nullptr;
-  auto kernel = kidx ? &v4_fwd_kernel<T, C, true> : &v4_fwd_kernel<T, C, false>;
+  auto kernel = &v4_fwd_kernel<T, C, KIDX>;
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
   int dev = 0, sms = 0, per_sm = 0;
   BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
@@ -357,17 +360,19 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   // per multiprocessor. The limits are where that shape measured faster on H200
   // (docs/performance-gpu.md).
   const bool few = cfg == 0 && few_keys_per_row(a, a.d == 64 ? 1024 : 512);
+  // Indexed keys, one shape per d whatever the knob: the general predicate's temporaries spill
+  // the other shapes' accumulators (ptxas: 3 x 160 registers 476 bytes, d=128 with Bc = 128 196
+  // bytes), not 2 x 240 at d=64 (4 bytes) and Bc = 64 at d=128 (none).
+  if (kidx)
+    return a.d == 64 ? launch<T, Cfg4<64, 2, 128, 2>, true>(a, s, why)
+                     : launch<T, Cfg4<128, 2, 64, 4>, true>(a, s, why);
   if (a.d == 64) {
     if (cfg == 1) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
     if (cfg == 2) return launch<T, Cfg4<64, 3, 128, 3>>(a, s, why);
-    if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 64, 2, 3>>(a, s, why);
-    // Indexed keys: the general predicate's temporaries spill 3 x 160 registers (ptxas: 476
-    // bytes), not 2 x 240 (4 bytes).
-    if (kidx) return launch<T, Cfg4<64, 2, 128, 2>>(a, s, why);
+    if (cfg == 3 || few) return launch<T, Cfg4<64, 1, 64, 3, 3>>(a, s, why);
     return launch<T, Cfg4<64, 3, 128, 2>>(a, s, why);  // also cfg 4: never the few-keys shape
   }
-  // Indexed keys at Bc = 128 spill 196 bytes, at Bc = 64 none.
-  if (cfg == 1 || kidx) return launch<T, Cfg4<128, 2, 64, 4>>(a, s, why);
+  if (cfg == 1) return launch<T, Cfg4<128, 2, 64, 4>>(a, s, why);
   if (cfg == 3 || few) return launch<T, Cfg4<128, 1, 64, 2>>(a, s, why);
   return launch<T, Cfg4<128, 2, 128, 2>>(a, s, why);
 }
