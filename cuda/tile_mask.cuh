@@ -81,18 +81,20 @@ __device__ __forceinline__ Hull fwd_rows(const FwdArgs<T>& a, int64_t r0, bool k
 }
 
 // Forward, one warp alone (v4's producer): the hull of query rows [r0, r0 + ROWS) (local), each
-// lane taking every 32nd row; no barrier. Same facts as fwd_rows' hull.
+// lane taking every 32nd row; no barrier. Same facts as fwd_rows' hull. Also stores every row's
+// interval in rows[0, ROWS) as fwd_row_intervals gives it (all keys for indexed keys and rows
+// past nq), so that the consumers need not work them out again.
 template <int ROWS, class T>
-__device__ __forceinline__ Hull fwd_rows_warp(const FwdArgs<T>& a, int64_t r0, bool kidx) {
+__device__ __forceinline__ Hull fwd_rows_warp(const FwdArgs<T>& a, int64_t r0, bool kidx, int2* rows) {
   int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
   const int lane = threadIdx.x % 32;
 #pragma unroll 1
   for (int u = 0; u < ROWS / 32; ++u) {
     const int64_t r = r0 + u * 32 + lane;
-    if (r >= a.nq) break;
     int64_t lo = 0, hi = a.nk;
-    if (!kidx) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
-    add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
+    if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+    rows[u * 32 + lane] = make_int2(static_cast<int>(lo), static_cast<int>(hi));
+    if (r < a.nq) add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
   }
   Hull hull = warp_hull(Hull{hlo, hhi, flo, fhi});
   if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }

@@ -39,18 +39,20 @@ using v2::kLog2e;
 // WGS consumer warpgroups (Br = 64 WGS), BC keys per tile, STAGES K/V buffers. Register budgets
 // per thread after setmaxnreg (producer P, consumer C): the launch gives every thread R registers
 // (what __launch_bounds__ allows); setmaxnreg.inc waits until the registers the producer gave
-// back suffice, so P + WGS C <= (WGS + 1) R, or the consumers wait forever. With one consumer
+// back suffice, so P + WGS C <= (WGS + 1) R, or the consumers wait forever. The producer needs
+// 40 not to spill (it works out every row's key interval); with 3 consumer warpgroups of 160 it
+// gets 32 (ptxas: 24 bytes of spills there, none in the consumers). With one consumer
 // warpgroup CTAS = 2 or 3 CTAs share a multiprocessor, so that one's loads, first and last tile
 // and epilogue overlap the others' math (short sequences, where each item has few key tiles);
-// 3 fit in the register file with BC = 64 and 128 registers (and in shared memory with 3
+// 3 fit in the register file with BC = 64 and 120 registers (and in shared memory with 3
 // stages: 3 x 66.5 KB).
 template <int D, int WGS, int BC, int STAGES, int CTAS = WGS == 1 ? 2 : 1>
 struct Cfg4 {
   static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
   static constexpr int kThreads = 128 * (WGS + 1), kCtas = CTAS;
   static constexpr int kRegLaunch = (65536 / (kThreads * kCtas)) & ~7;
-  static constexpr int kRegP = WGS == 2 ? 40 : 32;
-  static constexpr int kRegC = CTAS == 3 ? 128 : WGS == 3 ? 160 : WGS == 2 ? 232 : 224;
+  static constexpr int kRegP = WGS == 3 ? 32 : 40;
+  static constexpr int kRegC = CTAS == 3 ? 120 : WGS == 3 ? 160 : WGS == 2 ? 232 : 216;
   static_assert(kRegP + WGS * kRegC <= (WGS + 1) * kRegLaunch, "consumers would wait for registers forever");
   // 2 x Q (the next item's lands during this one), STAGES x (K, V), plus 1 KB to align the
   // first tile to 1024 bytes.
@@ -72,10 +74,14 @@ struct Item {
 };
 
 // Persistent: gridDim.x CTAs take the items k = (b H_q + h) n_qt + (n_qt - 1 - qt) in order, a
-// (b, h)'s longest tiles first; a CTA's first item is blockIdx.x, the next ones come from *next
+// (b, h)'s longest tiles first (causal masks), except the tail: the items of the last n_tail
+// (b, h) go by turns among them, all their last query tiles first, then all the tiles before,
+// so that the kernel ends on short items (largest first, as in LPT scheduling) rather than on
+// the long ones of its last (b, h). A CTA's first item is blockIdx.x, the next ones come from *next
 // (gridDim.x + a fetch-and-add, sent two tiles before the item's last load; never read when the
 // grid covers every item). The producer warp works out each item's tile range (its own hull, no
-// CTA barrier) and hands it to the consumers through a two-slot mailbox, then loads the item's
+// CTA barrier) and every row's key interval, and hands them to the consumers through a two-slot
+// mailbox (so a consumer warp does no mask arithmetic per item), then loads the item's
 // Q into one of two buffers (free once the consumers finished the item two back) and its K/V
 // tiles into the ring, which runs on across items: the next item's loads overlap this one's last
 // tiles and epilogue.
@@ -84,7 +90,7 @@ struct Item {
 template <class T, class C, bool KIDX>
 __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     v4_fwd_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mK,
-                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a, int n_items, int* next) {
+                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a, int n_items, int* next, int n_tail) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages;
   constexpr int kPanels = D / 64;
@@ -95,6 +101,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   T* sV = sK + kS * kBc * D;    // S x (Bc, D) sw128
   __shared__ Bars bars;
   __shared__ Item mail[2];
+  __shared__ int2 mail_rows[2][kBr];  // each row's local key interval [lo, hi) (eq. 3.4)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;       // consumer warpgroup (-1: producer)
@@ -105,7 +112,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     for (int s = 0; s < 2; ++s) {
       tma::init(&bars.q_full[s], 1);
       tma::init(&bars.q_empty[s], 4 * C::kWgs);  // one arrival per consumer warp
-      tma::init(&bars.item_full[s], 1);
+      tma::init(&bars.item_full[s], 32);  // every producer lane wrote its rows
       tma::init(&bars.item_empty[s], 128 * C::kWgs);  // every consumer thread read its copy
     }
     for (int s = 0; s < kS; ++s) {
@@ -128,27 +135,33 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       tma::prefetch_map(&mV);
     }
     auto fetch = [&] { return int(gridDim.x) >= n_items ? n_items : int(gridDim.x) + atomicAdd(next, 1); };
+    const int tail0 = (static_cast<int>(a.Hq * a.B) - n_tail) * nqt;  // the first item of the tail
     int item = blockIdx.x, st = 0;
     uint32_t ph = 0;
     for (int n = 0;; ++n) {
       Item it{-1, 0, 0, 0, 0, 0, 0, 0};
+      // The slot's last reader, item n - 2, read it at its start: no wait in practice.
+      tma::wait(&bars.item_empty[n & 1], ((n >> 1) & 1) ^ 1);
       if (item < n_items) {
-        const int bh = item / nqt;
-        it.qt = nqt - 1 - item % nqt;
+        int bh = item / nqt, rank = item % nqt;  // rank 0: the (b, h)'s last query tile
+        if (item >= tail0) {  // the tail: its (b, h) by turns, all their last tiles first
+          bh = tail0 / nqt + (item - tail0) % n_tail;
+          rank = (item - tail0) / n_tail;
+        }
+        it.qt = nqt - 1 - rank;
         it.h = bh % static_cast<int>(a.Hq);
         it.b = bh / static_cast<int>(a.Hq);
-        const tiles::Hull hull = tiles::fwd_rows_warp<kBr>(a, int64_t(it.qt) * kBr, kidx);
+        const tiles::Hull hull = tiles::fwd_rows_warp<kBr>(a, int64_t(it.qt) * kBr, kidx, mail_rows[n & 1]);
         // Without a block mask every key tile of the hull is visited (tile_mask.cuh's fwd_tile).
         it.t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
         it.t_end = hull.lo < hull.hi ? (hull.hi + kBc - 1) / kBc : 0;
         it.full_lo = hull.full_lo;
         it.full_hi = hull.full_hi;
       }
+      if (lane == 0) mail[n & 1] = it;
+      tma::arrive(&bars.item_full[n & 1]);
       int fetched = 0;
       if (lane == 0) {
-        tma::wait(&bars.item_empty[n & 1], ((n >> 1) & 1) ^ 1);
-        mail[n & 1] = it;
-        tma::arrive(&bars.item_full[n & 1]);
         if (it.qt >= 0) {
           const int64_t hk = it.h / a.group;
           const int qb = n & 1;
@@ -189,18 +202,29 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   constexpr bool band_only = !KIDX;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const float c2 = sl2 > 0.f ? sl2 : 1.f;
+  // Descriptors of the first Q buffer and K, V stage; the others lie a whole number of 16-byte
+  // units further (the descriptor's address field), so a tile's is one add, not a shared-window
+  // conversion per tile.
+  const uint64_t dQb = v3::desc_k_base<kBr>(sQ, wg * 64);  // my 64 rows of Q
+  const uint64_t dKb = v3::desc_k_base<kBc>(sK, 0), dVb = v3::desc_mn_base<kBc>(sV);
+  constexpr uint64_t kQStep = uint64_t(kBr) * D * sizeof(T) / 16, kStageStep = uint64_t(kBc) * D * sizeof(T) / 16;
   // (st, ph): stage and parity of the ring's next tile; it runs on across items.
   int st = 0;
   uint32_t ph = 0;
   for (int n = 0;; ++n) {
     tma::wait(&bars.item_full[n & 1], (n >> 1) & 1);
     const Item it = mail[n & 1];
+    // mask facts of my rows g, g + 8 (eq. 3.4): local key intervals [llo, lhi), from the producer
+    int llo[2], lhi[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int2 iv = mail_rows[n & 1][wrow + g + 8 * ri];
+      llo[ri] = iv.x;
+      lhi[ri] = iv.y;
+    }
     tma::arrive(&bars.item_empty[n & 1]);
     if (it.qt < 0) break;
     const int64_t q0 = int64_t(it.qt) * kBr, h = it.h, b = it.b;
-    // mask facts of my rows g, g + 8 (eq. 3.4): local key intervals [llo, lhi)
-    int llo[2], lhi[2];
-    tiles::fwd_row_intervals(a, q0 + wrow + g, kidx, llo, lhi);
     auto pred = [&](int ri, int jl) -> bool {
       return tiles::fwd_visible(a, kidx, has_block, llo[ri], lhi[ri], q0 + wrow + g + 8 * ri, jl);
     };
@@ -209,7 +233,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
     uint32_t pa[kBc / 16][4];  // P_{i-1} as wgmma A fragments
-    const uint64_t dQ0 = v3::desc_k_base<kBr>(sQ + (n & 1) * kBr * D, wg * 64);  // my 64 rows of Q
+    const uint64_t dQ0 = dQb + (n & 1) * kQStep;
     tma::wait(&bars.q_full[n & 1], (n >> 1) & 1);
 
     // Tile i: S_i = Q K_{tau_i}^T, then O += P_{i-1} V_{tau_{i-1}} while S_i's softmax runs; the
@@ -224,7 +248,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       tma::wait(&bars.k_full[st], ph);
       if (!kFirst) tma::wait(&bars.v_full[pst], pph);
       float s[kBc / 2];  // S = Q K^T (2.1), unscaled
-      const uint64_t dQ = v3::opaque(dQ0), dK = v3::opaque(v3::desc_k_base<kBc>(sK + st * kBc * D, 0));
+      const uint64_t dQ = v3::opaque(dQ0), dK = v3::opaque(dKb + st * kStageStep);
       v3::pin(acc);
       v3::fence();
 #pragma unroll
@@ -232,7 +256,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
         v3::Wgmma<T>::template ss<kBc, 0>(s, v3::desc_k_step<kBr>(dQ, kk), v3::desc_k_step<kBc>(dK, kk), kk);
       v3::commit();
       if constexpr (!kFirst) {
-        const uint64_t dV = v3::opaque(v3::desc_mn_base<kBc>(sV + pst * kBc * D));
+        const uint64_t dV = v3::opaque(dVb + pst * kStageStep);
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
           v3::Wgmma<T>::template rs<D, 1>(acc, pa[kk], v3::desc_mn_step(dV, kk), 1);
@@ -286,6 +310,13 @@ int v4_grid_knob() {
   return v;
 }
 
+// Tuning knob: BURSTLAB_V4_TAIL = 0 (default: a tail of about two waves of the grid), n > 0 (the
+// last n (b, h)), -1 (none: (b, h) order throughout; for the benchmark's comparison).
+int v4_tail_knob() {
+  static const int v = env_int("BURSTLAB_V4_TAIL");
+  return v;
+}
+
 template <class T, class C, bool KIDX = false>
 bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
@@ -313,7 +344,13 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
     BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&next), sizeof(int), s));
     BURSTLAB_CUDA_CHECK(cudaMemsetAsync(next, 0, sizeof(int), s));
   }
-  kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, s>>>(mQ, mK, mV, a, static_cast<int>(items), next);
+  // The tail's (b, h): enough for two waves of the grid (v4_fwd_kernel).
+  const int64_t nqt = (a.nq + C::kBr - 1) / C::kBr, nbh = a.B * a.Hq;
+  const int tknob = v4_tail_knob();
+  int64_t n_tail = tknob < 0 ? 1 : tknob > 0 ? tknob : (2 * grid + nqt - 1) / nqt;
+  if (n_tail > nbh) n_tail = nbh;
+  kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, s>>>(mQ, mK, mV, a, static_cast<int>(items), next,
+                                                                 static_cast<int>(n_tail));
   const cudaError_t launched = cudaGetLastError();
   if (next) BURSTLAB_CUDA_CHECK(cudaFreeAsync(next, s));
   ::burstlab::cuda::check(launched, "launch of v4_fwd_kernel", __FILE__, __LINE__);
