@@ -39,6 +39,31 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], float sl2, bool fu
   }
 }
 
+// Row ri's max over the tile (the quad's four threads hold a row), unscaled.
+template <int BC>
+__device__ __forceinline__ float row_max(const float (&s)[BC / 2], int ri) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// Row ri's P~ = 2^(S c2 - m_use) in place; returns the thread's part of its sum.
+template <int BC>
+__device__ __forceinline__ float row_exp(float (&s)[BC / 2], int ri, float c2, float m_use) {
+  float sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p = v2::ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
+      s[4 * nt + 2 * ri + e] = p;
+      sum += p;
+    }
+  return sum;
+}
+
 // The online update (4.1)-(4.3) of rows g, g + 8: s becomes P~ = 2^(S c2 - m_new) (the scale is
 // folded into ex2's FMA; max commutes with it since c2 > 0), m_r the new running max, l_r the
 // thread-partial row sums (quad-summed in the epilogue), alpha the factor O~ must be scaled by.
@@ -47,24 +72,10 @@ __device__ __forceinline__ void online(float (&s)[BC / 2], float c2, float (&m_r
                                        float (&alpha)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_r[ri], mx * c2);
+    const float m_new = fmaxf(m_r[ri], row_max<BC>(s, ri) * c2);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
     alpha[ri] = v2::ex2(m_r[ri] - m_use);                  // 0 when m = -inf
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p = v2::ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
-        s[4 * nt + 2 * ri + e] = p;
-        sum += p;
-      }
-    l_r[ri] = l_r[ri] * alpha[ri] + sum;
+    l_r[ri] = l_r[ri] * alpha[ri] + row_exp<BC>(s, ri, c2, m_use);
     m_r[ri] = m_new;
   }
 }
@@ -82,12 +93,7 @@ __device__ __forceinline__ bool online_lazy(float (&s)[BC / 2], float c2, float 
   bool above = false;
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt) m = fmaxf(m, fmaxf(s[4 * nt + 2 * ri], s[4 * nt + 2 * ri + 1]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    mx[ri] = m * c2;
+    mx[ri] = row_max<BC>(s, ri) * c2;
     above = above || mx[ri] > m_r[ri] + kLag;  // always when m_r = -inf and the row sees a key
   }
   const bool moved = __any_sync(0xffffffffu, above);
@@ -95,15 +101,7 @@ __device__ __forceinline__ bool online_lazy(float (&s)[BC / 2], float c2, float 
   for (int ri = 0; ri < 2; ++ri) {
     const float m_new = moved ? fmaxf(m_r[ri], mx[ri]) : m_r[ri];
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // never (-inf) - (-inf)
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p = v2::ex2(fmaf(s[4 * nt + 2 * ri + e], c2, -m_use));
-        s[4 * nt + 2 * ri + e] = p;
-        sum += p;
-      }
+    const float sum = row_exp<BC>(s, ri, c2, m_use);
     if (moved) {
       alpha[ri] = v2::ex2(m_r[ri] - m_use);  // 0 when m = -inf
       l_r[ri] = l_r[ri] * alpha[ri] + sum;
