@@ -51,18 +51,24 @@ __device__ __forceinline__ void add_row(int64_t lo, int64_t hi, int* hlo, int* h
   *fhi = min(*fhi, int(hi));
 }
 
-// Forward: the local key intervals [llo, lhi) of a thread's rows r0, r0 + 8 (eq. 3.4; all keys
-// when the keys are indexed, kidx, and for rows past nq, which are never stored).
+// Forward: the local key interval [lo, hi) of row r (eq. 3.4; all keys when the keys are
+// indexed, kidx, and for rows past nq, which are never stored).
+template <class T>
+__device__ __forceinline__ int2 fwd_row_interval(const FwdArgs<T>& a, int64_t r, bool kidx) {
+  int64_t lo = 0, hi = a.nk;
+  if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+  return make_int2(static_cast<int>(lo), static_cast<int>(hi));
+}
+
+// Forward: the local key intervals [llo, lhi) of a thread's rows r0, r0 + 8.
 template <class T>
 __device__ __forceinline__ void fwd_row_intervals(const FwdArgs<T>& a, int64_t r0, bool kidx, int (&llo)[2],
                                                   int (&lhi)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    const int64_t r = r0 + 8 * ri;
-    int64_t lo = 0, hi = a.nk;
-    if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
-    llo[ri] = static_cast<int>(lo);
-    lhi[ri] = static_cast<int>(hi);
+    const int2 iv = fwd_row_interval(a, r0 + 8 * ri, kidx);
+    llo[ri] = iv.x;
+    lhi[ri] = iv.y;
   }
 }
 
@@ -82,8 +88,8 @@ __device__ __forceinline__ Hull fwd_rows(const FwdArgs<T>& a, int64_t r0, bool k
 
 // Forward, one warp alone (v4's producer): the hull of query rows [r0, r0 + ROWS) (local), each
 // lane taking every 32nd row; no barrier. Same facts as fwd_rows' hull. Also stores every row's
-// interval in rows[0, ROWS) as fwd_row_intervals gives it (all keys for indexed keys and rows
-// past nq), so that the consumers need not work them out again.
+// interval (fwd_row_interval) in rows[0, ROWS), so that the consumers need not work them out
+// again.
 template <int ROWS, class T>
 __device__ __forceinline__ Hull fwd_rows_warp(const FwdArgs<T>& a, int64_t r0, bool kidx, int2* rows) {
   int hlo = INT_MAX, hhi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
@@ -91,10 +97,9 @@ __device__ __forceinline__ Hull fwd_rows_warp(const FwdArgs<T>& a, int64_t r0, b
 #pragma unroll 1
   for (int u = 0; u < ROWS / 32; ++u) {
     const int64_t r = r0 + u * 32 + lane;
-    int64_t lo = 0, hi = a.nk;
-    if (!kidx && r < a.nq) local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
-    rows[u * 32 + lane] = make_int2(static_cast<int>(lo), static_cast<int>(hi));
-    if (r < a.nq) add_row(lo, hi, &hlo, &hhi, &flo, &fhi);
+    const int2 iv = fwd_row_interval(a, r, kidx);
+    rows[u * 32 + lane] = iv;
+    if (r < a.nq) add_row(iv.x, iv.y, &hlo, &hhi, &flo, &fhi);
   }
   Hull hull = warp_hull(Hull{hlo, hhi, flo, fhi});
   if (kidx) { hull.full_lo = INT_MAX; hull.full_hi = INT_MIN; }

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       tma::prefetch_map(&mV);
     }
     auto fetch = [&] { return int(gridDim.x) >= n_items ? n_items : int(gridDim.x) + atomicAdd(next, 1); };
-    const int tail0 = (static_cast<int>(a.Hq * a.B) - n_tail) * nqt;  // the first item of the tail
+    const int bh_tail = static_cast<int>(a.Hq * a.B) - n_tail, tail0 = bh_tail * nqt;  // the tail's first (b, h), item
     int item = blockIdx.x, st = 0;
     uint32_t ph = 0;
     for (int n = 0;; ++n) {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       if (item < n_items) {
         int bh = item / nqt, rank = item % nqt;  // rank 0: the (b, h)'s last query tile
         if (item >= tail0) {  // the tail: its (b, h) by turns, all their last tiles first
-          bh = tail0 / nqt + (item - tail0) % n_tail;
+          bh = bh_tail + (item - tail0) % n_tail;
           rank = (item - tail0) / n_tail;
         }
         it.qt = nqt - 1 - rank;
