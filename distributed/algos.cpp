@@ -35,7 +35,7 @@ Grid grid_of(const ExtOptions& o) { return o.grid.p_r == 0 ? default_grid(o.worl
 }  // namespace
 
 int64_t ext_closed_form_bytes(const ExtOptions& o, Phase phase, const Problem& p, const Partition& qp,
-                              const Partition& kp, int r, bool sent, int64_t eb, int link) {
+                              const Partition& kp, int r, bool sent, ElemBytes eb, int link) {
   switch (o.algo) {
     case ExtAlgo::DoubleRing: return double_ring_bytes(o.base, phase, p, qp, kp, r, sent, eb, gpn(o), link, o.prefetch_inter);
     case ExtAlgo::Ulysses: return ulysses_bytes(phase, p, qp, kp, r, sent, eb);
@@ -57,6 +57,7 @@ ExtSession<T>::ExtSession(const Problem& p, View4<const double> Q, View4<const d
   res_.qp = make_partition(o.partition, p.N_q, G, "N_q");
   res_.kp = make_partition(o.partition, p.N_k, G, "N_k");
   mask_ = compile_mask(p);
+  prepared_ = e.prepare(mask_);
   if (o.algo == ExtAlgo::Attention2D) check_attention2d(grid_of(o), G, res_.qp, res_.kp);
   if (o.algo == ExtAlgo::DistFlash) {
     check_distflash(mask_, res_.qp, res_.kp);
@@ -79,28 +80,29 @@ void ExtSession<T>::run(Phase phase) {
     const bool fwd = phase == Phase::Forward;
     switch (o_.algo) {
       case ExtAlgo::DoubleRing:
-        if (fwd) run_forward(res_.fwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
-        else run_backward(res_.bwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        if (fwd) run_forward(res_.fwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
+        else run_backward(res_.bwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
         break;
       case ExtAlgo::Ulysses:
-        if (fwd) ulysses_forward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
-        else ulysses_backward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        if (fwd) ulysses_forward(comm, e_, p_, prepared_, res_.qp, res_.kp, x);
+        else ulysses_backward(comm, e_, p_, prepared_, res_.qp, res_.kp, x);
         break;
       case ExtAlgo::AllGather:
-        if (fwd) allgather_forward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
-        else allgather_backward(comm, e_, p_, mask_, res_.qp, res_.kp, x);
+        if (fwd) allgather_forward(comm, e_, p_, prepared_, res_.qp, res_.kp, x);
+        else allgather_backward(comm, e_, p_, prepared_, res_.qp, res_.kp, x);
         break;
       case ExtAlgo::Attention2D:
-        if (fwd && o_.overlap) attention2d_o_forward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
-        else if (fwd) attention2d_forward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
-        else if (o_.overlap) attention2d_o_backward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
-        else attention2d_backward(comm, e_, p_, mask_, grid_of(o_), res_.qp, res_.kp, x);
+        if (fwd && o_.overlap) attention2d_o_forward(comm, e_, p_, prepared_, grid_of(o_), res_.qp, res_.kp, x);
+        else if (fwd) attention2d_forward(comm, e_, p_, prepared_, grid_of(o_), res_.qp, res_.kp, x);
+        else if (o_.overlap) attention2d_o_backward(comm, e_, p_, prepared_, grid_of(o_), res_.qp, res_.kp, x);
+        else attention2d_backward(comm, e_, p_, prepared_, grid_of(o_), res_.qp, res_.kp, x);
         break;
       case ExtAlgo::DistFlash:
-        if (fwd) distflash_forward(comm, e_, p_, mask_, flash_, res_.qp, res_.kp, x);
-        else distflash_backward(comm, e_, p_, mask_, flash_, res_.qp, res_.kp, x);
+        if (fwd) distflash_forward(comm, e_, p_, prepared_, flash_, res_.qp, res_.kp, x);
+        else distflash_backward(comm, e_, p_, prepared_, flash_, res_.qp, res_.kp, x);
         break;
     }
+    e_.synchronize();  // this rank's engine work is complete before the pass ends
   });
 }
 
@@ -134,11 +136,16 @@ DistResult<T> run_sim_ext(const Problem& p, View4<const double> Q, View4<const d
 
 template class ExtSession<float>;
 template class ExtSession<double>;
-template DistResult<float> run_sim_ext<float>(const Problem&, View4<const double>, View4<const double>,
-                                              View4<const double>, View4<const double>, const ExtOptions&,
-                                              Engine<float>&, std::vector<std::string>*);
-template DistResult<double> run_sim_ext<double>(const Problem&, View4<const double>, View4<const double>,
-                                                View4<const double>, View4<const double>, const ExtOptions&,
-                                                Engine<double>&, std::vector<std::string>*);
+template class ExtSession<bf16_t>;
+template class ExtSession<f16_t>;
+#define BURSTLAB_EXT_INST(T)                                                                          \
+  template DistResult<T> run_sim_ext<T>(const Problem&, View4<const double>, View4<const double>,          \
+                                        View4<const double>, View4<const double>, const ExtOptions&,       \
+                                        Engine<T>&, std::vector<std::string>*);
+BURSTLAB_EXT_INST(float)
+BURSTLAB_EXT_INST(double)
+BURSTLAB_EXT_INST(bf16_t)
+BURSTLAB_EXT_INST(f16_t)
+#undef BURSTLAB_EXT_INST
 
 }  // namespace burstlab::dist

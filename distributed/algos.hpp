@@ -58,6 +58,7 @@ class ExtSession {
   ExtOptions o_;
   Engine<T>& e_;
   MaskData mask_;
+  PreparedMask prepared_;  // mask_ in engine memory, once per session
   DistResult<T> res_;
   FlashSchedule flash_;  // distflash
   std::vector<Shard<T>> shards_;
@@ -68,6 +69,6 @@ class ExtSession {
 // The closed form of the algorithm's bytes (spec 7.7-7.9) for rank r in one phase; link is
 // only meaningful for the double ring (-1 = both classes).
 int64_t ext_closed_form_bytes(const ExtOptions& o, Phase phase, const Problem& p, const Partition& qp,
-                              const Partition& kp, int r, bool sent, int64_t elem_bytes, int link = -1);
+                              const Partition& kp, int r, bool sent, ElemBytes elem_bytes, int link = -1);
 
 }  // namespace burstlab::dist

@@ -79,25 +79,25 @@ int holder_after_transpose(const Grid& g, int shard) {  // the rank whose row-ma
   return -1;
 }
 
+// The collectives of one rank, on elements of any type U (T inputs, A statistics and gradients).
 template <class T>
 struct Ctx {
+  using A = acc_t<T>;
   Communicator& c;
   Engine<T>& e;
   const Problem& p;
-  int64_t eb = sizeof(T);
-  std::vector<T> host;
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_) : c(c_), e(e_), p(p_) {}
-
-  void self_copy(T* dst, const T* src, int64_t n) { host_copy(e, host, dst, src, n); }
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
   // `from` (the transposes).
-  void exchange(const T* src, int64_t n_src, int to, T* dst, int64_t n_dst, int from, int tag, const char* what,
+  template <class U>
+  void exchange(const U* src, int64_t n_src, int to, U* dst, int64_t n_dst, int from, int tag, const char* what,
                 std::vector<RequestPtr>& reqs) {
     const int me = c.rank();
     if (to == me) {  // then from == me too (a permutation's fixed point)
-      self_copy(dst, src, n_src);
+      copy(e, dst, src, n_src);
       return;
     }
+    const int64_t eb = sizeof(U);
     reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
     reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
   }
@@ -113,7 +113,7 @@ struct Ctx {
   }
   // The inverse, for the gradients: dKt, dVt (B, H_kv, nt, d) back to the column-major cyclic
   // owner, x.dK, x.dV (B, H_kv, n_k, d) from the rank holding the row-major shard r.
-  void transpose_back(const Grid& g, const Partition& kp, const T* dKt, const T* dVt, Shard<T>& x) {
+  void transpose_back(const Grid& g, const Partition& kp, const A* dKt, const A* dVt, Shard<T>& x) {
     const int r = c.rank(), shard_t = g.row_major(r);
     const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
     std::vector<RequestPtr> reqs;
@@ -127,21 +127,22 @@ struct Ctx {
     const int64_t Hkv = p.H_kv, d = p.d, NC = col.total;
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < Hkv; ++h) {
-        self_copy(Kc + at(b, h, col.off[col.me], Hkv, NC, d), Kt + at(b, h, 0, Hkv, nt, d), nt * d);
-        self_copy(Vc + at(b, h, col.off[col.me], Hkv, NC, d), Vt + at(b, h, 0, Hkv, nt, d), nt * d);
+        copy(e, Kc + at(b, h, col.off[col.me], Hkv, NC, d), Kt + at(b, h, 0, Hkv, nt, d), nt * d);
+        copy(e, Vc + at(b, h, col.off[col.me], Hkv, NC, d), Vt + at(b, h, 0, Hkv, nt, d), nt * d);
       }
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
-  void gather(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
+  template <class U>
+  void gather(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
               std::vector<RequestPtr>& reqs) {
-    const int64_t n_me = m.rows[m.me];
+    const int64_t n_me = m.rows[m.me], eb = sizeof(U);
     for (size_t k = 0; k < m.ranks.size(); ++k)
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < H; ++h) {
-          T* to = dst + at(b, h, m.off[k], H, m.total, w);
-          const T* from = src + at(b, h, 0, H, n_me, w);
+          U* to = dst + at(b, h, m.off[k], H, m.total, w);
+          const U* from = src + at(b, h, 0, H, n_me, w);
           if (static_cast<int>(k) == m.me) {
-            self_copy(to, from, n_me * w);
+            copy(e, to, from, n_me * w);
             continue;
           }
           reqs.push_back(c.irecv(to, m.rows[k] * w * eb, m.ranks[k], tag, what));
@@ -150,16 +151,17 @@ struct Ctx {
   }
   // Reduce-scatter within a group, stage: every member's partial of my rows, (members, B, H,
   // rows[me], w); src (B, H, total, w).
-  Buffer<T> scatter(const T* src, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
-    const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w;
-    Buffer<T> stage = e.alloc(static_cast<int64_t>(m.ranks.size()) * piece);
+  template <class U>
+  Buffer<U> scatter(const U* src, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
+    const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w, eb = sizeof(U);
+    Buffer<U> stage = alloc<U>(e, static_cast<int64_t>(m.ranks.size()) * piece);
     std::vector<RequestPtr> reqs;
     for (size_t k = 0; k < m.ranks.size(); ++k)
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < H; ++h) {
-          T* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
+          U* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
           if (static_cast<int>(k) == m.me) {
-            self_copy(to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
+            copy(e, to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
             continue;
           }
           reqs.push_back(c.irecv(to, n_me * w * eb, m.ranks[k], tag, what));
@@ -170,27 +172,28 @@ struct Ctx {
     return stage;
   }
   // Sum in member order (bitwise reproducible) into dst (B, H, rows[me], w).
-  void scatter_sum(const T* src, T* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
-    Buffer<T> stage = scatter(src, H, w, m, tag, what);
-    host_sum_pieces(e, stage.data, static_cast<int64_t>(m.ranks.size()), p.B * H * m.rows[m.me] * w, dst);
+  template <class U>
+  void scatter_sum(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
+    Buffer<U> stage = scatter(src, H, w, m, tag, what);
+    sum_pieces(e, stage.data, static_cast<int64_t>(m.ranks.size()), p.B * H * m.rows[m.me] * w, dst);
   }
   // The merge (4.5) as the reduction, in member order, into O (B, H_q, rows[me], d), LSE.
-  void scatter_merge(const T* O_src, const T* L_src, T* O, T* L, const Members& m, int tag) {
+  void scatter_merge(const T* O_src, const A* L_src, T* O, A* L, const Members& m, int tag) {
     const int64_t B = p.B, H = p.H_q, d = p.d, n = m.rows[m.me];
     Buffer<T> so = scatter(O_src, H, d, m, tag, "O");
-    Buffer<T> sl = scatter(L_src, H, 1, m, tag + 1, "LSE");
-    e.fill(O, B * H * n * d, T(0));  // the merge identity (§4.3)
-    e.fill(L, B * H * n, -std::numeric_limits<T>::infinity());
+    Buffer<A> sl = scatter(L_src, H, 1, m, tag + 1, "LSE");
+    fill(e, O, B * H * n * d, 0.0);  // the merge identity (§4.3)
+    fill(e, L, B * H * n, -std::numeric_limits<double>::infinity());
     for (size_t k = 0; k < m.ranks.size(); ++k)
-      e.merge(bhsd<T>(O, B, H, n, d), view3<T>(L, B, H, n), as_const(bhsd<T>(so.data + k * B * H * n * d, B, H, n, d)),
-              as_const(view3<T>(sl.data + k * B * H * n, B, H, n)));
+      e.merge(bhsd<T>(O, B, H, n, d), view3<A>(L, B, H, n), as_const(bhsd<T>(so.data + k * B * H * n * d, B, H, n, d)),
+              as_const(view3<A>(sl.data + k * B * H * n, B, H, n)));
   }
 };
 
 }  // namespace
 
 template <class T>
-void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                          const Partition& qp, const Partition& kp, Shard<T>& x) {
   const int r = comm.rank();
   check_attention2d(g, comm.size(), qp, kp);
@@ -199,10 +202,12 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
   prepare_forward(e, p, qp, kp, r, x);
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
   const int64_t nt = kp.local_size(g.row_major(r));  // the K, V shard this rank holds after the transpose
-  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
-  Buffer<T> Qr = e.alloc(B * Hq * row.total * d), Kc = e.alloc(B * Hkv * col.total * d),
-            Vc = e.alloc(B * Hkv * col.total * d);
-  Buffer<T> Or = e.alloc(B * Hq * row.total * d), Lr = e.alloc(B * Hq * row.total);
+  using A = acc_t<T>;
+  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<T> Qr = alloc<T>(e, B * Hq * row.total * d), Kc = alloc<T>(e, B * Hkv * col.total * d),
+            Vc = alloc<T>(e, B * Hkv * col.total * d);
+  Buffer<T> Or = alloc<T>(e, B * Hq * row.total * d);
+  Buffer<A> Lr = alloc<A>(e, B * Hq * row.total);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);  // transpose K, V to the row-major cyclic distribution
   c.transpose_kv(g, kp, x, Kt.data, Vt.data);
@@ -213,29 +218,31 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
   wait_all(reqs);
   e.forward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, row.total, d)),
                   as_const(bhsd<T>(Kc.data, B, Hkv, col.total, d)), as_const(bhsd<T>(Vc.data, B, Hkv, col.total, d)),
-                  bhsd<T>(Or.data, B, Hq, row.total, d), view3<T>(Lr.data, B, Hq, row.total));  // §6.1
+                  bhsd<T>(Or.data, B, Hq, row.total, d), view3<A>(Lr.data, B, Hq, row.total), false);  // §6.1
   e.synchronize();
   comm.set_context(Phase::Forward, 2);  // reduce-scatter (O, LSE) in rows with the merge
   c.scatter_merge(Or.data, Lr.data, x.O.data, x.LSE.data, row, 6);
 }
 
 template <class T>
-void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                           const Partition& qp, const Partition& kp, Shard<T>& x) {
   const int r = comm.rank();
   check_attention2d(g, comm.size(), qp, kp);
   Ctx<T> c(comm, e, p);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
   prepare_backward(e, p, qp, kp, r, x);
-  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home
+  using A = acc_t<T>;
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
   const int64_t nt = kp.local_size(g.row_major(r));
   const int64_t NR = row.total, NC = col.total;
-  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
-  Buffer<T> Qr = e.alloc(B * Hq * NR * d), dOr = e.alloc(B * Hq * NR * d), Lr = e.alloc(B * Hq * NR),
-            Dr = e.alloc(B * Hq * NR), Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d);
-  Buffer<T> dQr = e.alloc(B * Hq * NR * d), dKc = e.alloc(B * Hkv * NC * d), dVc = e.alloc(B * Hkv * NC * d);
-  Buffer<T> dKt = e.alloc(B * Hkv * nt * d), dVt = e.alloc(B * Hkv * nt * d);
+  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<T> Qr = alloc<T>(e, B * Hq * NR * d), dOr = alloc<T>(e, B * Hq * NR * d), Kc = alloc<T>(e, B * Hkv * NC * d),
+            Vc = alloc<T>(e, B * Hkv * NC * d);
+  Buffer<A> Lr = alloc<A>(e, B * Hq * NR), Dr = alloc<A>(e, B * Hq * NR);
+  Buffer<A> dQr = alloc<A>(e, B * Hq * NR * d), dKc = alloc<A>(e, B * Hkv * NC * d), dVc = alloc<A>(e, B * Hkv * NC * d);
+  Buffer<A> dKt = alloc<A>(e, B * Hkv * nt * d), dVt = alloc<A>(e, B * Hkv * nt * d);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
   c.transpose_kv(g, kp, x, Kt.data, Vt.data);
@@ -247,14 +254,14 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   c.gather(Kt.data, Kc.data, Hkv, d, col, 7, "K", reqs);
   c.gather(Vt.data, Vc.data, Hkv, d, col, 8, "V", reqs);
   wait_all(reqs);
-  e.fill(dQr.data, dQr.n, T(0));
-  e.fill(dKc.data, dKc.n, T(0));
-  e.fill(dVc.data, dVc.n, T(0));
+  fill(e, dQr.data, dQr.n, 0.0);
+  fill(e, dKc.data, dKc.n, 0.0);
+  fill(e, dVc.data, dVc.n, 0.0);
   e.backward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, NR, d)),
                    as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
-                   as_const(bhsd<T>(dOr.data, B, Hq, NR, d)), as_const(view3<T>(Lr.data, B, Hq, NR)),
-                   as_const(view3<T>(Dr.data, B, Hq, NR)), bhsd<T>(dQr.data, B, Hq, NR, d),
-                   bhsd<T>(dKc.data, B, Hkv, NC, d), bhsd<T>(dVc.data, B, Hkv, NC, d));  // §6.2
+                   as_const(bhsd<T>(dOr.data, B, Hq, NR, d)), as_const(view3<A>(Lr.data, B, Hq, NR)),
+                   as_const(view3<A>(Dr.data, B, Hq, NR)), bhsd<A>(dQr.data, B, Hq, NR, d),
+                   bhsd<A>(dKc.data, B, Hkv, NC, d), bhsd<A>(dVc.data, B, Hkv, NC, d));  // §6.2
   e.synchronize();
   comm.set_context(Phase::Backward, 2);  // reduce-scatter dQ in rows, dK, dV in columns (sums)
   c.scatter_sum(dQr.data, x.dQ.data, Hq, d, row, 9, "dQ");
@@ -318,7 +325,7 @@ void column_ring_step(Communicator& comm, std::vector<RequestPtr>& reqs, T* Kc, 
 }  // namespace
 
 template <class T>
-void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                            const Partition& qp, const Partition& kp, Shard<T>& x) {
   const int r = comm.rank();
   check_attention2d(g, comm.size(), qp, kp);
@@ -326,28 +333,29 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
   prepare_forward(e, p, qp, kp, r, x);
   const int64_t nq = x.n_q;
-  e.fill(x.O.data, x.O.n, T(0));  // the merge identity (§4.3)
-  e.fill(x.LSE.data, x.LSE.n, -std::numeric_limits<T>::infinity());
+  using A = acc_t<T>;
+  fill(e, x.O.data, x.O.n, 0.0);  // the merge identity (§4.3)
+  fill(e, x.LSE.data, x.LSE.n, -std::numeric_limits<double>::infinity());
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
   const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d);
-  Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d);
-  Buffer<T> Op = e.alloc(B * Hq * mq * d), Lp = e.alloc(B * Hq * mq);
-  Buffer<T> Qs[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)};
-  Buffer<T> Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)}, ALr[2] = {e.alloc(B * Hq * mq), e.alloc(B * Hq * mq)};
+  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
+  Buffer<T> Op = alloc<T>(e, B * Hq * mq * d);
+  Buffer<A> Lp = alloc<A>(e, B * Hq * mq);
+  Buffer<T> Qs[2] = {alloc<T>(e, B * Hq * mq * d), alloc<T>(e, B * Hq * mq * d)};
+  Buffer<T> Ar[2] = {alloc<T>(e, B * Hq * mq * d), alloc<T>(e, B * Hq * mq * d)};
+  Buffer<A> ALr[2] = {alloc<A>(e, B * Hq * mq), alloc<A>(e, B * Hq * mq)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
   c.transpose_kv(g, kp, x, Kt.data, Vt.data);
   // Phase A: the column ring. Step u holds the block of member me - u; it goes on to me + 1.
   const int pr = g.p_r, pc = g.p_c, me = col.me;
   c.place_own_column_block(Kt.data, Vt.data, nt, Kc.data, Vc.data, col);
-  auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE)
+  auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE), eq. (4.5)
     e.forward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[k])),
                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, col.off[k], col.rows[k])),
-                    as_const(rows4<T>(Vc.data, B, Hkv, NC, d, col.off[k], col.rows[k])), bhsd<T>(Op.data, B, Hq, nq, d),
-                    view3<T>(Lp.data, B, Hq, nq));
-    e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<T>(x.LSE.data, B, Hq, nq), as_const(bhsd<T>(Op.data, B, Hq, nq, d)),
-            as_const(view3<T>(Lp.data, B, Hq, nq)));
+                    as_const(rows4<T>(Vc.data, B, Hkv, NC, d, col.off[k], col.rows[k])), bhsd<T>(x.O.data, B, Hq, nq, d),
+                    view3<A>(x.LSE.data, B, Hq, nq), true);
   };
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Forward, 1 + u);
@@ -379,13 +387,13 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     }
     e.forward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(Qm.data, B, Hq, n, d)),
                     as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
-                    bhsd<T>(Op.data, B, Hq, n, d), view3<T>(Lp.data, B, Hq, n));  // §6.1
+                    bhsd<T>(Op.data, B, Hq, n, d), view3<A>(Lp.data, B, Hq, n), false);  // §6.1
     T* so = Op.data;
-    T* sl = Lp.data;
+    A* sl = Lp.data;
     if (v >= 2) {  // acc (from the right) (+) own, eq. (4.5), in ring order
       wait_all(acc);
-      e.merge(bhsd<T>(Ar[v % 2].data, B, Hq, n, d), view3<T>(ALr[v % 2].data, B, Hq, n),
-              as_const(bhsd<T>(Op.data, B, Hq, n, d)), as_const(view3<T>(Lp.data, B, Hq, n)));
+      e.merge(bhsd<T>(Ar[v % 2].data, B, Hq, n, d), view3<A>(ALr[v % 2].data, B, Hq, n),
+              as_const(bhsd<T>(Op.data, B, Hq, n, d)), as_const(view3<A>(Lp.data, B, Hq, n)));
       so = Ar[v % 2].data;
       sl = ALr[v % 2].data;
     }
@@ -394,21 +402,21 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
       const int m2 = md(jm + v + 1, pc);
       const int64_t n2 = row.rows[m2];
       recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
-      recv_rows<T>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
+      recv_rows<A>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
     }
     send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
-    send_rows<T>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
+    send_rows<A>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
     if (v == pc - 1) {  // the chain of our own block arrives from the right
       wait_all(acc);
-      e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<T>(x.LSE.data, B, Hq, nq),
-              as_const(bhsd<T>(Ar[(v + 1) % 2].data, B, Hq, nq, d)), as_const(view3<T>(ALr[(v + 1) % 2].data, B, Hq, nq)));
+      e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<A>(x.LSE.data, B, Hq, nq),
+              as_const(bhsd<T>(Ar[(v + 1) % 2].data, B, Hq, nq, d)), as_const(view3<A>(ALr[(v + 1) % 2].data, B, Hq, nq)));
     }
     wait_all(reqs);
   }
 }
 
 template <class T>
-void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Grid& g,
+void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                             const Partition& qp, const Partition& kp, Shard<T>& x) {
   const int r = comm.rank();
   check_attention2d(g, comm.size(), qp, kp);
@@ -416,26 +424,30 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
   prepare_backward(e, p, qp, kp, r, x);
   const int64_t nq = x.n_q;
-  e.fill(x.dQ.data, x.dQ.n, T(0));
-  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home
+  using A = acc_t<T>;
+  fill(e, x.dQ.data, x.dQ.n, 0.0);
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home
   const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
   const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = e.alloc(B * Hkv * nt * d), Vt = e.alloc(B * Hkv * nt * d), dKt = e.alloc(B * Hkv * nt * d),
-            dVt = e.alloc(B * Hkv * nt * d);
-  Buffer<T> Kc = e.alloc(B * Hkv * NC * d), Vc = e.alloc(B * Hkv * NC * d), dKc = e.alloc(B * Hkv * NC * d),
-            dVc = e.alloc(B * Hkv * NC * d);
-  e.fill(dKc.data, dKc.n, T(0));
-  e.fill(dVc.data, dVc.n, T(0));
-  // The travelling q side: Q, dO (d wide), LSE, D (1 wide), two slots each; dQ partials.
-  struct QSide { Buffer<T> Q, dO, L, D; };
+  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<A> dKt = alloc<A>(e, B * Hkv * nt * d), dVt = alloc<A>(e, B * Hkv * nt * d);
+  Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
+  Buffer<A> dKc = alloc<A>(e, B * Hkv * NC * d), dVc = alloc<A>(e, B * Hkv * NC * d);
+  fill(e, dKc.data, dKc.n, 0.0);
+  fill(e, dVc.data, dVc.n, 0.0);
+  // The travelling q side: Q, dO (d wide, T), LSE, D (1 wide, A), two slots each; dQ partials (A).
+  struct QSide {
+    Buffer<T> Q, dO;
+    Buffer<A> L, D;
+  };
   QSide qs[2];
   for (QSide& s : qs) {
-    s.Q = e.alloc(B * Hq * mq * d);
-    s.dO = e.alloc(B * Hq * mq * d);
-    s.L = e.alloc(B * Hq * mq);
-    s.D = e.alloc(B * Hq * mq);
+    s.Q = alloc<T>(e, B * Hq * mq * d);
+    s.dO = alloc<T>(e, B * Hq * mq * d);
+    s.L = alloc<A>(e, B * Hq * mq);
+    s.D = alloc<A>(e, B * Hq * mq);
   }
-  Buffer<T> dQp = e.alloc(B * Hq * mq * d), Ar[2] = {e.alloc(B * Hq * mq * d), e.alloc(B * Hq * mq * d)};
+  Buffer<A> dQp = alloc<A>(e, B * Hq * mq * d), Ar[2] = {alloc<A>(e, B * Hq * mq * d), alloc<A>(e, B * Hq * mq * d)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
   c.transpose_kv(g, kp, x, Kt.data, Vt.data);
@@ -450,9 +462,9 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     e.backward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[cur])),
                      as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, o, n)),
                      as_const(rows4<T>(Vc.data, B, Hkv, NC, d, o, n)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
-                     as_const(view3<T>(x.LSE.data, B, Hq, nq)), as_const(view3<T>(D.data, B, Hq, nq)),
-                     bhsd<T>(x.dQ.data, B, Hq, nq, d), rows4<T>(dKc.data, B, Hkv, NC, d, o, n),
-                     rows4<T>(dVc.data, B, Hkv, NC, d, o, n));  // §6.2
+                     as_const(view3<A>(x.LSE.data, B, Hq, nq)), as_const(view3<A>(D.data, B, Hq, nq)),
+                     bhsd<A>(x.dQ.data, B, Hq, nq, d), rows4<A>(dKc.data, B, Hkv, NC, d, o, n),
+                     rows4<A>(dVc.data, B, Hkv, NC, d, o, n));  // §6.2
     e.synchronize();
     wait_all(reqs);
   }
@@ -462,14 +474,14 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     const int64_t n = row.rows[m];
     recv_rows<T>(comm, reqs, s.Q.data, B, Hq, n, d, 0, n, right, tag, "Q");
     recv_rows<T>(comm, reqs, s.dO.data, B, Hq, n, d, 0, n, right, tag + 1, "dO");
-    recv_rows<T>(comm, reqs, s.L.data, B, Hq, n, 1, 0, n, right, tag + 2, "LSE");
-    recv_rows<T>(comm, reqs, s.D.data, B, Hq, n, 1, 0, n, right, tag + 3, "D");
+    recv_rows<A>(comm, reqs, s.L.data, B, Hq, n, 1, 0, n, right, tag + 2, "LSE");
+    recv_rows<A>(comm, reqs, s.D.data, B, Hq, n, 1, 0, n, right, tag + 3, "D");
   };
-  auto pass_q = [&](const T* Q, const T* dO, const T* L, const T* Dv, int64_t n, int tag) {
+  auto pass_q = [&](const T* Q, const T* dO, const A* L, const A* Dv, int64_t n, int tag) {
     send_rows<T>(comm, reqs, Q, B, Hq, n, d, 0, n, left, tag, "Q");
     send_rows<T>(comm, reqs, dO, B, Hq, n, d, 0, n, left, tag + 1, "dO");
-    send_rows<T>(comm, reqs, L, B, Hq, n, 1, 0, n, left, tag + 2, "LSE");
-    send_rows<T>(comm, reqs, Dv, B, Hq, n, 1, 0, n, left, tag + 3, "D");
+    send_rows<A>(comm, reqs, L, B, Hq, n, 1, 0, n, left, tag + 2, "LSE");
+    send_rows<A>(comm, reqs, Dv, B, Hq, n, 1, 0, n, left, tag + 3, "D");
   };
   if (pc > 1) {
     comm.set_context(Phase::Backward, 1 + pr);
@@ -487,27 +499,27 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
       post_q(qs[(v + 1) % 2], md(jm + v + 1, pc), 2000 + 8 * v);
       pass_q(s.Q.data, s.dO.data, s.L.data, s.D.data, n, 2000 + 8 * v);
     }
-    e.fill(dQp.data, B * Hq * n * d, T(0));
+    fill(e, dQp.data, B * Hq * n * d, 0.0);
     e.backward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(s.Q.data, B, Hq, n, d)),
                      as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
-                     as_const(bhsd<T>(s.dO.data, B, Hq, n, d)), as_const(view3<T>(s.L.data, B, Hq, n)),
-                     as_const(view3<T>(s.D.data, B, Hq, n)), bhsd<T>(dQp.data, B, Hq, n, d),
-                     bhsd<T>(dKc.data, B, Hkv, NC, d), bhsd<T>(dVc.data, B, Hkv, NC, d));  // §6.2
-    e.synchronize();
-    T* out = dQp.data;
+                     as_const(bhsd<T>(s.dO.data, B, Hq, n, d)), as_const(view3<A>(s.L.data, B, Hq, n)),
+                     as_const(view3<A>(s.D.data, B, Hq, n)), bhsd<A>(dQp.data, B, Hq, n, d),
+                     bhsd<A>(dKc.data, B, Hkv, NC, d), bhsd<A>(dVc.data, B, Hkv, NC, d));  // §6.2
+    A* out = dQp.data;
     if (v >= 2) {  // acc (from the right) + own, in ring order
       wait_all(acc);
-      host_add(e, Ar[v % 2].data, dQp.data, B * Hq * n * d);
+      add(e, Ar[v % 2].data, dQp.data, B * Hq * n * d);
       out = Ar[v % 2].data;
     }
     {  // the next partial's receive, posted before anything waits (our own block at the end)
       const int64_t n2 = row.rows[md(jm + v + 1, pc)];
-      recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
+      recv_rows<A>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
     }
-    send_rows<T>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
+    e.synchronize();  // the partial is complete before the transport reads it
+    send_rows<A>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
     if (v == pc - 1) {
       wait_all(acc);
-      host_add(e, x.dQ.data, Ar[(v + 1) % 2].data, B * Hq * nq * d);
+      add(e, x.dQ.data, Ar[(v + 1) % 2].data, B * Hq * nq * d);
     }
     wait_all(reqs);
   }
@@ -520,7 +532,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
 }
 
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,
-                          int r, bool sent, int64_t eb, bool overlapped) {
+                          int r, bool sent, ElemBytes w, bool overlapped) {
   check_attention2d(g, qp.G, qp, kp);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
   const int i = g.row(r), j = g.col(r), rt = g.row_major(r);
@@ -543,33 +555,38 @@ int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Pa
     for (int v = 2; v < g.p_c; ++v) acc_recv += nq(g.rank(i, md(j + v, g.p_c)));
   }
   // Transposes: rank r sends its shard r and receives shard rt (nothing when rt == r).
+  // Bytes: T for Q, K, V, O, dO; A for LSE, D, dQ, dK, dV (t = a gives (7.22)-(7.23)).
+  const int64_t t = w.t, a = w.a;
   const int64_t tr = rt == r ? 0 : 2 * Hkv * d * (sent ? nk(r) : nk(rt));
   const int64_t tr_back = rt == r ? 0 : 2 * Hkv * d * (sent ? nk(rt) : nk(r));
   int64_t e = 0;
   if (phase == Phase::Forward) {
     // (7.22) transpose; gather Q (row), K, V (column); reduce-scatter O, LSE (row).
-    e = tr + Hq * d * (sent ? q_mine : q_others) + 2 * Hkv * d * (sent ? k_mine : k_others) +
-        Hq * (d + 1) * (sent ? q_others : acc_recv);
+    e = t * tr + t * Hq * d * (sent ? q_mine : q_others) + t * 2 * Hkv * d * (sent ? k_mine : k_others) +
+        Hq * (d * t + a) * (sent ? q_others : acc_recv);
   } else {
     // (7.23) transpose; gather Q, dO, LSE, D (row), K, V (column); reduce-scatter dQ (row),
     // dK, dV (column); transpose dK, dV back.
-    e = tr + Hq * (2 * d + 2) * (sent ? q_mine : q_others) + 2 * Hkv * d * (sent ? k_mine : k_others) +
-        Hq * d * (sent ? q_others : acc_recv) + 2 * Hkv * d * (sent ? k_others : nk(rt) * (g.p_r - 1)) + tr_back;
+    e = t * tr + Hq * (2 * d * t + 2 * a) * (sent ? q_mine : q_others) + t * 2 * Hkv * d * (sent ? k_mine : k_others) +
+        a * Hq * d * (sent ? q_others : acc_recv) + a * 2 * Hkv * d * (sent ? k_others : nk(rt) * (g.p_r - 1)) +
+        a * tr_back;
   }
-  return B * e * eb;
+  return B * e;
 }
 
 #define BURSTLAB_A2D_INST(T)                                                                                   \
-  template void attention2d_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+  template void attention2d_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
                                        const Partition&, const Partition&, Shard<T>&);                           \
-  template void attention2d_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+  template void attention2d_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
                                         const Partition&, const Partition&, Shard<T>&);                          \
-  template void attention2d_o_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Grid&, \
+  template void attention2d_o_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
                                          const Partition&, const Partition&, Shard<T>&);                         \
-  template void attention2d_o_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&,             \
+  template void attention2d_o_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,             \
                                           const Grid&, const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_A2D_INST(float)
 BURSTLAB_A2D_INST(double)
+BURSTLAB_A2D_INST(bf16_t)
+BURSTLAB_A2D_INST(f16_t)
 #undef BURSTLAB_A2D_INST
 
 }  // namespace burstlab::dist

@@ -17,10 +17,10 @@
 #include <cstdint>
 #include <string>
 
+#include "burstlab/engine.hpp"
 #include "burstlab/mask.hpp"
 #include "burstlab/problem.hpp"
 #include "comm.hpp"
-#include "engine.hpp"
 #include "partition.hpp"
 #include "ring.hpp"
 
@@ -41,10 +41,10 @@ Grid default_grid(int G);
 Grid parse_grid(const std::string& s);  // "RxC"
 
 template <class T>
-void attention2d_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void attention2d_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                          const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
-void attention2d_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void attention2d_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                           const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Attention2D-O (spec §7.13): the same result with ring collectives overlapped with compute.
@@ -55,14 +55,14 @@ void attention2d_backward(Communicator& comm, Engine<T>& engine, const Problem& 
 // owner (a ring reduce-scatter, the merge in ring order); backward phase C reduce-scatters
 // dK, dV in the column and transposes them back, as the non-overlapped variant.
 template <class T>
-void attention2d_o_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void attention2d_o_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                            const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
-void attention2d_o_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void attention2d_o_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                             const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Closed form (spec eq. 7.22-7.23; overlapped: 7.26): bytes rank r sends or receives in one phase.
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,
-                          int r, bool sent, int64_t elem_bytes, bool overlapped = false);
+                          int r, bool sent, ElemBytes elem_bytes, bool overlapped = false);
 
 }  // namespace burstlab::dist

@@ -36,22 +36,20 @@ Positions rank_positions(const Partition& part, int r) {
   return Positions{part.positions[r][0], part.local_size(r), part.positions[r].data()};
 }
 
+// The collectives of one rank, on elements of any type U (T inputs, A statistics and gradients).
 template <class T>
 struct Ctx {
   Communicator& c;
   Engine<T>& e;
   const Problem& p;
   int G, r;
-  int64_t eb = sizeof(T);
-  std::vector<T> host;  // staging for the rank's own piece (engine-agnostic copy)
 
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, int G_, int r_) : c(c_), e(e_), p(p_), G(G_), r(r_) {}
 
-  void self_copy(T* dst, const T* src, int64_t n) { host_copy(e, host, dst, src, n); }
-
   // All-to-all sequence -> heads (spec §7.7): src (B, H, n_r, w) home rows of every head;
   // dst (B, H/G, N, w): every rank's rows (rank order) of head group r.
-  void seq_to_heads(const T* src, T* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
+  template <class U>
+  void seq_to_heads(const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
@@ -60,19 +58,20 @@ struct Ctx {
       const int64_t n_s = part.local_size(s);
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < Hg; ++h) {
-          const T* from = src + at(b, s * Hg + h, 0, H, n_r, w);
-          T* to = dst + at(b, h, off[s], Hg, N, w);
+          const U* from = src + at(b, s * Hg + h, 0, H, n_r, w);
+          U* to = dst + at(b, h, off[s], Hg, N, w);
           if (s == r) {
-            self_copy(to, from, n_r * w);
+            copy(e, to, from, n_r * w);
             continue;
           }
-          reqs.push_back(c.irecv(to, n_s * w * eb, s, tag, what));
-          reqs.push_back(c.isend(from, n_r * w * eb, s, tag, what));
+          reqs.push_back(c.irecv(to, n_s * w * int64_t(sizeof(U)), s, tag, what));
+          reqs.push_back(c.isend(from, n_r * w * int64_t(sizeof(U)), s, tag, what));
         }
     }
   }
   // The inverse: src (B, H/G, N, w) head group r -> dst (B, H, n_r, w) home rows.
-  void heads_to_seq(const T* src, T* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
+  template <class U>
+  void heads_to_seq(const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
@@ -81,19 +80,20 @@ struct Ctx {
       const int64_t n_s = part.local_size(s);
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < Hg; ++h) {
-          const T* from = src + at(b, h, off[s], Hg, N, w);
-          T* to = dst + at(b, s * Hg + h, 0, H, n_r, w);
+          const U* from = src + at(b, h, off[s], Hg, N, w);
+          U* to = dst + at(b, s * Hg + h, 0, H, n_r, w);
           if (s == r) {
-            self_copy(to, from, n_r * w);
+            copy(e, to, from, n_r * w);
             continue;
           }
-          reqs.push_back(c.irecv(to, n_r * w * eb, s, tag, what));
-          reqs.push_back(c.isend(from, n_s * w * eb, s, tag, what));
+          reqs.push_back(c.irecv(to, n_r * w * int64_t(sizeof(U)), s, tag, what));
+          reqs.push_back(c.isend(from, n_s * w * int64_t(sizeof(U)), s, tag, what));
         }
     }
   }
   // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
-  void gather_rows(const T* src, T* dst, int64_t H, const Partition& part, int tag, const char* what,
+  template <class U>
+  void gather_rows(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what,
                    std::vector<RequestPtr>& reqs) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
@@ -102,43 +102,44 @@ struct Ctx {
       const int64_t n_s = part.local_size(s);
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < H; ++h) {
-          const T* from = src + at(b, h, 0, H, n_r, d);
-          T* to = dst + at(b, h, off[s], H, N, d);
+          const U* from = src + at(b, h, 0, H, n_r, d);
+          U* to = dst + at(b, h, off[s], H, N, d);
           if (s == r) {
-            self_copy(to, from, n_r * d);
+            copy(e, to, from, n_r * d);
             continue;
           }
-          reqs.push_back(c.irecv(to, n_s * d * eb, s, tag, what));
-          reqs.push_back(c.isend(from, n_r * d * eb, s, tag, what));
+          reqs.push_back(c.irecv(to, n_s * d * int64_t(sizeof(U)), s, tag, what));
+          reqs.push_back(c.isend(from, n_r * d * int64_t(sizeof(U)), s, tag, what));
         }
     }
   }
   // Reduce-scatter of rows with a sum: src (B, H, N, d) partials of every row; rank r receives
   // the partials of its own rows from every rank into stage (G, B, H, n_r, d) and sums them in
   // rank order 0, 1, ..., G-1 (bitwise reproducible) into dst (B, H, n_r, d).
-  void reduce_scatter_rows(const T* src, T* dst, int64_t H, const Partition& part, int tag, const char* what) {
+  template <class U>
+  void reduce_scatter_rows(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r), piece = p.B * H * n_r * d;
     const std::vector<int64_t> off = offsets(part);
-    Buffer<T> stage = e.alloc(G * piece);
+    Buffer<U> stage = alloc<U>(e, G * piece);
     std::vector<RequestPtr> reqs;
     for (int k = 0; k < G; ++k) {
       const int s = (r + k) % G;
       const int64_t n_s = part.local_size(s);
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < H; ++h) {
-          const T* from = src + at(b, h, off[s], H, N, d);
-          T* to = stage.data + s * piece + at(b, h, 0, H, n_r, d);
+          const U* from = src + at(b, h, off[s], H, N, d);
+          U* to = stage.data + s * piece + at(b, h, 0, H, n_r, d);
           if (s == r) {
-            self_copy(to, src + at(b, h, off[r], H, N, d), n_r * d);
+            copy(e, to, src + at(b, h, off[r], H, N, d), n_r * d);
             continue;
           }
-          reqs.push_back(c.irecv(to, n_r * d * eb, s, tag, what));
-          reqs.push_back(c.isend(from, n_s * d * eb, s, tag, what));
+          reqs.push_back(c.irecv(to, n_r * d * int64_t(sizeof(U)), s, tag, what));
+          reqs.push_back(c.isend(from, n_s * d * int64_t(sizeof(U)), s, tag, what));
         }
     }
     wait_all(reqs);
     e.synchronize();
-    host_sum_pieces(e, stage.data, G, piece, dst);
+    sum_pieces(e, stage.data, G, piece, dst);
   }
 };
 
@@ -165,7 +166,7 @@ void check_ulysses(const Problem& p, int G) {
 }
 
 template <class T>
-void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Partition& qp,
+void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                      const Partition& kp, Shard<T>& x) {
   const int G = comm.size(), r = comm.rank();
   check_ulysses(p, G);
@@ -173,8 +174,10 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const M
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
   prepare_forward(e, p, qp, kp, r, x);
   // Head-sharded tensors over the whole sequence, rows in rank order of the partition.
-  Buffer<T> Qh = e.alloc(B * Hg * Nq * d), Kh = e.alloc(B * Hkvg * Nk * d), Vh = e.alloc(B * Hkvg * Nk * d);
-  Buffer<T> Oh = e.alloc(B * Hg * Nq * d), Lh = e.alloc(B * Hg * Nq);
+  using A = acc_t<T>;
+  Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d), Vh = alloc<T>(e, B * Hkvg * Nk * d);
+  Buffer<T> Oh = alloc<T>(e, B * Hg * Nq * d);
+  Buffer<A> Lh = alloc<A>(e, B * Hg * Nq);
   std::vector<RequestPtr> reqs;  // after the buffers: destroyed (cancelled) first
   comm.set_context(Phase::Forward, 0);
   c.seq_to_heads(x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
@@ -184,7 +187,7 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const M
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
   e.forward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
                   as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
-                  bhsd<T>(Oh.data, B, Hg, Nq, d), view3<T>(Lh.data, B, Hg, Nq));  // §6.1 over all keys
+                  bhsd<T>(Oh.data, B, Hg, Nq, d), view3<A>(Lh.data, B, Hg, Nq), false);  // §6.1 over all keys
   e.synchronize();
   comm.set_context(Phase::Forward, 1);
   c.heads_to_seq(Oh.data, x.O.data, p.H_q, d, qp, 4, "O", reqs);
@@ -193,17 +196,19 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const M
 }
 
 template <class T>
-void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Partition& qp,
+void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                       const Partition& kp, Shard<T>& x) {
   const int G = comm.size(), r = comm.rank();
   check_ulysses(p, G);
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
   prepare_backward(e, p, qp, kp, r, x);
-  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
-  Buffer<T> Qh = e.alloc(B * Hg * Nq * d), dOh = e.alloc(B * Hg * Nq * d), Lh = e.alloc(B * Hg * Nq),
-            Dh = e.alloc(B * Hg * Nq), Kh = e.alloc(B * Hkvg * Nk * d), Vh = e.alloc(B * Hkvg * Nk * d);
-  Buffer<T> dQh = e.alloc(B * Hg * Nq * d), dKh = e.alloc(B * Hkvg * Nk * d), dVh = e.alloc(B * Hkvg * Nk * d);
+  using A = acc_t<T>;
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
+  Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), dOh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d),
+            Vh = alloc<T>(e, B * Hkvg * Nk * d);
+  Buffer<A> Lh = alloc<A>(e, B * Hg * Nq), Dh = alloc<A>(e, B * Hg * Nq);
+  Buffer<A> dQh = alloc<A>(e, B * Hg * Nq * d), dKh = alloc<A>(e, B * Hkvg * Nk * d), dVh = alloc<A>(e, B * Hkvg * Nk * d);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
   c.seq_to_heads(x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
@@ -213,15 +218,15 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   c.seq_to_heads(x.K.data, Kh.data, p.H_kv, d, kp, 5, "K", reqs);
   c.seq_to_heads(x.V.data, Vh.data, p.H_kv, d, kp, 6, "V", reqs);
   wait_all(reqs);
-  e.fill(dQh.data, dQh.n, T(0));
-  e.fill(dKh.data, dKh.n, T(0));
-  e.fill(dVh.data, dVh.n, T(0));
+  fill(e, dQh.data, dQh.n, 0.0);
+  fill(e, dKh.data, dKh.n, 0.0);
+  fill(e, dVh.data, dVh.n, 0.0);
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
   e.backward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
                    as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
-                   as_const(bhsd<T>(dOh.data, B, Hg, Nq, d)), as_const(view3<T>(Lh.data, B, Hg, Nq)),
-                   as_const(view3<T>(Dh.data, B, Hg, Nq)), bhsd<T>(dQh.data, B, Hg, Nq, d),
-                   bhsd<T>(dKh.data, B, Hkvg, Nk, d), bhsd<T>(dVh.data, B, Hkvg, Nk, d));  // §6.2
+                   as_const(bhsd<T>(dOh.data, B, Hg, Nq, d)), as_const(view3<A>(Lh.data, B, Hg, Nq)),
+                   as_const(view3<A>(Dh.data, B, Hg, Nq)), bhsd<A>(dQh.data, B, Hg, Nq, d),
+                   bhsd<A>(dKh.data, B, Hkvg, Nk, d), bhsd<A>(dVh.data, B, Hkvg, Nk, d));  // §6.2
   e.synchronize();
   comm.set_context(Phase::Backward, 1);
   c.heads_to_seq(dQh.data, x.dQ.data, p.H_q, d, qp, 7, "dQ", reqs);
@@ -231,13 +236,13 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
 }
 
 template <class T>
-void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Partition& qp,
+void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                        const Partition& kp, Shard<T>& x) {
   const int G = comm.size(), r = comm.rank();
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hkv = p.H_kv, Nk = p.N_k;
   prepare_forward(e, p, qp, kp, r, x);
-  Buffer<T> Ka = e.alloc(B * Hkv * Nk * d), Va = e.alloc(B * Hkv * Nk * d);  // (B, H_kv, N_k, d)
+  Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);  // (B, H_kv, N_k, d)
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
   c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
@@ -246,34 +251,35 @@ void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
   const AllPositions ka = all_positions(kp);
   e.forward_block(p, mask, rank_positions(qp, r), ka.pos, as_const(bhsd<T>(x.Q.data, B, p.H_q, x.n_q, d)),
                   as_const(bhsd<T>(Ka.data, B, Hkv, Nk, d)), as_const(bhsd<T>(Va.data, B, Hkv, Nk, d)),
-                  bhsd<T>(x.O.data, B, p.H_q, x.n_q, d), view3<T>(x.LSE.data, B, p.H_q, x.n_q));  // §6.1
+                  bhsd<T>(x.O.data, B, p.H_q, x.n_q, d), view3<acc_t<T>>(x.LSE.data, B, p.H_q, x.n_q), false);  // §6.1
   e.synchronize();
 }
 
 template <class T>
-void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, const MaskData& mask, const Partition& qp,
+void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                         const Partition& kp, Shard<T>& x) {
   const int G = comm.size(), r = comm.rank();
   Ctx<T> c(comm, e, p, G, r);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, Nk = p.N_k;
   prepare_backward(e, p, qp, kp, r, x);
-  const Buffer<T> D = home_D(e, p, x);  // eq. (5.1)
-  Buffer<T> Ka = e.alloc(B * Hkv * Nk * d), Va = e.alloc(B * Hkv * Nk * d);
-  Buffer<T> dKa = e.alloc(B * Hkv * Nk * d), dVa = e.alloc(B * Hkv * Nk * d);  // partials of every key
+  using A = acc_t<T>;
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1)
+  Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);
+  Buffer<A> dKa = alloc<A>(e, B * Hkv * Nk * d), dVa = alloc<A>(e, B * Hkv * Nk * d);  // partials of every key
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
   c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
   c.gather_rows(x.V.data, Va.data, Hkv, kp, 2, "V", reqs);
   wait_all(reqs);
-  e.fill(x.dQ.data, x.dQ.n, T(0));
-  e.fill(dKa.data, dKa.n, T(0));
-  e.fill(dVa.data, dVa.n, T(0));
+  fill(e, x.dQ.data, x.dQ.n, 0.0);
+  fill(e, dKa.data, dKa.n, 0.0);
+  fill(e, dVa.data, dVa.n, 0.0);
   const AllPositions ka = all_positions(kp);
   e.backward_block(p, mask, rank_positions(qp, r), ka.pos, as_const(bhsd<T>(x.Q.data, B, Hq, x.n_q, d)),
                    as_const(bhsd<T>(Ka.data, B, Hkv, Nk, d)), as_const(bhsd<T>(Va.data, B, Hkv, Nk, d)),
-                   as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)), as_const(view3<T>(x.LSE.data, B, Hq, x.n_q)),
-                   as_const(view3<T>(D.data, B, Hq, x.n_q)), bhsd<T>(x.dQ.data, B, Hq, x.n_q, d),
-                   bhsd<T>(dKa.data, B, Hkv, Nk, d), bhsd<T>(dVa.data, B, Hkv, Nk, d));  // §6.2
+                   as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)), as_const(view3<A>(x.LSE.data, B, Hq, x.n_q)),
+                   as_const(view3<A>(D.data, B, Hq, x.n_q)), bhsd<A>(x.dQ.data, B, Hq, x.n_q, d),
+                   bhsd<A>(dKa.data, B, Hkv, Nk, d), bhsd<A>(dVa.data, B, Hkv, Nk, d));  // §6.2
   e.synchronize();
   comm.set_context(Phase::Backward, 1);
   c.reduce_scatter_rows(dKa.data, x.dK.data, Hkv, kp, 3, "dK");
@@ -281,7 +287,7 @@ void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
 }
 
 int64_t ulysses_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r, bool sent,
-                      int64_t eb) {
+                      ElemBytes w) {
   const int G = qp.G;
   check_ulysses(p, G);
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
@@ -289,39 +295,42 @@ int64_t ulysses_bytes(Phase phase, const Problem& p, const Partition& qp, const 
   // Scatter (seq -> heads): rank r sends its rows of the (G-1) other head groups and receives
   // the other ranks' rows of its head group; the gather (heads -> seq) is the mirror image.
   // Row widths: Q, dO, O, dQ, K, V, dK, dV d; LSE, D 1.
-  int64_t e = 0;
+  // T rows: Q, K, V, O, dO; A rows: LSE, D, dQ, dK, dV (t = a gives (7.10)-(7.11)).
+  const int64_t t = w.t, a = w.a;
   if (phase == Phase::Forward) {
-    const int64_t out_kv = Hkvg * 2 * d;  // K, V per row
-    if (sent) e = B * ((G - 1) * nq * Hg * d + (G - 1) * nk * out_kv) + B * oq * Hg * (d + 1);    // (7.10)
-    else e = B * (oq * Hg * d + ok * out_kv) + B * (G - 1) * nq * Hg * (d + 1);                    // (7.10)
-  } else {
-    if (sent) e = B * (G - 1) * (nq * Hg * (2 * d + 2) + nk * Hkvg * 2 * d) + B * (oq * Hg * d + ok * Hkvg * 2 * d);  // (7.11)
-    else e = B * (oq * Hg * (2 * d + 2) + ok * Hkvg * 2 * d) + B * (G - 1) * (nq * Hg * d + nk * Hkvg * 2 * d);       // (7.11)
+    const int64_t out_kv = Hkvg * 2 * d * t;  // K, V per row
+    if (sent) return B * ((G - 1) * nq * Hg * d * t + (G - 1) * nk * out_kv) + B * oq * Hg * (d * t + a);  // (7.10)
+    return B * (oq * Hg * d * t + ok * out_kv) + B * (G - 1) * nq * Hg * (d * t + a);                      // (7.10)
   }
-  return e * eb;
+  const int64_t in_q = Hg * (2 * d * t + 2 * a), in_kv = Hkvg * 2 * d * t;  // Q, dO, LSE, D; K, V
+  const int64_t out_q = Hg * d * a, out_kv = Hkvg * 2 * d * a;              // dQ; dK, dV
+  if (sent) return B * (G - 1) * (nq * in_q + nk * in_kv) + B * (oq * out_q + ok * out_kv);  // (7.11)
+  return B * (oq * in_q + ok * in_kv) + B * (G - 1) * (nq * out_q + nk * out_kv);              // (7.11)
 }
 
 int64_t allgather_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r, bool sent,
-                        int64_t eb) {
+                        ElemBytes w) {
   (void)qp;
   const int G = kp.G;
   const int64_t kv = 2 * p.B * p.H_kv * p.d, nk = n_of(kp, r), ok = p.N_k - nk;
-  int64_t e = sent ? (G - 1) * nk * kv : ok * kv;                   // (7.12) gather K, V
-  if (phase == Phase::Backward) e += sent ? ok * kv : (G - 1) * nk * kv;  // (7.13) + reduce-scatter dK, dV
-  return e * eb;
+  int64_t e = w.t * (sent ? (G - 1) * nk * kv : ok * kv);                        // (7.12) gather K, V
+  if (phase == Phase::Backward) e += w.a * (sent ? ok * kv : (G - 1) * nk * kv);  // (7.13) + reduce-scatter dK, dV
+  return e;
 }
 
 #define BURSTLAB_BASELINES_INST(T)                                                                            \
-  template void ulysses_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&, const Partition&, \
+  template void ulysses_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Partition&, \
                                    const Partition&, Shard<T>&);                                                \
-  template void ulysses_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&,                  \
+  template void ulysses_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                  \
                                     const Partition&, const Partition&, Shard<T>&);                              \
-  template void allgather_forward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&,                 \
+  template void allgather_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                 \
                                      const Partition&, const Partition&, Shard<T>&);                             \
-  template void allgather_backward<T>(Communicator&, Engine<T>&, const Problem&, const MaskData&,                \
+  template void allgather_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                \
                                       const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_BASELINES_INST(float)
 BURSTLAB_BASELINES_INST(double)
+BURSTLAB_BASELINES_INST(bf16_t)
+BURSTLAB_BASELINES_INST(f16_t)
 #undef BURSTLAB_BASELINES_INST
 
 }  // namespace burstlab::dist

@@ -14,10 +14,10 @@
 
 #include <cstdint>
 
+#include "burstlab/engine.hpp"
 #include "burstlab/mask.hpp"
 #include "burstlab/problem.hpp"
 #include "comm.hpp"
-#include "engine.hpp"
 #include "partition.hpp"
 #include "ring.hpp"
 
@@ -28,23 +28,23 @@ void check_ulysses(const Problem& p, int G);
 
 // Forward fills shard.O, shard.LSE; backward needs Q, K, V, dO, O, LSE and fills dQ, dK, dV.
 template <class T>
-void ulysses_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void ulysses_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                      const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
-void ulysses_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void ulysses_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                       const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
-void allgather_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void allgather_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                        const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
-void allgather_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const MaskData& mask,
+void allgather_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
                         const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Closed forms (spec eq. 7.10-7.13): bytes rank r sends (sent) or receives in one
 // phase; written from the formulas, not from an execution.
 int64_t ulysses_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r,
-                      bool sent, int64_t elem_bytes);
+                      bool sent, ElemBytes elem_bytes);
 int64_t allgather_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r,
-                        bool sent, int64_t elem_bytes);
+                        bool sent, ElemBytes elem_bytes);
 
 }  // namespace burstlab::dist

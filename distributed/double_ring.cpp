@@ -81,16 +81,18 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
 }
 
 int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r,
-                          bool sent, int64_t eb, int K, int link, bool prefetch_inter) {
+                          bool sent, ElemBytes w, int K, int link, bool prefetch_inter) {
   const int G = qp.G;
   check(G, K);
   if (G == 1) return 0;
   const int64_t B = p.B, d = p.d;
-  // Elements per row of the shard crossing one hop (spec eq. 7.15): read-only and accumulated.
+  // Bytes per row of the shard crossing one hop (spec eq. 7.15): read-only and accumulated
+  // (T for K, V, Q, dO; A for D, LSE, dQ, dK, dV).
+  const int64_t t_ = w.t, a_ = w.a;
   int64_t ro_q = 0, ro_k = 0, acc_q = 0, acc_k = 0;  // per q row / per kv row
-  if (phase == Phase::Forward) ro_k = 2 * B * p.H_kv * d;                        // K, V
-  else if (base == Algo::Ring) { ro_k = 2 * B * p.H_kv * d; acc_k = 2 * B * p.H_kv * d; }  // K, V; dK, dV
-  else { ro_q = B * p.H_q * (2 * d + 2); acc_q = B * p.H_q * d; }                // Q, dO, D, LSE; dQ
+  if (phase == Phase::Forward) ro_k = 2 * B * p.H_kv * d * t_;                                    // K, V
+  else if (base == Algo::Ring) { ro_k = 2 * B * p.H_kv * d * t_; acc_k = 2 * B * p.H_kv * d * a_; }  // K, V; dK, dV
+  else { ro_q = B * p.H_q * (2 * d * t_ + 2 * a_); acc_q = B * p.H_q * d * a_; }                   // Q, dO, D, LSE; dQ
   const int M = G / K;
   const bool pf = prefetch_inter && M > 1 && K > 1;
   auto ro = [&](int shard) { return ro_q * qp.local_size(shard) + ro_k * kp.local_size(shard); };
@@ -114,7 +116,7 @@ int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partit
     if (t % K == 0 && a < M - 1 && link != 0)
       e += ro(sent ? double_ring_shard(r, t, G, K) : double_ring_shard(r, (a + 1) * K, G, K));
   }
-  return e * eb;
+  return e;
 }
 
 }  // namespace burstlab::dist

@@ -44,7 +44,7 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
 // Closed form (spec §7.9, eq. 7.14-7.15): bytes rank r sends (sent) or receives over link class `link`
 // (0 intra, 1 inter, -1 both) in one phase of the double ring with base algo `base`.
 int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp,
-                          int r, bool sent, int64_t elem_bytes, int gpus_per_node, int link,
+                          int r, bool sent, ElemBytes elem_bytes, int gpus_per_node, int link,
                           bool prefetch_inter = true);
 
 }  // namespace burstlab::dist

@@ -32,8 +32,11 @@ View3<T> rows(View3<T> v, int64_t off, int64_t n) {
 
 template <class T>
 class RingRun {
+  using A = acc_t<T>;
+  using Bytes = Buffer<unsigned char>;
+
  public:
-  RingRun(const Schedule& s, Communicator& c, Engine<T>& e, const Problem& p, const MaskData& m,
+  RingRun(const Schedule& s, Communicator& c, Engine<T>& e, const Problem& p, const PreparedMask& m,
           const Partition& qp, const Partition& kp, Shard<T>& x)
       : s_(s), c_(c), e_(e), p_(p), m_(m), qp_(qp), kp_(kp), x_(x), items_(travelling_items(s.algo, s.phase)) {
     r_ = c.rank();
@@ -44,25 +47,22 @@ class RingRun {
   }
 
   void forward() {
-    ensure(x_.O, q_elems(x_.n_q, false));
-    ensure(x_.LSE, q_elems(x_.n_q, true));
-    e_.fill(x_.O.data, x_.O.n, T(0));  // the merge identity (O = 0, LSE = -inf), §4.3
-    e_.fill(x_.LSE.data, x_.LSE.n, -std::numeric_limits<T>::infinity());
-    const int64_t mc = qp_.max_chunk_size();
-    O_part_ = e_.alloc(p_.B * p_.H_q * mc * p_.d);
-    LSE_part_ = e_.alloc(p_.B * p_.H_q * mc);
+    ensure(e_, x_.O, q_elems(x_.n_q, false));
+    ensure(e_, x_.LSE, q_elems(x_.n_q, true));
+    fill(e_, x_.O.data, x_.O.n, 0.0);  // the merge identity (O = 0, LSE = -inf), §4.3
+    fill(e_, x_.LSE.data, x_.LSE.n, -std::numeric_limits<double>::infinity());
     home_ = {{"Q", x_.Q.data}, {"K", x_.K.data}, {"V", x_.V.data}, {"O", x_.O.data}, {"LSE", x_.LSE.data}};
     run();
   }
 
   void backward() {
-    ensure(x_.dQ, q_elems(x_.n_q, false));
-    ensure(x_.dK, kv_elems(x_.n_k));
-    ensure(x_.dV, kv_elems(x_.n_k));
-    e_.fill(x_.dQ.data, x_.dQ.n, T(0));
-    e_.fill(x_.dK.data, x_.dK.n, T(0));
-    e_.fill(x_.dV.data, x_.dV.n, T(0));
-    D_ = e_.alloc(q_elems(x_.n_q, true));
+    ensure(e_, x_.dQ, q_elems(x_.n_q, false));
+    ensure(e_, x_.dK, kv_elems(x_.n_k));
+    ensure(e_, x_.dV, kv_elems(x_.n_k));
+    fill(e_, x_.dQ.data, x_.dQ.n, 0.0);
+    fill(e_, x_.dK.data, x_.dK.n, 0.0);
+    fill(e_, x_.dV.data, x_.dV.n, 0.0);
+    D_ = alloc<A>(e_, q_elems(x_.n_q, true));
     const int64_t B = p_.B, Hq = p_.H_q, d = p_.d, n = x_.n_q;
     e_.compute_D(bhsd<const T>(x_.O.data, B, Hq, n, d), bhsd<const T>(x_.dO.data, B, Hq, n, d),
                  view3(D_.data, B, Hq, n));  // eq. (5.1), once, at home
@@ -75,8 +75,10 @@ class RingRun {
  private:
   int64_t q_elems(int64_t n, bool per_row) const { return p_.B * p_.H_q * n * (per_row ? 1 : p_.d); }
   int64_t kv_elems(int64_t n) const { return p_.B * p_.H_kv * n * p_.d; }
-  void ensure(Buffer<T>& b, int64_t n) {
-    if (!b.data || b.n != n) b = e_.alloc(n);
+  int64_t width(const Item& it) const { return it.acc ? int64_t(sizeof(A)) : int64_t(sizeof(T)); }
+  // Bytes of one slot of travelling item `it`: room for the largest shard.
+  int64_t slot_bytes(const Item& it) const {
+    return width(it) * (it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size()));
   }
   int item_index(const char* name) const {
     for (int i = 0; i < static_cast<int>(items_.size()); ++i)
@@ -85,12 +87,16 @@ class RingRun {
   }
   // The buffer holding tensor `name` for the shard in use at step t: home at step 0, one of the
   // inter-node slots at a step a prefetched hop landed on (spec §7.9), else the step's slot.
-  T* at(const char* name, int t) {
+  void* at(const char* name, int t) {
     const int i = item_index(name);
     if (i < 0 || t == 0) return home_.at(name);
     const auto l = landed_[i].find(t);
     if (l != landed_[i].end()) return islots_[i][l->second].data;
     return slots_[i][t % 2].data;
+  }
+  template <class U>
+  U* at(const char* name, int t) {
+    return static_cast<U*>(at(name, t));
   }
 
   void run() {
@@ -98,8 +104,8 @@ class RingRun {
     // Two slots per travelling tensor, each big enough for the largest shard.
     slots_.clear();
     for (const Item& it : items_) {
-      const int64_t n = it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size());
-      slots_.push_back({e_.alloc(n), e_.alloc(n)});
+      const int64_t n = slot_bytes(it);
+      slots_.push_back({alloc<unsigned char>(e_, n), alloc<unsigned char>(e_, n)});
     }
     // The double ring's separate inter-node slots (spec §7.9): two per read-only tensor, one
     // receiving the next round's shard while the other is read (and sent on) in this round.
@@ -109,11 +115,10 @@ class RingRun {
     for (const auto& steps : s_.steps[r_])
       for (const Message& m : steps.recvs)
         if (m.lands > 0 && islots_[m.item].empty()) {
-          const Item& it = items_[m.item];
-          const int64_t n = it.q_side ? q_elems(qp_.max_local_size(), it.per_row) : kv_elems(kp_.max_local_size());
-          islots_[m.item] = {e_.alloc(n), e_.alloc(n)};
+          const int64_t n = slot_bytes(items_[m.item]);
+          islots_[m.item] = {alloc<unsigned char>(e_, n), alloc<unsigned char>(e_, n)};
         }
-    const int64_t eb = static_cast<int64_t>(sizeof(T));
+    auto bytes = [&](const Message& m) { return m.elems * width(items_[m.item]); };
     // Prefetched hops in flight across steps: (landing step, request); destroyed (cancelled)
     // before the buffers.
     std::vector<std::pair<int, RequestPtr>> in_flight;
@@ -125,13 +130,13 @@ class RingRun {
         if (m.lands > 0) {  // into the inter-node slot not read this round
           const int k = next_islot[m.item]++ % 2;
           landed_[m.item][m.lands] = k;
-          in_flight.emplace_back(m.lands, c_.irecv(islots_[m.item][k].data, m.elems * eb, m.peer, m.tag,
+          in_flight.emplace_back(m.lands, c_.irecv(islots_[m.item][k].data, bytes(m), m.peer, m.tag,
                                                    m.tensor.c_str()));
           continue;
         }
         // The last hop of an accumulated tensor lands in the home output.
-        T* dst = (t == G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
-        reqs.push_back(c_.irecv(dst, m.elems * eb, m.peer, m.tag, m.tensor.c_str()));
+        void* dst = (t == G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
+        reqs.push_back(c_.irecv(dst, bytes(m), m.peer, m.tag, m.tensor.c_str()));
       }
       auto prefetched = [&](int item) {
         for (const Message& m : st.sends)
@@ -144,7 +149,7 @@ class RingRun {
           // Home read-only inputs stay valid; everything else is rewritten before its next read.
           // A buffer that also feeds a prefetched hop is consumed by that (later-waited) send only.
           const bool consume = (t > 0 || items_[m.item].accumulated) && (m.lands > 0 || !prefetched(m.item));
-          RequestPtr q = c_.isend(at(m.tensor.c_str(), t), m.elems * eb, m.peer, m.tag, m.tensor.c_str(), consume);
+          RequestPtr q = c_.isend(at(m.tensor.c_str(), t), bytes(m), m.peer, m.tag, m.tensor.c_str(), consume);
           if (m.lands > 0) in_flight.emplace_back(m.lands, std::move(q));
           else reqs.push_back(std::move(q));
         }
@@ -168,19 +173,25 @@ class RingRun {
     const Chunk& qc = qp_.chunks[b.q_chunk];
     const Chunk& kc = kp_.chunks[b.k_chunk];
     const int64_t nq = qp_.local_size(st.q_shard), nk = kp_.local_size(st.k_shard);
-    auto qv = [&](const char* name) { return rows(bhsd<T>(at(name, t), B, Hq, nq, d), qc.local_start, qc.n); };
-    auto qr = [&](const char* name) { return rows(view3<T>(at(name, t), B, Hq, nq), qc.local_start, qc.n); };
-    auto kv = [&](const char* name) { return rows(bhsd<T>(at(name, t), B, Hkv, nk, d), kc.local_start, kc.n); };
+    // Views of tensor `name` at step t, elements of type decltype(u): q side (B, H_q, q chunk, d),
+    // kv side (B, H_kv, kv chunk, d), row statistics (B, H_q, q chunk).
+    auto qv = [&](auto u, const char* name) {
+      using U = decltype(u);
+      return rows(bhsd<U>(at<U>(name, t), B, Hq, nq, d), qc.local_start, qc.n);
+    };
+    auto kv = [&](auto u, const char* name) {
+      using U = decltype(u);
+      return rows(bhsd<U>(at<U>(name, t), B, Hkv, nk, d), kc.local_start, kc.n);
+    };
+    auto qr = [&](const char* name) { return rows(view3<A>(at<A>(name, t), B, Hq, nq), qc.local_start, qc.n); };
     const Positions qpos = qp_.chunk_positions(b.q_chunk), kpos = kp_.chunk_positions(b.k_chunk);
-    if (s_.phase == Phase::Forward) {
-      View4<T> Op = bhsd<T>(O_part_.data, B, Hq, qc.n, d);
-      View3<T> Lp = view3<T>(LSE_part_.data, B, Hq, qc.n);
-      e_.forward_block(p_, m_, qpos, kpos, as_const(qv("Q")), as_const(kv("K")), as_const(kv("V")), Op, Lp);
-      e_.merge(qv("O"), qr("LSE"), as_const(Op), as_const(Lp));  // eq. (4.5), step order
+    if (s_.phase == Phase::Forward) {  // merged into the home (O, LSE) in step order, eq. (4.5)
+      e_.forward_block(p_, m_, qpos, kpos, as_const(qv(T{}, "Q")), as_const(kv(T{}, "K")), as_const(kv(T{}, "V")),
+                       qv(T{}, "O"), qr("LSE"), true);
     } else {
-      e_.backward_block(p_, m_, qpos, kpos, as_const(qv("Q")), as_const(kv("K")), as_const(kv("V")),
-                        as_const(qv("dO")), as_const(qr("LSE")), as_const(qr("D")), qv("dQ"), kv("dK"),
-                        kv("dV"));
+      e_.backward_block(p_, m_, qpos, kpos, as_const(qv(T{}, "Q")), as_const(kv(T{}, "K")), as_const(kv(T{}, "V")),
+                        as_const(qv(T{}, "dO")), as_const(qr("LSE")), as_const(qr("D")), qv(A{}, "dQ"),
+                        kv(A{}, "dK"), kv(A{}, "dV"));
     }
   }
 
@@ -188,16 +199,16 @@ class RingRun {
   Communicator& c_;
   Engine<T>& e_;
   const Problem& p_;
-  const MaskData& m_;
+  const PreparedMask& m_;
   const Partition& qp_;
   const Partition& kp_;
   Shard<T>& x_;
   const std::vector<Item>& items_;
   int r_ = 0;
-  Buffer<T> O_part_, LSE_part_, D_;
-  std::map<std::string, T*> home_;
-  std::vector<std::vector<Buffer<T>>> slots_;
-  std::vector<std::vector<Buffer<T>>> islots_;  // [item] the two inter-node slots (double ring prefetch)
+  Buffer<A> D_;
+  std::map<std::string, void*> home_;
+  std::vector<std::vector<Bytes>> slots_;
+  std::vector<std::vector<Bytes>> islots_;  // [item] the two inter-node slots (double ring prefetch)
   std::vector<std::map<int, int>> landed_;      // [item] landing step -> inter-node slot
 };
 
@@ -210,25 +221,27 @@ void check_schedule(const Schedule& s, Phase want) {
 
 template <class T>
 void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                 const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
+                 const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
   check_schedule(s, Phase::Forward);
   RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).forward();
 }
 
 template <class T>
 void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                  const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
+                  const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
   check_schedule(s, Phase::Backward);
   RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).backward();
 }
 
-template void run_forward<float>(const Schedule&, Communicator&, Engine<float>&, const Problem&,
-                                 const MaskData&, const Partition&, const Partition&, Shard<float>&);
-template void run_forward<double>(const Schedule&, Communicator&, Engine<double>&, const Problem&,
-                                  const MaskData&, const Partition&, const Partition&, Shard<double>&);
-template void run_backward<float>(const Schedule&, Communicator&, Engine<float>&, const Problem&,
-                                  const MaskData&, const Partition&, const Partition&, Shard<float>&);
-template void run_backward<double>(const Schedule&, Communicator&, Engine<double>&, const Problem&,
-                                   const MaskData&, const Partition&, const Partition&, Shard<double>&);
+#define BURSTLAB_RING_INST(T)                                                                         \
+  template void run_forward<T>(const Schedule&, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
+                               const Partition&, const Partition&, Shard<T>&);                        \
+  template void run_backward<T>(const Schedule&, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
+                                const Partition&, const Partition&, Shard<T>&);
+BURSTLAB_RING_INST(float)
+BURSTLAB_RING_INST(double)
+BURSTLAB_RING_INST(bf16_t)
+BURSTLAB_RING_INST(f16_t)
+#undef BURSTLAB_RING_INST
 
 }  // namespace burstlab::dist

@@ -15,8 +15,8 @@
 
 #include "burstlab/mask.hpp"
 #include "burstlab/problem.hpp"
+#include "burstlab/engine.hpp"
 #include "comm.hpp"
-#include "engine.hpp"
 #include "partition.hpp"
 #include "schedule.hpp"
 
@@ -24,23 +24,26 @@ namespace burstlab::dist {
 
 // One rank's local tensors in engine memory, BHSD over its local length:
 // Q, dO, O, dQ (B, H_q, n_q, d); LSE (B, H_q, n_q); K, V, dK, dV (B, H_kv, n_k, d).
+// Storage T for inputs and O; A = acc_t<T> for LSE and the gradients (spec §9.1).
 template <class T>
 struct Shard {
+  using A = acc_t<T>;
   int64_t n_q = 0, n_k = 0;
   Buffer<T> Q, K, V, dO;   // inputs (dO for the backward only)
-  Buffer<T> O, LSE;        // forward outputs; backward inputs
-  Buffer<T> dQ, dK, dV;    // backward outputs
+  Buffer<T> O;             // forward output; backward input
+  Buffer<A> LSE;
+  Buffer<A> dQ, dK, dV;    // backward outputs
 };
 
 // Forward (§7.2, either algorithm): fills shard.O, shard.LSE. Allocates them if empty.
 template <class T>
 void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                 const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+                 const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Backward (§7.2): RingAttention or BurstAttention per s.algo. Needs Q, K, V, dO and the
 // forward's O, LSE; fills (allocating if empty) shard.dQ, dK, dV.
 template <class T>
 void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                  const MaskData& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+                  const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 }  // namespace burstlab::dist

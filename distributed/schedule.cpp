@@ -16,13 +16,13 @@ Algo parse_algo(const std::string& s) {
 }
 
 const std::vector<Item>& travelling_items(Algo a, Phase phase) {
-  //                                    name   q_side per_row accumulated
-  static const std::vector<Item> fwd = {{"K", false, false, false}, {"V", false, false, false}};
-  static const std::vector<Item> ring_bwd = {{"K", false, false, false}, {"V", false, false, false},
-                                             {"dK", false, false, true}, {"dV", false, false, true}};
-  static const std::vector<Item> burst_bwd = {{"Q", true, false, false},  {"dO", true, false, false},
-                                              {"D", true, true, false},   {"LSE", true, true, false},
-                                              {"dQ", true, false, true}};
+  //                                    name   q_side per_row accumulated acc
+  static const std::vector<Item> fwd = {{"K", false, false, false, false}, {"V", false, false, false, false}};
+  static const std::vector<Item> ring_bwd = {{"K", false, false, false, false}, {"V", false, false, false, false},
+                                             {"dK", false, false, true, true}, {"dV", false, false, true, true}};
+  static const std::vector<Item> burst_bwd = {{"Q", true, false, false, false},  {"dO", true, false, false, false},
+                                              {"D", true, true, false, true},    {"LSE", true, true, false, true},
+                                              {"dQ", true, false, true, true}};
   if (phase == Phase::Forward) return fwd;
   if (phase == Phase::Backward) return a == Algo::Ring ? ring_bwd : burst_bwd;
   fail("schedule phase (", to_string(phase), ") must be forward or backward");
@@ -128,18 +128,19 @@ Work work(const Schedule& s, int rank) {
   return w;
 }
 
-int64_t schedule_bytes(const Schedule& s, int rank, bool sent, int64_t elem_bytes, int step) {
+int64_t schedule_bytes(const Schedule& s, int rank, bool sent, ElemBytes elem_bytes, int step) {
+  const auto& items = travelling_items(s.algo, s.phase);
   int64_t total = 0;
   for (int t = 0; t < s.G; ++t) {
     if (step >= 0 && t != step) continue;
     const RankStep& st = s.steps.at(rank).at(t);
-    for (const Message& m : sent ? st.sends : st.recvs) total += m.elems * elem_bytes;
+    for (const Message& m : sent ? st.sends : st.recvs) total += m.elems * elem_bytes.of(items[m.item]);
   }
   return total;
 }
 
 int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partition& qp,
-                          const Partition& kp, int r, bool sent, int64_t elem_bytes, int step) {
+                          const Partition& kp, int r, bool sent, ElemBytes w, int step) {
   const int G = qp.G;
   if (G == 1) return 0;  // nothing moves
   const int64_t B = p.B, Hq = p.H_q, Hkv = p.H_kv, d = p.d, Nq = p.N_q, Nk = p.N_k;
@@ -148,20 +149,22 @@ int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partit
   // The sender's shard: at step t rank r sends shard r - t; it receives shard r - t - 1.
   // Totals: rank r sends every shard but r + 1 (G - 1 hops) and receives every shard but r.
   const int missing = sent ? r + 1 : r;
-  int64_t e = 0;
+  // Bytes in T (K, V, Q, dO) plus bytes in A (LSE, D, dQ, dK, dV); for t = a these are the
+  // single-width forms (7.1)-(7.6).
+  const int64_t t = w.t, a = w.a;
   if (phase == Phase::Forward) {
-    if (step < 0) e = 2 * B * Hkv * d * (Nk - nk(missing));                                  // (7.1)
-    else if (step < G - 1) e = 2 * B * Hkv * d * nk(sent ? r - step : r - step - 1);          // (7.2)
-  } else if (algo == Algo::Ring) {
-    if (step < 0) e = 2 * B * Hkv * d * (2 * Nk - nk(missing));                              // (7.3)
-    else if (step < G - 1) e = 4 * B * Hkv * d * nk(sent ? r - step : r - step - 1);          // (7.4)
-    else if (step == G - 1) e = 2 * B * Hkv * d * nk(sent ? r + 1 : r);
-  } else {
-    if (step < 0) e = B * Hq * ((2 * d + 2) * (Nq - nq(missing)) + d * Nq);                  // (7.5)
-    else if (step < G - 1) e = B * Hq * (3 * d + 2) * nq(sent ? r - step : r - step - 1);     // (7.6)
-    else if (step == G - 1) e = B * Hq * d * nq(sent ? r + 1 : r);
+    if (step < 0) return t * 2 * B * Hkv * d * (Nk - nk(missing));                           // (7.1)
+    if (step < G - 1) return t * 2 * B * Hkv * d * nk(sent ? r - step : r - step - 1);       // (7.2)
+    return 0;
   }
-  return e * elem_bytes;
+  if (algo == Algo::Ring) {
+    if (step < 0) return 2 * B * Hkv * d * (t * (Nk - nk(missing)) + a * Nk);               // (7.3)
+    if (step < G - 1) return 2 * B * Hkv * d * (t + a) * nk(sent ? r - step : r - step - 1);  // (7.4)
+    return a * 2 * B * Hkv * d * nk(sent ? r + 1 : r);
+  }
+  if (step < 0) return B * Hq * ((2 * d * t + 2 * a) * (Nq - nq(missing)) + d * a * Nq);     // (7.5)
+  if (step < G - 1) return B * Hq * (2 * d * t + (d + 2) * a) * nq(sent ? r - step : r - step - 1);  // (7.6)
+  return a * B * Hq * d * nq(sent ? r + 1 : r);
 }
 
 std::string chunk_name(const Chunk& c) {
@@ -178,11 +181,14 @@ std::string chunk_name(const Chunk& c) {
 }
 
 std::string trace(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
-                  int64_t elem_bytes) {
+                  ElemBytes elem_bytes) {
   std::ostringstream os;
   os << to_string(s.algo) << " " << to_string(s.phase) << ": G=" << s.G << ", partition "
      << to_string(qp.kind) << ", N_q=" << p.N_q << ", N_k=" << p.N_k << ", mask "
-     << describe(p.mask) << ", " << elem_bytes << "-byte elements\n";
+     << describe(p.mask) << ", ";
+  if (elem_bytes.t == elem_bytes.a) os << elem_bytes.t << "-byte elements\n";
+  else os << elem_bytes.t << "-byte inputs, " << elem_bytes.a << "-byte statistics and gradients\n";
+  const auto& items = travelling_items(s.algo, s.phase);
   os << "  travelling:";
   for (const Item& it : travelling_items(s.algo, s.phase)) os << " " << it.name;
   os << "  (Q rows by q chunk, K rows by kv chunk; pairs = visible (i, j) pairs)\n";
@@ -206,7 +212,7 @@ std::string trace(const Schedule& s, const Problem& p, const Partition& qp, cons
           for (const Message& m : ms) {
             if ((m.lands > 0) != (pass == 2) || (pass < 2 && m.after_compute != (pass == 1))) continue;
             names += (names.empty() ? "" : ",") + m.tensor;
-            bytes += m.elems * elem_bytes;
+            bytes += m.elems * elem_bytes.of(items[m.item]);
             peer = m.peer;
             shard = m.shard;
             lands = m.lands;

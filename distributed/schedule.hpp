@@ -34,6 +34,17 @@ struct Item {
   bool q_side;       // rows are queries (B, H_q, n, .) vs keys (B, H_kv, n, .)
   bool per_row;      // one value per row (LSE, D) instead of d
   bool accumulated;  // updated by the compute, so it is sent after computing
+  bool acc;          // stored in the accumulation type A (LSE, D, gradients), else in T
+};
+
+// Element widths in bytes of a run: t = sizeof(T) (Q, K, V, O, dO), a = sizeof(acc_t<T>) (LSE,
+// D, dQ, dK, dV; spec §9.1). Equal for fp32 and fp64; bf16/fp16 move 2-byte inputs and 4-byte
+// statistics and gradients.
+struct ElemBytes {
+  int64_t t = 4, a = 4;
+  ElemBytes(int64_t both) : t(both), a(both) {}  // NOLINT: one width for both is the common case
+  ElemBytes(int64_t t_, int64_t a_) : t(t_), a(a_) {}
+  int64_t of(const Item& it) const { return it.acc ? a : t; }
 };
 const std::vector<Item>& travelling_items(Algo a, Phase phase);
 
@@ -48,7 +59,7 @@ struct Message {
   int shard = 0;             // whose rows these are
   int peer = 0;              // destination (send) or source (recv)
   int tag = 0;               // step * 16 + item
-  int64_t elems = 0;         // elements (bytes = elems * sizeof(T))
+  int64_t elems = 0;         // elements (bytes = elems * ElemBytes::of(item))
   bool after_compute = false;  // sends only: posted after the step's compute (gradients)
   // 0: an ordinary hop (received for the next step, waited for at the end of this one).
   // > 0: the double ring's prefetched inter-node hop (spec §7.9): posted at the start of a node
@@ -95,17 +106,17 @@ struct Work {
 Work work(const Schedule& s, int rank);
 
 // Bytes rank r moves according to the schedule (step < 0: all steps).
-int64_t schedule_bytes(const Schedule& s, int rank, bool sent, int64_t elem_bytes, int step = -1);
+int64_t schedule_bytes(const Schedule& s, int rank, bool sent, ElemBytes elem_bytes, int step = -1);
 
 // The closed forms of spec §7.5 (eq. 7.1-7.6), written from the formulas, not from a schedule.
-// step < 0: the phase total. elem_bytes = sizeof(T).
+// step < 0: the phase total.
 int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partition& qp,
-                          const Partition& kp, int rank, bool sent, int64_t elem_bytes,
+                          const Partition& kp, int rank, bool sent, ElemBytes elem_bytes,
                           int step = -1);
 
 // A step-by-step teaching trace and the per-rank work totals.
 std::string trace(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
-                  int64_t elem_bytes);
+                  ElemBytes elem_bytes);
 std::string chunk_name(const Chunk& c);  // "[0,16)" or "{1,5,9,..}"
 
 }  // namespace burstlab::dist

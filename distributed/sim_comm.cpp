@@ -40,6 +40,16 @@ struct Op {
   }
 };
 using OpPtr = std::shared_ptr<Op>;
+
+void copy_bytes(const SimOptions& o, void* dst, const void* src, int64_t bytes) {
+  if (o.memory.copy) o.memory.copy(dst, src, bytes);
+  else std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+// All-ones bytes: NaN in fp64, fp32, bf16 and fp16.
+void poison_bytes(const SimOptions& o, void* buf, int64_t bytes) {
+  if (o.memory.poison) o.memory.poison(buf, bytes);
+  else std::memset(buf, 0xFF, static_cast<size_t>(bytes));
+}
 using Key = std::tuple<int, int, int>;  // (src, dst, tag)
 
 }  // namespace
@@ -120,7 +130,7 @@ struct SimState {
         s->state = r->state = OpState::Copying;
       }
       if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
-      if (job.first->bytes > 0) std::memcpy(job.second->buf, job.first->buf, static_cast<size_t>(job.first->bytes));
+      if (job.first->bytes > 0) copy_bytes(opt, job.second->buf, job.first->buf, job.first->bytes);
       {
         std::lock_guard<std::mutex> lk(m);
         finish(job.first, "");
@@ -246,7 +256,7 @@ class SimRequest final : public Request {
     lk.unlock();
     waited_ = true;
     if (op_->is_send && op_->consume && w_->opt.poison && op_->bytes > 0)
-      std::memset(op_->buf, 0xFF, static_cast<size_t>(op_->bytes));  // all-ones bytes: NaN in fp32 and fp64
+      poison_bytes(w_->opt, op_->buf, op_->bytes);
   }
 
  private:
@@ -279,7 +289,7 @@ class SimComm final : public Communicator {
     check_peer(src, "irecv", what);
     auto op = make(false, src, rank_, tag, buf, bytes, what);
     maybe_fail(*op);
-    if (w_->opt.poison && bytes > 0) std::memset(buf, 0xFF, static_cast<size_t>(bytes));
+    if (w_->opt.poison && bytes > 0) poison_bytes(w_->opt, buf, bytes);
     record(src, rank_, tag, bytes, false, what);
     w_->post(op, rank_);
     return std::make_unique<SimRequest>(w_, op, rank_);

@@ -23,6 +23,13 @@
 
 namespace burstlab::dist {
 
+// Where the ranks' buffers live: host memory (memcpy, memset) unless an engine's device copies
+// are given (e.g. cuda::transport_copy), so the ranks of one process can share one GPU.
+struct SimMemory {
+  std::function<void(void* dst, const void* src, int64_t bytes)> copy;  // returns when done
+  std::function<void(void* buf, int64_t bytes)> poison;                 // every byte 0xff
+};
+
 struct SimOptions {
   bool poison = false;
   bool reorder = false;
@@ -33,6 +40,7 @@ struct SimOptions {
   int gpus_per_node = 0;
   int workers = 2;           // transfer threads
   int threads_per_rank = 1;  // OpenMP threads each rank's engine may use
+  SimMemory memory;          // empty: host memory
 };
 
 struct SimState;  // shared by the ranks of one world (sim_comm.cpp)

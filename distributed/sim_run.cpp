@@ -2,6 +2,7 @@
 #include "sim_run.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "burstlab/error.hpp"
 
@@ -15,7 +16,7 @@ Tensor4<U> slice(View4<const T> g, const Partition& part, int r) {
   for (int64_t b = 0; b < g.dim[0]; ++b)
     for (int64_t h = 0; h < g.dim[1]; ++h)
       for (int64_t l = 0; l < n; ++l)
-        for (int64_t k = 0; k < g.dim[3]; ++k) v(b, h, l, k) = static_cast<U>(g(b, h, part.positions[r][l], k));
+        for (int64_t k = 0; k < g.dim[3]; ++k) v(b, h, l, k) = from_double<U>(to_double(g(b, h, part.positions[r][l], k)));
   return out;
 }
 template <class U, class T>
@@ -25,7 +26,7 @@ Tensor3<U> slice(View3<const T> g, const Partition& part, int r) {
   View3<U> v = out.view();
   for (int64_t b = 0; b < g.dim[0]; ++b)
     for (int64_t h = 0; h < g.dim[1]; ++h)
-      for (int64_t l = 0; l < n; ++l) v(b, h, l) = static_cast<U>(g(b, h, part.positions[r][l]));
+      for (int64_t l = 0; l < n; ++l) v(b, h, l) = from_double<U>(to_double(g(b, h, part.positions[r][l])));
   return out;
 }
 template <class T>
@@ -59,16 +60,16 @@ Tensor3<T> gather(const std::vector<Tensor3<T>>& locals, const Partition& part) 
 }
 
 namespace {
-template <class T>
-Buffer<T> upload(Engine<T>& e, const std::vector<T>& host) {
-  Buffer<T> b = e.alloc(static_cast<int64_t>(host.size()));
-  e.upload(b.data, host.data(), b.n);
+template <class U, class T>
+Buffer<U> upload_all(Engine<T>& e, const std::vector<U>& host) {
+  Buffer<U> b = alloc<U>(e, static_cast<int64_t>(host.size()));
+  upload(e, b.data, host.data(), b.n);
   return b;
 }
-template <class T>
-void download(Engine<T>& e, const Buffer<T>& b, std::vector<T>& host) {
+template <class U, class T>
+void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
   if (static_cast<int64_t>(host.size()) != b.n) fail("download: buffer of ", b.n, " for ", host.size(), " elements");
-  e.download(host.data(), b.data, b.n);
+  download(e, host.data(), b.data, b.n);
 }
 }  // namespace
 
@@ -82,6 +83,7 @@ SimSession<T>::SimSession(const Problem& p, View4<const double> Q, View4<const d
   res_.qp = make_partition(o.partition, p.N_q, o.world, "N_q");
   res_.kp = make_partition(o.partition, p.N_k, o.world, "N_k");
   mask_ = compile_mask(p);
+  prepared_ = engine.prepare(mask_);
   res_.fwd = make_schedule(o.algo, Phase::Forward, p, mask_, res_.qp, res_.kp);
   if (o.backward) res_.bwd = make_schedule(o.algo, Phase::Backward, p, mask_, res_.qp, res_.kp);
   shards_ = upload_shards(engine, Q, K, V, dO, res_.qp, res_.kp, o.backward);
@@ -95,10 +97,10 @@ std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<c
   std::vector<Shard<T>> shards(qp.G);
   for (int r = 0; r < qp.G; ++r) {
     Shard<T>& x = shards[r];
-    x.Q = upload(e, slice<T>(Q, qp, r).data);
-    x.K = upload(e, slice<T>(K, kp, r).data);
-    x.V = upload(e, slice<T>(V, kp, r).data);
-    if (backward) x.dO = upload(e, slice<T>(dO, qp, r).data);
+    x.Q = upload_all(e, slice<T>(Q, qp, r).data);
+    x.K = upload_all(e, slice<T>(K, kp, r).data);
+    x.V = upload_all(e, slice<T>(V, kp, r).data);
+    if (backward) x.dO = upload_all(e, slice<T>(dO, qp, r).data);
   }
   return shards;
 }
@@ -135,8 +137,9 @@ template <class T>
 void SimSession<T>::run(Phase phase) {
   run_pass(o_.world, o_.sim, phase, res_.logs, errors_, [&](Communicator& comm) {
     Shard<T>& x = shards_[comm.rank()];
-    if (phase == Phase::Forward) run_forward(res_.fwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
-    else run_backward(res_.bwd, comm, e_, p_, mask_, res_.qp, res_.kp, x);
+    if (phase == Phase::Forward) run_forward(res_.fwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
+    else run_backward(res_.bwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
+    e_.synchronize();  // this rank's engine work is complete before the pass ends
   });
 }
 
@@ -156,17 +159,19 @@ void SimSession<T>::backward() {
 template <class T>
 void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
                       DistResult<T>& res) {
-  auto down4 = [&](const Buffer<T>& b, int64_t H, int64_t n) {  // (B, H, n, d) BHSD
-    Tensor4<T> t = make_tensor4<T>(Layout::BHSD, p.B, H, n, p.d);
-    if (b.data) download(e, b, t.data);
+  using A = acc_t<T>;
+  auto down4 = [&](const auto& b, int64_t H, int64_t n) {  // (B, H, n, d) BHSD
+    using U = std::remove_pointer_t<decltype(b.data)>;
+    Tensor4<U> t = make_tensor4<U>(Layout::BHSD, p.B, H, n, p.d);
+    if (b.data) download_all(e, b, t.data);
     return t;
   };
   for (size_t r = 0; r < shards.size(); ++r) {
     const Shard<T>& x = shards[r];
     const int64_t nq = res.qp.local_size(int(r)), nk = res.kp.local_size(int(r));
     res.O.push_back(down4(x.O, p.H_q, nq));
-    Tensor3<T> L = make_tensor3<T>(p.B, p.H_q, nq);  // (B, H_q, nq)
-    if (x.LSE.data) download(e, x.LSE, L.data);
+    Tensor3<A> L = make_tensor3<A>(p.B, p.H_q, nq);  // (B, H_q, nq)
+    if (x.LSE.data) download_all(e, x.LSE, L.data);
     res.LSE.push_back(std::move(L));
     if (backward) {
       res.dQ.push_back(down4(x.dQ, p.H_q, nq));
@@ -205,8 +210,12 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
                                                   const Partition&, bool);
 BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
+BURSTLAB_DIST_INST(bf16_t)
+BURSTLAB_DIST_INST(f16_t)
 template class SimSession<float>;
 template class SimSession<double>;
+template class SimSession<bf16_t>;
+template class SimSession<f16_t>;
 template Tensor4<double> slice<double, float>(View4<const float>, const Partition&, int);
 template Tensor3<double> slice<double, float>(View3<const float>, const Partition&, int);
 #undef BURSTLAB_DIST_INST

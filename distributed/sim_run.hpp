@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/engine.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
 #include "comm.hpp"
-#include "engine.hpp"
 #include "partition.hpp"
 #include "ring.hpp"
 #include "schedule.hpp"
@@ -31,11 +31,14 @@ struct DistOptions {
 
 template <class T>
 struct DistResult {
+  using A = acc_t<T>;
   Partition qp, kp;
   Schedule fwd, bwd;  // bwd empty (G = 0 steps) when !backward
-  // [rank] local outputs, BHSD over the rank's local length (partition order).
-  std::vector<Tensor4<T>> O, dQ, dK, dV;
-  std::vector<Tensor3<T>> LSE;
+  // [rank] local outputs, BHSD over the rank's local length (partition order); O in the storage
+  // type, LSE and the gradients in the accumulation type (spec §9.1).
+  std::vector<Tensor4<T>> O;
+  std::vector<Tensor4<A>> dQ, dK, dV;
+  std::vector<Tensor3<A>> LSE;
   std::vector<std::vector<Transfer>> logs;  // [rank]
 };
 
@@ -71,6 +74,7 @@ class SimSession {
   DistOptions o_;
   Engine<T>& e_;
   MaskData mask_;
+  PreparedMask prepared_;  // mask_ in engine memory, once per session
   DistResult<T> res_;  // partitions, schedules, logs (outputs filled by result())
   std::vector<Shard<T>> shards_;
   std::vector<std::string> errors_;

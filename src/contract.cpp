@@ -1,6 +1,7 @@
 // The contract's host functions: validation (spec §1.4), mask compilation (§3), FLOPs (§8).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 #include "burstlab/mask.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
+#include "burstlab/storage.hpp"
 #include "burstlab/tensor.hpp"
 
 namespace burstlab {
@@ -45,6 +47,32 @@ float round_to_fp16(float x) {
   const int exp_unit = std::max(e - 11, -24);             // 11 significant bits; subnormal step 2^-24
   const float q = std::ldexp(1.0f, exp_unit);
   return std::copysign(std::nearbyint(ax / q) * q, x);    // nearbyint: ties to even (default mode)
+}
+
+// f16_t: the float is rounded to fp16 first, so the encoding below is exact.
+f16_t::f16_t(float x) {
+  const float r = round_to_fp16(x);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const float a = std::fabs(r);
+  if (std::isnan(r)) { bits = sign | 0x7e00u; return; }
+  if (std::isinf(r)) { bits = sign | 0x7c00u; return; }
+  if (a < std::ldexp(1.0f, -14)) {  // subnormal (or zero): a multiple of 2^-24
+    bits = sign | static_cast<uint16_t>(std::ldexp(a, 24));
+    return;
+  }
+  int e;
+  const float f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1): exponent field e - 1 + 15
+  const uint32_t mant = static_cast<uint32_t>(std::ldexp(f, 11)) - 1024u;  // 10 fraction bits
+  bits = sign | static_cast<uint16_t>(((e + 14) << 10) | mant);
+}
+f16_t::operator float() const {
+  const uint32_t e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu;
+  const float s = (bits & 0x8000u) ? -1.0f : 1.0f;
+  if (e == 0) return s * std::ldexp(static_cast<float>(m), -24);
+  if (e == 31) return m ? std::numeric_limits<float>::quiet_NaN() : s * HUGE_VALF;
+  return s * std::ldexp(static_cast<float>(m + 1024u), static_cast<int>(e) - 25);
 }
 
 // ---------------------------------------------------------------- mask (§3)

@@ -264,11 +264,11 @@ Column impl_column(const Impl& m) {
 template <class T, class Session, class Options>
 RunFn dist_prepare(const CaseData& cd, const Options& o) {
   struct S {
-    std::unique_ptr<dist::Engine<T>> engine;
+    std::unique_ptr<Engine<T>> engine;
     std::unique_ptr<Session> session;
   };
   auto s = std::make_shared<S>();
-  s->engine = dist::make_cpu_engine<T>();
+  s->engine = cpu::make_engine<T>();
   s->session = std::make_unique<Session>(cd.meta.p, cd.in.Q.view(), cd.in.K.view(), cd.in.V.view(), cd.in.dO.view(),
                                          o, *s->engine);  // validates: Error = n/a
   const Dtype t = cd.meta.dtype;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "cpu_engine.hpp"
 #include "common.hpp"
 #include "cpu_engine.hpp"
 #include "double_ring.hpp"
@@ -74,8 +75,8 @@ MeasuredRate measure_cpu_rate(int64_t d) {
   m.d = d;
   const int64_t n = m.n;
   const Problem p = make_problem(1, 1, 1, n, n, d, "none", 1, nullptr);
-  const MaskData md = compile_mask(p);
-  auto engine = dist::make_cpu_engine<float>(cpu::Tiles{});
+  auto engine = cpu::make_engine<float>(cpu::Tiles{});
+  const PreparedMask md = engine->prepare(compile_mask(p));
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   auto rnd = [&](int64_t count) {
@@ -100,7 +101,7 @@ MeasuredRate measure_cpu_rate(int64_t d) {
     return s / reps;
   };
   const double tf = timed([&] { engine->forward_block(p, md, pos, pos, c4(Q.data()), c4(K.data()), c4(V.data()),
-                                                      v4(O.data()), v3(LSE.data())); },
+                                                      v4(O.data()), v3(LSE.data()), false); },
                           m.reps_fwd);
   engine->compute_D(c4(O.data()), c4(dO.data()), v3(D.data()));
   const double tb = timed(

@@ -103,7 +103,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   if (opt.Br) tiles.Br = opt.Br;
   if (opt.Bc) tiles.Bc = opt.Bc;
   struct S {
-    std::unique_ptr<dist::Engine<T>> engine;
+    std::unique_ptr<Engine<T>> engine;
     std::unique_ptr<dist::SimSession<T>> session;
     std::unique_ptr<dist::ExtSession<T>> ext;  // double-ring, ulysses, allgather
     size_t report = 0;
@@ -114,7 +114,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     const dist::Partition& kp() const { return ext ? ext->kp() : session->kp(); }
   };
   auto s = std::make_shared<S>();
-  s->engine = dist::make_cpu_engine<T>(tiles);
+  s->engine = cpu::make_engine<T>(tiles);
   if (dist::is_ext_algo(st->f.algo))
     s->ext = std::make_unique<dist::ExtSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(),
                                                    ext_options_of(st->f), *s->engine);

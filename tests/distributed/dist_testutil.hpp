@@ -29,7 +29,7 @@ inline Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk
   return c;
 }
 
-inline dist::DistResult<double> run_ext(const Case& c, const dist::ExtOptions& o, dist::Engine<double>& e,
+inline dist::DistResult<double> run_ext(const Case& c, const dist::ExtOptions& o, Engine<double>& e,
                                         std::vector<std::string>* errs = nullptr) {
   return dist::run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
 }

@@ -99,19 +99,22 @@ class SpyEngine final : public Engine<T> {
   std::map<Key, int> fwd, bwd;
   std::function<bool(Positions, Positions)> throw_on;  // forward blocks only
   std::string name() const override { return "spy(" + in_.name() + ")"; }
-  Buffer<T> alloc(int64_t n) override { return in_.alloc(n); }
-  void fill(T* d, int64_t n, T v) override { in_.fill(d, n, v); }
-  void upload(T* d, const T* h, int64_t n) override { in_.upload(d, h, n); }
-  void download(T* h, const T* s, int64_t n) override { in_.download(h, s, n); }
-  void forward_block(const Problem& p, const MaskData& m, Positions q, Positions k, View4<const T> Q,
-                     View4<const T> K, View4<const T> V, View4<T> O, View3<T> L) override {
+  std::shared_ptr<void> allocate(int64_t bytes) override { return in_.allocate(bytes); }
+  void upload(void* d, const void* h, int64_t n) override { in_.upload(d, h, n); }
+  void download(void* h, const void* s, int64_t n) override { in_.download(h, s, n); }
+  void copy(void* d, const void* s, int64_t n) override { in_.copy(d, s, n); }
+  void fill(void* d, int64_t n, Dtype t, double v) override { in_.fill(d, n, t, v); }
+  void add(void* a, const void* b, int64_t n, Dtype t) override { in_.add(a, b, n, t); }
+  PreparedMask prepare(const MaskData& m) override { return in_.prepare(m); }
+  void forward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O, View3<T> L, bool accumulate) override {
     if (throw_on && throw_on(q, k)) throw std::runtime_error("spy engine: injected compute failure");
     count(fwd, q, k);
-    in_.forward_block(p, m, q, k, Q, K, V, O, L);
+    in_.forward_block(p, m, q, k, Q, K, V, O, L, accumulate);
   }
   void merge(View4<T> O, View3<T> L, View4<const T> Op, View3<const T> Lp) override { in_.merge(O, L, Op, Lp); }
   void compute_D(View4<const T> O, View4<const T> dO, View3<T> D) override { in_.compute_D(O, dO, D); }
-  void backward_block(const Problem& p, const MaskData& m, Positions q, Positions k, View4<const T> Q,
+  void backward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const T> L,
                       View3<const T> D, View4<T> dQ, View4<T> dK, View4<T> dV) override {
     count(bwd, q, k);
@@ -135,13 +138,26 @@ class NaiveEngine final : public Engine<T> {
  public:
   explicit NaiveEngine(Engine<T>& mem) : mem_(mem) {}
   std::string name() const override { return "naive"; }
-  Buffer<T> alloc(int64_t n) override { return mem_.alloc(n); }
-  void fill(T* d, int64_t n, T v) override { mem_.fill(d, n, v); }
-  void upload(T* d, const T* h, int64_t n) override { mem_.upload(d, h, n); }
-  void download(T* h, const T* s, int64_t n) override { mem_.download(h, s, n); }
-  void forward_block(const Problem& p, const MaskData& md, Positions q, Positions k, View4<const T> Q,
-                     View4<const T> K, View4<const T> V, View4<T> O, View3<T> L) override {
-    const MaskParams m = md.params();
+  std::shared_ptr<void> allocate(int64_t bytes) override { return mem_.allocate(bytes); }
+  void upload(void* d, const void* h, int64_t n) override { mem_.upload(d, h, n); }
+  void download(void* h, const void* s, int64_t n) override { mem_.download(h, s, n); }
+  void copy(void* d, const void* s, int64_t n) override { mem_.copy(d, s, n); }
+  void fill(void* d, int64_t n, Dtype t, double v) override { mem_.fill(d, n, t, v); }
+  void add(void* a, const void* b, int64_t n, Dtype t) override { mem_.add(a, b, n, t); }
+  PreparedMask prepare(const MaskData& m) override { return mem_.prepare(m); }
+  void forward_block(const Problem& p, const PreparedMask& md, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O_out, View3<T> L_out, bool accumulate) override {
+    // accumulate: the partial in scratch, then the merge (4.5) into (O_out, L_out).
+    std::vector<T> o_s, l_s;
+    View4<T> O = O_out;
+    View3<T> L = L_out;
+    if (accumulate) {
+      o_s.resize(static_cast<size_t>(p.B * p.H_q * q.n * p.d));
+      l_s.resize(static_cast<size_t>(p.B * p.H_q * q.n));
+      O = view4(o_s.data(), Layout::BHSD, p.B, p.H_q, q.n, p.d);
+      L = view3(l_s.data(), p.B, p.H_q, q.n);
+    }
+    const MaskParams m = md.params;
     const double scale = scale_of(p);
     const int64_t G = group_size(p);
     std::vector<double> s(static_cast<size_t>(k.n));
@@ -170,13 +186,14 @@ class NaiveEngine final : public Engine<T> {
           for (int64_t x = 0; x < p.d; ++x) O(b, h, a, x) = T(o[x] / l);
           L(b, h, a) = T(mx + std::log(l));
         }
+    if (accumulate) burstlab::merge<T>(O_out, L_out, as_const(O), as_const(L));
   }
   void merge(View4<T> O, View3<T> L, View4<const T> Op, View3<const T> Lp) override { burstlab::merge<T>(O, L, Op, Lp); }
   void compute_D(View4<const T> O, View4<const T> dO, View3<T> D) override { mem_.compute_D(O, dO, D); }
-  void backward_block(const Problem& p, const MaskData& m, Positions q, Positions k, View4<const T> Q,
+  void backward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const T> L,
                       View3<const T> D, View4<T> dQ, View4<T> dK, View4<T> dV) override {
-    const MaskParams mp = m.params();
+    const MaskParams mp = m.params;
     const double scale = scale_of(p);
     const int64_t G = group_size(p);
     for (int64_t b = 0; b < p.B; ++b)
@@ -209,7 +226,7 @@ class NaiveEngine final : public Engine<T> {
 // The main sweep: world sizes 1..8, every partition, every mask kind, GQA/MQA, ragged and
 // unequal lengths, both algorithms, poisoned buffers always on, reordered deliveries on half.
 TEST(DistributedAttention, EveryRankMatchesTheOracleSlice) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   const char* masks[] = {"none", "causal", "window:5,2", "document:3", "block:8x8@0.5", "causal+document:3",
                          "window:-1,0+block:4x8@0.6"};
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
@@ -237,7 +254,7 @@ TEST(DistributedAttention, EveryRankMatchesTheOracleSlice) {
 }
 
 TEST(DistributedAttention, Fp32MatchesTheOracleUnderTheF32Rule) {
-  auto engine = make_cpu_engine<float>(cpu::Tiles{16, 8});
+  auto engine = cpu::make_engine<float>(cpu::Tiles{16, 8});
   for (const char* mask : {"causal", "document:2+window:7,-1"}) {
     const Case c = make_case(1, 4, 2, 67, 67, 16, mask, Dtype::F32);
     for (int G : {3, 4})
@@ -251,7 +268,7 @@ TEST(DistributedAttention, Fp32MatchesTheOracleUnderTheF32Rule) {
 }
 
 TEST(DistributedAttention, LargeLogitsAndTies) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   for (Values v : {Values::Large, Values::Ties, Values::WideV}) {
     const Case c = make_case(1, 2, 1, 40, 40, 8, "causal", Dtype::F64, v);
     for (PartitionKind k : kKinds)
@@ -290,7 +307,7 @@ void expect_two_runs_bitwise_equal(E& engine) {
 }
 
 TEST(DistributedAttention, TwoRunsAreBitwiseEqual) {
-  auto cpu = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{8, 8});
   NaiveEngine<double> naive(*cpu);
   expect_two_runs_bitwise_equal(naive);
 }
@@ -298,14 +315,14 @@ TEST(DistributedAttention, TwoRunsAreBitwiseEqual) {
 // The same on the cpu engine: its per-thread scratch is aligned, so the blocks themselves are
 // bitwise reproducible (malloc's varying alignment once changed Eigen's reduction order).
 TEST(DistributedAttention, TwoRunsAreBitwiseEqualOnTheCpuEngine) {
-  auto cpu = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{8, 8});
   expect_two_runs_bitwise_equal(*cpu);
 }
 
 TEST(DistributedAttention, InvariantToWorldSizeAndPartition) {
   // Gathered results of every (G, partition, algorithm) agree with the G = 1 run within the
   // oracle's bound (they differ only in merge/accumulation order).
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 2, 2, 48, 48, 8, "causal");
   const DistResult<double> base = run(c, Algo::Ring, PartitionKind::Contiguous, 1, *engine);
   const Tensor4<double> O1 = base.O[0], dQ1 = base.dQ[0], dK1 = base.dK[0], dV1 = base.dV[0];
@@ -324,7 +341,7 @@ TEST(DistributedAttention, InvariantToWorldSizeAndPartition) {
 }
 
 TEST(DistributedAttention, ExecutesExactlyTheScheduleAndItsBytes) {
-  auto cpu = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{8, 8});
   for (auto [Nq, Nk] : {std::pair<int64_t, int64_t>{50, 50}, {43, 29}}) {
     const Case c = make_case(2, 4, 2, Nq, Nk, 6, "causal+block:8x8@0.7");
     for (int G : {1, 2, 3, 7})
@@ -371,7 +388,7 @@ TEST(DistributedAttention, ExecutesExactlyTheScheduleAndItsBytes) {
 }
 
 TEST(DistributedAttention, InjectedCommunicatorFailureFailsEveryRank) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 2, 1, 40, 40, 4, "causal");
   for (Algo a : kAlgos)
     for (int op : {0, 3, 9}) {
@@ -401,7 +418,7 @@ TEST(DistributedAttention, InjectedCommunicatorFailureFailsEveryRank) {
 }
 
 TEST(DistributedAttention, ThrowingEngineFailsEveryRank) {
-  auto cpu = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 2, 1, 40, 40, 4, "none");
   for (Algo a : kAlgos) {
     SpyEngine<double> spy(*cpu);
@@ -425,7 +442,7 @@ TEST(DistributedAttention, ThrowingEngineFailsEveryRank) {
 }
 
 TEST(DistributedAttention, ForwardOnly) {
-  auto engine = make_cpu_engine<double>();
+  auto engine = cpu::make_engine<double>();
   const Case c = make_case(1, 2, 2, 33, 33, 4, "window:3,3");
   const DistResult<double> res = run(c, Algo::Burst, PartitionKind::Striped, 3, *engine, {}, false);
   for (int r = 0; r < 3; ++r) {
@@ -437,7 +454,7 @@ TEST(DistributedAttention, ForwardOnly) {
 
 TEST(DistributedAttention, SchedulesRunUnchangedOnASecondEngine) {
   // The naive engine (also used for the bitwise test) passes the same oracle check.
-  auto cpu = make_cpu_engine<double>();
+  auto cpu = cpu::make_engine<double>();
   NaiveEngine<double> naive(*cpu);
   const Case c = make_case(2, 4, 2, 45, 45, 6, "causal+document:3");
   for (PartitionKind k : kKinds)

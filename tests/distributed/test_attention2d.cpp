@@ -36,7 +36,7 @@ ExtOptions opts(int pr, int pc, bool overlap = false) {
 // Adds the number of runs to `runs`.
 void sweep_grids(bool overlap, const std::vector<std::pair<int, int>>& grids, const std::vector<const char*>& masks,
                  int reorder_parity, int& runs) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
   const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 3, 1, 37, 53, 5}};
   for (const Shape& sh : shapes)
@@ -103,7 +103,7 @@ TEST(Attention2D, BytesShrinkLikeOneOverSqrtP) {
 }
 
 TEST(Attention2D, BadGridOrPartitionIsAClearError) {
-  auto engine = make_cpu_engine<double>();
+  auto engine = cpu::make_engine<double>();
   const Case c = make_case(1, 2, 1, 24, 24, 4, "causal", kSeed);
   ExtOptions o = opts(2, 3);
   o.world = 4;
@@ -123,7 +123,7 @@ TEST(Attention2D, BadGridOrPartitionIsAClearError) {
 }
 
 TEST(Attention2D, TwoRunsAreBitwiseEqualAndFailuresNeverHang) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 2, 45, 39, 8, "causal", kSeed);
   ExtOptions o = opts(2, 3);
   o.sim.reorder = true;

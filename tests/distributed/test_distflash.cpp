@@ -59,7 +59,7 @@ TEST(DistFlash, ScheduleCoversEveryCausalBlockOnceWithThePapersIdleFraction) {
 }
 
 TEST(DistFlash, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   const char* masks[] = {"causal", "causal+document:3", "window:6,0", "causal+block:8x8@0.6"};
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
   const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 3, 1, 37, 37, 5}};
@@ -88,7 +88,7 @@ TEST(DistFlash, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
 }
 
 TEST(DistFlash, NonCausalMaskOrPartitionIsAClearErrorAndRunsAreRepeatable) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case nc = make_case(1, 2, 1, 24, 24, 4, "none", kSeed);
   try {
     run(nc, 3, *engine);

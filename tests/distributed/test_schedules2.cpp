@@ -45,7 +45,7 @@ void expect_bytes(const Case& c, const ExtOptions& o, const DistResult<double>& 
 }
 
 void sweep(ExtAlgo algo, int min_runs) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 16});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
   // GQA (4/2), MHA with 6 heads (G = 3), MQA-like 12/6; ragged and unequal lengths.
   const Shape shapes[] = {{1, 4, 2, 41, 41, 8}, {2, 6, 6, 37, 53, 5}, {1, 12, 6, 29, 23, 4}};
@@ -83,7 +83,7 @@ TEST(AllGatherCP, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sw
 TEST(DoubleRing, EveryRankMatchesTheOracleSliceAndBytesPerLinkEqualTheClosedForm) { sweep(ExtAlgo::DoubleRing, 300); }
 
 TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
-  auto engine = make_cpu_engine<double>();
+  auto engine = cpu::make_engine<double>();
   const Case c = make_case(1, 6, 2, 24, 24, 4, "causal", kSeed);
   ExtOptions o;
   o.algo = ExtAlgo::Ulysses;
@@ -152,7 +152,7 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
         EXPECT_EQ(double_ring_shard(r, 0, G, K), r);
       }
     }
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 2, 48, 48, 8, "causal", kSeed);
   DistOptions flat;
   flat.algo = Algo::Burst;
@@ -179,7 +179,7 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
 }
 
 TEST(Schedules2, TwoRunsAreBitwiseEqual) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 4, 45, 39, 8, "causal+document:3", kSeed);
   for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing}) {
     ExtOptions o;
@@ -201,7 +201,7 @@ TEST(Schedules2, TwoRunsAreBitwiseEqual) {
 }
 
 TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 4, 40, 40, 4, "causal", kSeed);
   for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing})
     for (int op : {0, 5, 11}) {
@@ -228,7 +228,7 @@ TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
 // are bitwise equal; bytes per link class equal the (prefetch) closed form, and the plain one
 // for even shards (7.15).
 TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
-  auto engine = make_cpu_engine<double>(cpu::Tiles{8, 8});
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 2, 43, 38, 8, "causal+document:3", kSeed);
   int runs = 0;
   for (auto [G, K] : {std::pair<int, int>{4, 2}, {6, 2}, {6, 3}, {8, 4}, {9, 3}})

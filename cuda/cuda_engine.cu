@@ -1,0 +1,224 @@
+// cuda/cuda_engine.cu — Engine<T> over cuda.hpp; device memory, a stream per calling thread.
+#include "cuda_engine.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace burstlab::cuda {
+
+namespace {
+
+// The cuda layer's element type of a contract storage type (same bits).
+template <class T> struct Dev { using type = T; };
+template <> struct Dev<bf16_t> { using type = bf16; };
+template <> struct Dev<f16_t> { using type = f16; };
+static_assert(sizeof(bf16_t) == sizeof(bf16) && sizeof(f16_t) == sizeof(f16), "16-bit storage types");
+
+template <class D, class U>
+View4<D> as_dev(View4<U> v) {
+  View4<D> r;
+  r.data = reinterpret_cast<D*>(v.data);
+  for (int a = 0; a < 4; ++a) { r.dim[a] = v.dim[a]; r.stride[a] = v.stride[a]; }
+  return r;
+}
+
+template <class X> __device__ float to_f(X x) { return static_cast<float>(x); }
+template <> __device__ float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
+template <> __device__ float to_f<f16>(f16 x) { return __half2float(x); }
+template <class X> __device__ X from_f(float x) { return static_cast<X>(x); }
+template <> __device__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
+
+template <class X>
+__global__ void fill_kernel(X* dst, int64_t n, X value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+template <class X>
+__global__ void add_kernel(X* acc, const X* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] = from_f<X>(to_f(acc[i]) + to_f(in[i]));
+}
+template <>
+__global__ void add_kernel<double>(double* acc, const double* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] += in[i];
+}
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
+
+// A stream per calling thread, created on first use, destroyed with the owner.
+class Streams {
+ public:
+  ~Streams() {
+    for (auto& s : streams_) cudaStreamDestroy(s.second);
+  }
+  cudaStream_t get() {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = streams_.find(std::this_thread::get_id());
+    if (it != streams_.end()) return it->second;
+    cudaStream_t s = nullptr;
+    BURSTLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams_[std::this_thread::get_id()] = s;
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::thread::id, cudaStream_t> streams_;
+};
+
+// Positions whose index lives on the host (partitions, gathered rows): a stream-ordered device
+// copy, freed in stream order after the kernels that read it.
+class DevicePositions {
+ public:
+  DevicePositions(Positions p, cudaStream_t s) : pos_(p), s_(s) {
+    if (!p.index || p.n == 0) return;
+    BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d_), size_t(p.n) * sizeof(int64_t), s));
+    BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(d_, p.index, size_t(p.n) * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    pos_.index = d_;
+  }
+  ~DevicePositions() {
+    if (d_) cudaFreeAsync(d_, s_);
+  }
+  DevicePositions(const DevicePositions&) = delete;
+  DevicePositions& operator=(const DevicePositions&) = delete;
+  Positions get() const { return pos_; }
+
+ private:
+  Positions pos_;
+  cudaStream_t s_;
+  int64_t* d_ = nullptr;
+};
+
+template <class T>
+class CudaEngine final : public Engine<T> {
+  using A = acc_t<T>;
+  using D = typename Dev<T>::type;
+
+ public:
+  explicit CudaEngine(Variant fwd) : fwd_(fwd) {
+    std::string why;
+    if (!gpu_available(&why)) fail("cuda engine: no usable GPU (", why, ")");
+  }
+  std::string name() const override { return "cuda"; }
+
+  std::shared_ptr<void> allocate(int64_t bytes) override {
+    void* p = nullptr;
+    BURSTLAB_CUDA_CHECK(cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 1))));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+  void upload(void* dst, const void* host, int64_t bytes) override {
+    const cudaStream_t s = streams_.get();
+    BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, s));
+    BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  void download(void* host, const void* src, int64_t bytes) override {
+    const cudaStream_t s = streams_.get();
+    BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), cudaMemcpyDeviceToHost, s));
+    BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_.get()));
+  }
+  void fill(void* dst, int64_t n, Dtype t, double v) override {
+    if (n <= 0) return;
+    const cudaStream_t s = streams_.get();
+    switch (t) {
+      case Dtype::F64: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(dst), n, v); break;
+      case Dtype::F32: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(dst), n, float(v)); break;
+      case Dtype::BF16: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<bf16*>(dst), n, __float2bfloat16_rn(float(v))); break;
+      case Dtype::F16: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<f16*>(dst), n, __float2half_rn(float(v))); break;
+    }
+    BURSTLAB_CUDA_LAUNCH_CHECK("fill_kernel");
+  }
+  void add(void* acc, const void* in, int64_t n, Dtype t) override {
+    if (n <= 0) return;
+    const cudaStream_t s = streams_.get();
+    switch (t) {
+      case Dtype::F64: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(acc), static_cast<const double*>(in), n); break;
+      case Dtype::F32: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(acc), static_cast<const float*>(in), n); break;
+      case Dtype::BF16: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<bf16*>(acc), static_cast<const bf16*>(in), n); break;
+      case Dtype::F16: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<f16*>(acc), static_cast<const f16*>(in), n); break;
+    }
+    BURSTLAB_CUDA_LAUNCH_CHECK("add_kernel");
+  }
+  void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_.get())); }
+
+  PreparedMask prepare(const MaskData& mask) override {
+    auto dm = std::make_shared<DeviceMask>(mask);  // uploaded once; every block reuses it
+    PreparedMask m;
+    m.params = dm->params();
+    m.hold = dm;
+    return m;
+  }
+
+  void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
+    const cudaStream_t s = streams_.get();
+    const DevicePositions dq(q, s), dk(k, s);
+    Options opt;
+    opt.variant = fwd_;
+    opt.stream = s;
+    cuda::forward_block<D>(p, mask.params, dq.get(), dk.get(), as_dev<const D>(Q), as_dev<const D>(K),
+                           as_dev<const D>(V), as_dev<D>(O), LSE, accumulate, opt);
+  }
+  void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
+    Options opt;
+    opt.stream = streams_.get();
+    cuda::merge<D>(as_dev<D>(O), LSE, as_dev<const D>(O_part), LSE_part, opt);
+  }
+  void compute_D(View4<const T> O, View4<const T> dO, View3<A> Dv) override {
+    Options opt;
+    opt.stream = streams_.get();
+    cuda::compute_D<D>(as_dev<const D>(O), as_dev<const D>(dO), Dv, opt);
+  }
+  void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
+                      View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> Dv,
+                      View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    const cudaStream_t s = streams_.get();
+    const DevicePositions dq(q, s), dk(k, s);
+    Options opt;
+    opt.stream = s;
+    cuda::backward_block<D>(p, mask.params, dq.get(), dk.get(), as_dev<const D>(Q), as_dev<const D>(K),
+                            as_dev<const D>(V), as_dev<const D>(dO), LSE, Dv, dQ, dK, dV, opt);
+  }
+
+ private:
+  Variant fwd_;
+  Streams streams_;
+};
+
+Streams& transport_streams() {
+  static Streams s;
+  return s;
+}
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<Engine<T>> make_engine(Variant forward) {
+  return std::make_unique<CudaEngine<T>>(forward);
+}
+template std::unique_ptr<Engine<double>> make_engine<double>(Variant);
+template std::unique_ptr<Engine<float>> make_engine<float>(Variant);
+template std::unique_ptr<Engine<bf16_t>> make_engine<bf16_t>(Variant);
+template std::unique_ptr<Engine<f16_t>> make_engine<f16_t>(Variant);
+
+void transport_copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  const cudaStream_t s = transport_streams().get();
+  BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDefault, s));
+  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+void transport_poison(void* dst, int64_t bytes) {
+  if (bytes <= 0) return;
+  const cudaStream_t s = transport_streams().get();
+  BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dst, 0xff, size_t(bytes), s));
+  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace burstlab::cuda

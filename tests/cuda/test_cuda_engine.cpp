@@ -1,0 +1,177 @@
+// tests/cuda/test_cuda_engine.cpp — every distributed schedule on the CUDA engine (spec §7.3):
+// the ranks are threads of this process on ONE GPU, each with its own stream, and the transport
+// is SimComm over device memory (device-to-device copies, poisoned buffers). Each algorithm x
+// {fp32, bf16, fp16} x masks x GQA x ragged lengths is compared with the fp64 oracle under the
+// §9 rule, and every rank's bytes with the closed forms (inputs in T, statistics and gradients
+// in A = fp32). Without a GPU the tests skip; BURSTLAB_REQUIRE_GPU=1 turns a skip into a failure.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "algos.hpp"
+#include "cuda_engine.hpp"
+#include "harness.hpp"
+#include "sim_run.hpp"
+#include "testutil.hpp"
+
+namespace burstlab {
+namespace {
+
+bool require_gpu_env() {
+  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
+  return e && std::strcmp(e, "0") != 0 && *e;
+}
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    std::string why_;                                                                          \
+    if (!cuda::gpu_available(&why_)) {                                                         \
+      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
+      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
+                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
+    }                                                                                          \
+  } while (0)
+
+template <class U>
+Tensor4<double> widen(const Tensor4<U>& x) {
+  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = to_double(x.data[i]);
+  return y;
+}
+template <class U>
+Tensor3<double> widen(const Tensor3<U>& x) {
+  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = to_double(x.data[i]);
+  return y;
+}
+
+struct Case {
+  std::string algo;  // ring, burst, double-ring, ulysses, allgather, attention2d, attention2d-o, distflash
+  int world;
+  dist::PartitionKind partition;
+  std::string mask;
+  int64_t Hq, Hkv, Nq, Nk, d;
+};
+std::string name_of(const Case& c, Dtype t) {
+  std::ostringstream os;
+  os << c.algo << " G=" << c.world << " " << dist::to_string(c.partition) << " mask " << c.mask << " H " << c.Hq
+     << "/" << c.Hkv << " N " << c.Nq << "x" << c.Nk << " d " << c.d << " " << to_string(t);
+  return os.str();
+}
+
+template <class T>
+void run_case(const Case& c, Dtype dtype, uint64_t seed) {
+  using A = acc_t<T>;
+  SCOPED_TRACE(name_of(c, dtype));
+  const Problem p = testutil::make_problem(2, c.Hq, c.Hkv, c.Nq, c.Nk, c.d, c.mask, seed);
+  const Inputs in = make_inputs(p, Layout::BSHD, dtype, seed, Values::Normal);
+  const Oracle want = run_oracle(p, in, true);
+  auto engine = cuda::make_engine<T>();
+  dist::SimOptions sim;
+  sim.poison = true;
+  sim.timeout_s = 120;
+  sim.memory.copy = cuda::transport_copy;
+  sim.memory.poison = cuda::transport_poison;
+  dist::DistResult<T> res;
+  const bool ring = c.algo == "ring" || c.algo == "burst";
+  dist::ExtOptions eo;
+  if (ring) {
+    dist::DistOptions o;
+    o.algo = dist::parse_algo(c.algo);
+    o.partition = c.partition;
+    o.world = c.world;
+    o.sim = sim;
+    res = dist::run_sim<T>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
+  } else {
+    eo.algo = dist::parse_ext_algo(c.algo == "attention2d-o" ? "attention2d" : c.algo);
+    eo.overlap = c.algo == "attention2d-o";
+    eo.partition = c.partition;
+    eo.world = c.world;
+    eo.gpus_per_node = c.algo == "double-ring" ? 2 : 0;
+    eo.sim = sim;
+    res = dist::run_sim_ext<T>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), eo, *engine);
+  }
+  // The oracle on the whole problem against the gathered outputs (§9).
+  const Tensor4<double> O = widen(dist::gather(res.O, res.qp));
+  const Tensor3<double> L = widen(dist::gather(res.LSE, res.qp));
+  const Tensor4<double> dQ = widen(dist::gather(res.dQ, res.qp));
+  const Tensor4<double> dK = widen(dist::gather(res.dK, res.kp)), dV = widen(dist::gather(res.dV, res.kp));
+  std::vector<Metrics> ms = check_forward<double>(want, O, L);
+  for (const Metrics& m : check_backward<double>(want, dQ, dK, dV)) ms.push_back(m);
+  for (const Metrics& m : ms)
+    EXPECT_TRUE(m.pass()) << m.tensor << ": " << m.wrong << " wrong, err/bound " << m.err_bound << "; first "
+                          << m.first_wrong;
+  // Bytes: T for inputs and O, A for LSE, D and gradients.
+  const dist::ElemBytes w(sizeof(T), sizeof(A));
+  for (int r = 0; r < c.world; ++r)
+    for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward})
+      for (bool sent : {true, false}) {
+        const dist::ByteTotals got = dist::totals(res.logs[r], ph);
+        const int64_t want_b = ring ? dist::closed_form_bytes(dist::parse_algo(c.algo), ph, p, res.qp, res.kp, r, sent, w)
+                                    : dist::ext_closed_form_bytes(eo, ph, p, res.qp, res.kp, r, sent, w);
+        EXPECT_EQ(sent ? got.sent : got.recv, want_b) << "rank " << r << " " << dist::to_string(ph) << (sent ? " sent" : " received");
+      }
+}
+
+const std::vector<Case>& cases() {
+  using PK = dist::PartitionKind;
+  static const std::vector<Case> cs = {
+      {"ring", 1, PK::Contiguous, "causal", 4, 2, 64, 64, 64},
+      {"ring", 4, PK::Zigzag, "causal", 4, 2, 203, 203, 64},
+      {"burst", 4, PK::Zigzag, "causal", 4, 1, 203, 203, 128},
+      {"burst", 3, PK::Striped, "window:17,0+document:3", 4, 2, 113, 150, 64},
+      {"ring", 3, PK::Contiguous, "block:16x32@0.5", 2, 2, 130, 97, 64},
+      {"burst", 5, PK::Contiguous, "none", 2, 1, 61, 47, 3},
+      {"double-ring", 4, PK::Zigzag, "causal", 4, 2, 128, 128, 64},
+      {"ulysses", 2, PK::Zigzag, "causal+document:2", 4, 2, 96, 96, 64},
+      {"allgather", 3, PK::Striped, "window:9,3", 4, 4, 100, 90, 64},
+      {"attention2d", 4, PK::Striped, "causal", 4, 2, 130, 130, 64},
+      {"attention2d-o", 6, PK::Striped, "document:3", 2, 2, 97, 120, 128},
+      {"distflash", 3, PK::Contiguous, "causal", 4, 2, 150, 150, 64},
+      {"distflash", 8, PK::Contiguous, "causal", 2, 1, 256, 256, 64},
+  };
+  return cs;
+}
+
+class CudaEngineSchedules : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaEngineSchedules, Fp32MatchesOracleAndClosedForms) {
+  REQUIRE_GPU();
+  run_case<float>(cases()[GetParam()], Dtype::F32, 11 + GetParam());
+}
+TEST_P(CudaEngineSchedules, Bf16MatchesOracleAndClosedForms) {
+  REQUIRE_GPU();
+  run_case<bf16_t>(cases()[GetParam()], Dtype::BF16, 23 + GetParam());
+}
+TEST_P(CudaEngineSchedules, Fp16MatchesOracleAndClosedForms) {
+  REQUIRE_GPU();
+  run_case<f16_t>(cases()[GetParam()], Dtype::F16, 37 + GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 13));
+
+// A failed rank errors every rank (no hang) on the device transport too.
+TEST(CudaEngine, FailedRankErrorsEveryRank) {
+  REQUIRE_GPU();
+  const Problem p = testutil::make_problem(1, 2, 2, 64, 64, 64, "causal", 5);
+  const Inputs in = make_inputs(p, Layout::BSHD, Dtype::BF16, 5, Values::Normal);
+  auto engine = cuda::make_engine<bf16_t>();
+  dist::DistOptions o;
+  o.algo = dist::Algo::Burst;
+  o.world = 4;
+  o.sim.fail_rank = 2;
+  o.sim.fail_at_op = 3;
+  o.sim.timeout_s = 30;
+  o.sim.memory.copy = cuda::transport_copy;
+  o.sim.memory.poison = cuda::transport_poison;
+  std::vector<std::string> errors;
+  EXPECT_THROW(dist::run_sim<bf16_t>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine, &errors),
+               Error);
+  ASSERT_EQ(errors.size(), 4u);
+  for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace burstlab
