@@ -53,6 +53,7 @@ struct Ctx {
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
+    Batch batch(c);  // every peer's send and receive: one group
     for (int k = 0; k < G; ++k) {
       const int s = (r + k) % G;  // peer order r, r+1, ...: the same per pair on both sides
       const int64_t n_s = part.local_size(s);
@@ -75,6 +76,7 @@ struct Ctx {
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
+    Batch batch(c);  // every peer's send and receive: one group
     for (int k = 0; k < G; ++k) {
       const int s = (r + k) % G;
       const int64_t n_s = part.local_size(s);
@@ -97,6 +99,7 @@ struct Ctx {
                    std::vector<RequestPtr>& reqs) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
+    Batch batch(c);  // every peer's send and receive: one group
     for (int k = 0; k < G; ++k) {
       const int s = (r + k) % G;
       const int64_t n_s = part.local_size(s);
@@ -122,6 +125,7 @@ struct Ctx {
     const std::vector<int64_t> off = offsets(part);
     Buffer<U> stage = alloc<U>(e, G * piece);
     std::vector<RequestPtr> reqs;
+    c.begin_batch();
     for (int k = 0; k < G; ++k) {
       const int s = (r + k) % G;
       const int64_t n_s = part.local_size(s);
@@ -137,6 +141,7 @@ struct Ctx {
           reqs.push_back(c.isend(from, n_s * d * int64_t(sizeof(U)), s, tag, what));
         }
     }
+    c.end_batch();
     wait_all(reqs);
     e.synchronize();
     sum_pieces(e, stage.data, G, piece, dst);

@@ -48,54 +48,22 @@ void Communicator::record(int src, int dst, int tag, int64_t bytes, bool sent, c
   t.link = link_to(sent ? dst : src);
   t.sent = sent;
   t.what = what;
+  t.batch = batch_open_ ? batch_seq_ : -1;
   log_.push_back(std::move(t));
 }
 
 // Collective tags live above 2^24; point-to-point users keep below.
 int Communicator::next_collective_tag() { return (1 << 24) + (collective_seq_++ % (1 << 20)); }
 
-void Communicator::all_gather(const void* send, int64_t bytes, void* recv) {
-  const int G = size(), r = rank(), tag = next_collective_tag();
-  auto* out = static_cast<unsigned char*>(recv);
-  std::vector<RequestPtr> reqs;
-  for (int k = 1; k < G; ++k) {
-    const int src = (r - k + G) % G, dst = (r + k) % G;
-    reqs.push_back(irecv(out + src * bytes, bytes, src, tag, "all_gather"));
-    reqs.push_back(isend(send, bytes, dst, tag, "all_gather"));
-  }
-  std::memcpy(out + r * bytes, send, static_cast<size_t>(bytes));
-  wait_all(reqs);
+void Communicator::begin_batch() {
+  if (batch_open_) fail("rank ", rank(), ": begin_batch in ", context(), " while a batch is open (batches do not nest)");
+  batch_open_ = true;
+  ++batch_seq_;
 }
 
-void Communicator::all_to_all(const void* send, int64_t bytes_per_rank, void* recv) {
-  const int G = size(), r = rank(), tag = next_collective_tag();
-  const auto* in = static_cast<const unsigned char*>(send);
-  auto* out = static_cast<unsigned char*>(recv);
-  std::vector<RequestPtr> reqs;
-  for (int k = 1; k < G; ++k) {
-    const int src = (r - k + G) % G, dst = (r + k) % G;
-    reqs.push_back(irecv(out + src * bytes_per_rank, bytes_per_rank, src, tag, "all_to_all"));
-    reqs.push_back(isend(in + dst * bytes_per_rank, bytes_per_rank, dst, tag, "all_to_all"));
-  }
-  std::memcpy(out + r * bytes_per_rank, in + r * bytes_per_rank, static_cast<size_t>(bytes_per_rank));
-  wait_all(reqs);
-}
-
-void Communicator::reduce_scatter(const void* send, int64_t bytes_per_rank, void* recv,
-                                  const Reduce& op) {
-  const int G = size(), r = rank(), tag = next_collective_tag();
-  const auto* in = static_cast<const unsigned char*>(send);
-  std::vector<unsigned char> segs(static_cast<size_t>(G * bytes_per_rank));  // [src] segment r
-  std::vector<RequestPtr> reqs;
-  for (int k = 1; k < G; ++k) {
-    const int src = (r - k + G) % G, dst = (r + k) % G;
-    reqs.push_back(irecv(segs.data() + src * bytes_per_rank, bytes_per_rank, src, tag, "reduce_scatter"));
-    reqs.push_back(isend(in + dst * bytes_per_rank, bytes_per_rank, dst, tag, "reduce_scatter"));
-  }
-  std::memcpy(segs.data() + r * bytes_per_rank, in + r * bytes_per_rank, static_cast<size_t>(bytes_per_rank));
-  wait_all(reqs);
-  std::memcpy(recv, segs.data(), static_cast<size_t>(bytes_per_rank));  // rank order 0, 1, ...
-  for (int s = 1; s < G; ++s) op(recv, segs.data() + s * bytes_per_rank, bytes_per_rank);
+void Communicator::end_batch() {
+  if (!batch_open_) fail("rank ", rank(), ": end_batch in ", context(), " without begin_batch");
+  batch_open_ = false;
 }
 
 void Communicator::barrier() {
@@ -103,9 +71,12 @@ void Communicator::barrier() {
   const int G = size(), r = rank(), tag = next_collective_tag();
   std::vector<RequestPtr> reqs;
   char dummy_in[1], dummy_out[1] = {0};
-  for (int k = 1; k < G; ++k) {
-    reqs.push_back(irecv(dummy_in, 0, (r - k + G) % G, tag, "barrier"));
-    reqs.push_back(isend(dummy_out, 0, (r + k) % G, tag, "barrier"));
+  {
+    Batch batch(*this);
+    for (int k = 1; k < G; ++k) {
+      reqs.push_back(irecv(dummy_in, 0, (r - k + G) % G, tag, "barrier"));
+      reqs.push_back(isend(dummy_out, 0, (r + k) % G, tag, "barrier"));
+    }
   }
   wait_all(reqs);
 }

@@ -1,14 +1,16 @@
 // distributed/comm.hpp — the Communicator: the one transport interface (DESIGN.md
 // "Distributed: one schedule, many transports"; spec §7.4).
 // Schedules talk to a Communicator only: rank, size, asynchronous point-to-point send/recv with
-// wait, all-gather, reduce-scatter with a custom reduction, all-to-all, barrier. Every transfer
+// wait, grouped into batches, and a barrier. The schedules' collectives (gathers, all-to-alls,
+// reduce-scatters with the merge or a sum) are batches of point-to-point messages of contiguous
+// rows per (b, h), so ragged shards need no padding and every reduction runs in the engine's
+// memory in a fixed order. Every transfer
 // is recorded (per rank, per phase and step, per link class) so byte counts can be asserted
 // against the closed forms of spec §7.5. Buffers are raw pointers in the memory the transport
 // works on (host for SimComm, device for NCCL later); sizes are in bytes.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@ struct Transfer {
   Link link = Link::Intra;
   bool sent = true;
   std::string what;  // tensor name, e.g. "K", or a collective's name
+  int batch = -1;    // the batch it was posted in (begin_batch's sequence number), -1 = none
 };
 
 // Totals over a log; step < 0 = every step; link: -1 = both classes.
@@ -72,16 +75,17 @@ class Communicator {
                            bool consume = false) = 0;
   virtual RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) = 0;
 
-  // Collectives. Generic versions built on isend/irecv (direct exchange, deterministic order);
-  // transports may override. recv of all_gather / all_to_all holds size() * bytes.
-  virtual void all_gather(const void* send, int64_t bytes, void* recv);
-  virtual void all_to_all(const void* send, int64_t bytes_per_rank, void* recv);
-  // send holds size() segments of bytes_per_rank; rank r receives in recv the reduction of
-  // segment r of every rank, combined in rank order 0, 1, ..., G-1 (bitwise reproducible):
-  // recv = seg_0; op(recv, seg_1); op(recv, seg_2); ...  op(acc, in, bytes) combines in into acc.
-  using Reduce = std::function<void(void* acc, const void* in, int64_t bytes)>;
-  virtual void reduce_scatter(const void* send, int64_t bytes_per_rank, void* recv,
-                              const Reduce& op);
+  // The batch boundary: the sends and receives posted between begin_batch() and end_batch()
+  // are one group (NCCL: ncclGroupStart/End, without which two ranks that post a send to each
+  // other before their receives deadlock). Their requests are waited for after end_batch(),
+  // never inside the batch. Batches do not nest. SimComm posts each operation at once (its
+  // transfer threads need no grouping) and records the batch of every transfer in the log, so
+  // tests assert that schedules post all their messages in batches.
+  virtual void begin_batch();
+  virtual void end_batch();
+  bool in_batch() const { return batch_open_; }
+
+  // Returns once every rank has entered (zero-byte messages to and from every peer).
   virtual void barrier();
 
   const std::vector<Transfer>& log() const { return log_; }
@@ -95,7 +99,24 @@ class Communicator {
   Phase phase_ = Phase::Other;
   int step_ = 0;
   int collective_seq_ = 0;
+  int batch_seq_ = 0;
+  bool batch_open_ = false;
   std::vector<Transfer> log_;
+};
+
+// A batch for a scope: begin_batch() now, end_batch() at the end of the scope (also when the
+// posting throws, so the error that follows is the real one).
+class Batch {
+ public:
+  explicit Batch(Communicator& c) : c_(c) { c_.begin_batch(); }
+  ~Batch() {
+    if (c_.in_batch()) c_.end_batch();
+  }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+ private:
+  Communicator& c_;
 };
 
 }  // namespace burstlab::dist

@@ -109,6 +109,7 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
     const FlashStep& st = s.steps[r][t];
     std::vector<RequestPtr> in, out, res;  // after the buffers: destroyed (cancelled) first
     const int T_ = static_cast<int>(t);
+    comm.begin_batch();  // this step's fetches, hand-offs and result receives: one group
     if (st.role == FlashRole::Owner && st.k != r) {
       in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
       in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
@@ -123,6 +124,7 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
       out.push_back(comm.isend(x.K.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 0), "K"));
       out.push_back(comm.isend(x.V.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 1), "V"));
     }
+    comm.end_batch();
     wait_all(in);
     if (st.role == FlashRole::Owner) {  // (r, k): own queries, K, V home (t = 0) or fetched
       const bool home = st.k == r;
@@ -137,6 +139,7 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
                       as_const(bhsd<T>(x.K.data, B, Hkv, x.n_k, d)), as_const(bhsd<T>(x.V.data, B, Hkv, x.n_k, d)),
                       bhsd<T>(Oh.data, B, Hq, n, d), view3<A>(Lh.data, B, Hq, n), false);
       e.synchronize();
+      Batch batch(comm);
       out.push_back(comm.isend(Oh.data, B * Hq * n * d * eb, st.q, tag(T_, 3), "O"));
       out.push_back(comm.isend(Lh.data, B * Hq * n * ab, st.q, tag(T_, 4), "LSE"));
     }
@@ -174,6 +177,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
     const FlashStep& st = s.steps[r][t];
     const int T_ = static_cast<int>(t);
     std::vector<RequestPtr> in, out, res;
+    comm.begin_batch();  // this step's fetches, hand-offs and result receives: one group
     if (st.role == FlashRole::Owner && st.k != r) {
       in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
       in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
@@ -198,6 +202,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
       out.push_back(comm.isend(D.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 7), "D"));
       res.push_back(comm.irecv(dQin.data, B * Hq * nqr * d * ab, st.q_dst, tag(T_, 8), "dQ"));
     }
+    comm.end_batch();
     wait_all(in);
     if (st.role == FlashRole::Owner) {
       const bool home = st.k == r;
@@ -216,6 +221,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
                        bhsd<A>(dK, B, Hkv, n, d), bhsd<A>(dV, B, Hkv, n, d));  // §6.2
       e.synchronize();
       if (!home) {
+        Batch batch(comm);
         out.push_back(comm.isend(dKp.data, B * Hkv * n * d * ab, st.k, tag(T_, 9), "dK"));
         out.push_back(comm.isend(dVp.data, B * Hkv * n * d * ab, st.k, tag(T_, 10), "dV"));
       }
@@ -228,6 +234,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
                        as_const(view3<A>(Dr.data, B, Hq, n)), bhsd<A>(dQp.data, B, Hq, n, d),
                        bhsd<A>(x.dK.data, B, Hkv, nkr, d), bhsd<A>(x.dV.data, B, Hkv, nkr, d));
       e.synchronize();
+      Batch batch(comm);
       out.push_back(comm.isend(dQp.data, B * Hq * n * d * ab, st.q, tag(T_, 8), "dQ"));
     }
     wait_all(res);  // partials of our rows, added in a fixed order: dK, dV then dQ

@@ -126,6 +126,7 @@ class RingRun {
       c_.set_context(s_.phase, t);
       const RankStep& st = s_.steps[r_][t];
       std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
+      Batch batch(c_);  // this step's receives and read-only sends: one group
       for (const Message& m : st.recvs) {
         if (m.lands > 0) {  // into the inter-node slot not read this round
           const int k = next_islot[m.item]++ % 2;
@@ -155,9 +156,12 @@ class RingRun {
         }
       };
       send(false);  // prefetch: overlaps with the compute below
+      c_.end_batch();
       for (const BlockTask& b : st.blocks) compute(st, b, t);
       e_.synchronize();
+      c_.begin_batch();
       send(true);  // gradients, after the compute that produced them
+      c_.end_batch();
       wait_all(reqs);
       // Prefetched hops landing at step t + 1 (both the receive and the send whose slot the
       // next round reuses) must be complete before it.

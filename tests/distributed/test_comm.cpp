@@ -94,54 +94,32 @@ TEST(SimComm, TransfersProgressWithoutTheRankWaiting) {
   });
 }
 
-TEST(SimComm, Collectives) {
-  for (int G : {1, 2, 3, 5, 8}) {
-    SimWorld w(G);
-    w.run([&](Communicator& c) {
-      const int r = c.rank();
-      // all_gather
-      std::vector<int64_t> mine = {r, 10 * r}, all(2 * G);
-      c.all_gather(mine.data(), 16, all.data());
-      for (int s = 0; s < G; ++s) {
-        EXPECT_EQ(all[2 * s], s);
-        EXPECT_EQ(all[2 * s + 1], 10 * s);
-      }
-      // all_to_all: segment s of rank r is (r, s)
-      std::vector<int> send(2 * G), recv(2 * G);
-      for (int s = 0; s < G; ++s) { send[2 * s] = r; send[2 * s + 1] = s; }
-      c.all_to_all(send.data(), 8, recv.data());
-      for (int s = 0; s < G; ++s) {
-        EXPECT_EQ(recv[2 * s], s);
-        EXPECT_EQ(recv[2 * s + 1], r);
-      }
-      // reduce_scatter with the merge (eq. 4.5-4.7) as the reduction: each segment is one row
-      // (o[0..d), LSE). Result must equal merging in rank order 0..G-1, bitwise.
-      const int d = 3;
-      auto partial = [&](int rank, int seg, double* row) {
-        for (int k = 0; k < d; ++k) row[k] = std::sin(1.0 + rank * 7 + seg * 3 + k);
-        row[d] = (rank + seg) % 3 == 0 ? -std::numeric_limits<double>::infinity() : 0.25 * rank - 0.5 * seg;
-        if (row[d] == -std::numeric_limits<double>::infinity())
-          for (int k = 0; k < d; ++k) row[k] = 0;  // the identity
-      };
-      std::vector<double> segs(static_cast<size_t>(G * (d + 1))), out(d + 1);
-      for (int s = 0; s < G; ++s) partial(r, s, &segs[s * (d + 1)]);
-      Communicator::Reduce merge = [&](void* acc, const void* in, int64_t bytes) {
-        ASSERT_EQ(bytes, 8 * (d + 1));
-        double* a = static_cast<double*>(acc);
-        const double* b = static_cast<const double*>(in);
-        merge_row<double, double>(a, 1, &a[d], b, 1, b[d], d);
-      };
-      c.reduce_scatter(segs.data(), 8 * (d + 1), out.data(), merge);
-      std::vector<double> want(d + 1), tmp(d + 1);
-      partial(0, r, want.data());
-      for (int s = 1; s < G; ++s) {
-        partial(s, r, tmp.data());
-        merge_row<double, double>(want.data(), 1, &want[d], tmp.data(), 1, tmp[d], d);
-      }
-      for (int k = 0; k <= d; ++k) EXPECT_EQ(std::memcmp(&out[k], &want[k], 8), 0) << "k=" << k;
-      c.barrier();
-    });
-  }
+TEST(SimComm, BatchBoundary) {
+  SimWorld w(2);
+  w.run([&](Communicator& c) {
+    const int peer = 1 - c.rank();
+    double out = c.rank(), in = -1;
+    std::vector<RequestPtr> reqs;
+    {
+      Batch batch(c);
+      EXPECT_TRUE(c.in_batch());
+      EXPECT_THROW(c.begin_batch(), Error);  // batches do not nest
+      reqs.push_back(c.irecv(&in, 8, peer, 1, "x"));
+      reqs.push_back(c.isend(&out, 8, peer, 1, "x"));
+    }
+    EXPECT_FALSE(c.in_batch());
+    EXPECT_THROW(c.end_batch(), Error);  // no batch open
+    wait_all(reqs);
+    EXPECT_EQ(in, double(peer));
+    ASSERT_EQ(c.log().size(), 2u);
+    EXPECT_GE(c.log()[0].batch, 1);
+    EXPECT_EQ(c.log()[0].batch, c.log()[1].batch);
+    auto r = c.isend(&out, 8, peer, 2, "y");  // outside a batch: recorded as such
+    auto q = c.irecv(&in, 8, peer, 2, "y");
+    r->wait();
+    q->wait();
+    EXPECT_EQ(c.log().back().batch, -1);
+  });
 }
 
 TEST(SimComm, LinkClassesFollowNodes) {

@@ -307,3 +307,40 @@ TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
                   << G << " " << K << " rank " << r << " link " << link;
       }
 }
+
+// Every message of every schedule is posted inside a batch (Communicator::begin_batch): the
+// grouping an NCCL transport needs so that pairwise exchanges cannot deadlock.
+TEST(Schedules, EveryTransferIsPostedInABatch) {
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
+  const Case c = make_case(1, 4, 4, 48, 48, 4, "causal", kSeed);
+  auto check_logs = [&](const DistResult<double>& res, const std::string& what) {
+    int64_t n = 0;
+    for (size_t r = 0; r < res.logs.size(); ++r)
+      for (const Transfer& t : res.logs[r]) {
+        ++n;
+        EXPECT_GE(t.batch, 0) << what << " rank " << r << " " << to_string(t.phase) << " step " << t.step << " "
+                              << t.what << " to/from " << (t.sent ? t.dst : t.src);
+      }
+    EXPECT_GT(n, 0) << what;
+  };
+  for (Algo a : {Algo::Ring, Algo::Burst}) {
+    DistOptions o;
+    o.algo = a;
+    o.world = 4;
+    o.partition = PartitionKind::Zigzag;
+    check_logs(run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, *engine),
+               to_string(a));
+  }
+  for (ExtAlgo a : {ExtAlgo::DoubleRing, ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::Attention2D, ExtAlgo::DistFlash})
+    for (bool overlap : {false, true}) {
+      if (overlap && a != ExtAlgo::Attention2D) continue;
+      ExtOptions o;
+      o.algo = a;
+      o.world = 4;
+      o.overlap = overlap;
+      o.gpus_per_node = a == ExtAlgo::DoubleRing ? 2 : 0;
+      o.partition = a == ExtAlgo::Attention2D ? PartitionKind::Striped
+                    : a == ExtAlgo::DistFlash ? PartitionKind::Contiguous : PartitionKind::Zigzag;
+      check_logs(run_ext(c, o, *engine), to_string(a) + (overlap ? " overlapped" : ""));
+    }
+}
