@@ -15,13 +15,8 @@
 #include "cmd_case.hpp"
 #include "npy.hpp"
 #include "common.hpp"
-#ifdef BURSTLAB_TOOLS_DISTRIBUTED
-#include "cpu_engine.hpp"
-#include "sim_run.hpp"
-#if __has_include("algos.hpp")
 #include "algos.hpp"  // double-ring, distflash, attention2d, ulysses, allgather
-#endif
-#endif
+#include "sim_run.hpp"
 
 namespace burstlab::tools {
 namespace {
@@ -258,17 +253,31 @@ Column impl_column(const Impl& m) {
   return col;
 }
 
-#ifdef BURSTLAB_TOOLS_DISTRIBUTED
-// One distributed session (SimSession for ring/burst, ExtSession for the algorithms of §7.7-7.11),
-// cpu engine, on SimComm threads; outputs gathered back to global BHSD.
+// One distributed session (SimSession for ring/burst, ExtSession for the algorithms of §7.7-7.11)
+// on SimComm threads, with the engine of an implementation; outputs gathered back to global BHSD.
+template <class U>
+Tensor4<double> widen(const Tensor4<U>& x) {
+  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+template <class U>
+Tensor3<double> widen(const Tensor3<U>& x) {
+  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+
 template <class T, class Session, class Options>
-RunFn dist_prepare(const CaseData& cd, const Options& o) {
+RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
   struct S {
     std::unique_ptr<Engine<T>> engine;
     std::unique_ptr<Session> session;
   };
   auto s = std::make_shared<S>();
-  s->engine = cpu::make_engine<T>();
+  s->engine = std::move(engine);
+  o.sim.memory.copy = mk.copy;
+  o.sim.memory.poison = mk.poison;
   s->session = std::make_unique<Session>(cd.meta.p, cd.in.Q.view(), cd.in.K.view(), cd.in.V.view(), cd.in.dO.view(),
                                          o, *s->engine);  // validates: Error = n/a
   const Dtype t = cd.meta.dtype;
@@ -277,61 +286,70 @@ RunFn dist_prepare(const CaseData& cd, const Options& o) {
     s->session->backward();
     const auto res = s->session->result();
     check::Candidate c = candidate_of(t, Layout::BHSD);
-    c.O = to_double(dist::gather(res.O, res.qp));
-    c.LSE = to_double(dist::gather(res.LSE, res.qp));
-    c.dQ = to_double(dist::gather(res.dQ, res.qp));
-    c.dK = to_double(dist::gather(res.dK, res.kp));
-    c.dV = to_double(dist::gather(res.dV, res.kp));
+    c.O = widen(dist::gather(res.O, res.qp));
+    c.LSE = widen(dist::gather(res.LSE, res.qp));
+    c.dQ = widen(dist::gather(res.dQ, res.qp));
+    c.dK = widen(dist::gather(res.dK, res.kp));
+    c.dV = widen(dist::gather(res.dV, res.kp));
     c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
     return c;
   };
 }
 
-// Every algorithm distributed/ knows, in the order of spec §7; names it does not know are skipped.
+// A session of options o with the engine of `mk` for the case's dtype.
+template <class Session, class Options>
+RunFn dist_prepare_any(const CaseData& cd, const Options& o, const EngineMakers& mk, const ImplOptions& io) {
+  switch (cd.meta.dtype) {
+    case Dtype::F64: return dist_prepare<double, typename Session::template With<double>>(cd, o, mk.f64(io), mk);
+    case Dtype::F32: return dist_prepare<float, typename Session::template With<float>>(cd, o, mk.f32(io), mk);
+    case Dtype::BF16: return dist_prepare<bf16_t, typename Session::template With<bf16_t>>(cd, o, mk.bf16(io), mk);
+    case Dtype::F16: break;
+  }
+  return dist_prepare<f16_t, typename Session::template With<f16_t>>(cd, o, mk.f16(io), mk);
+}
+struct RingSessions {
+  template <class T> using With = dist::SimSession<T>;
+};
+struct ExtSessions {
+  template <class T> using With = dist::ExtSession<T>;
+};
+
+// Every algorithm distributed/ knows, in the order of spec §7, on the engine of each implementation
+// that conform treats as a layer (cpu, and cuda when built).
 std::vector<Column> dist_columns(int world, const std::string& partition) {
   std::vector<Column> out;
-  for (const char* name : {"ring", "burst", "double-ring", "distflash", "attention2d", "ulysses", "allgather"}) {
-    Column col;
-    col.name = std::string(name) + "/cpu G=" + std::to_string(world);
-    col.dtypes = {Dtype::F64, Dtype::F32};
-#if __has_include("algos.hpp")
-    if (dist::is_ext_algo(name)) {
-      dist::ExtOptions o;
-      o.algo = dist::parse_ext_algo(name);
-      o.partition = dist::parse_partition(partition);
-      if (o.algo == dist::ExtAlgo::Attention2D) {  // its grid gathers cyclic token sets (§7.11)
-        o.partition = dist::PartitionKind::Striped;
-        o.grid = dist::default_grid(world);
-        col.name += " striped";
+  for (const Impl& m : registry()) {
+    if (!m.engines.any() || (m.name != "cpu" && m.name != "cuda")) continue;
+    const EngineMakers mk = m.engines;
+    for (const char* name : {"ring", "burst", "double-ring", "distflash", "attention2d", "ulysses", "allgather"}) {
+      Column col;
+      col.name = std::string(name) + "/" + m.name + " G=" + std::to_string(world);
+      col.dtypes = mk.dtypes();
+      if (dist::is_ext_algo(name)) {
+        dist::ExtOptions o;
+        o.algo = dist::parse_ext_algo(name);
+        o.partition = dist::parse_partition(partition);
+        if (o.algo == dist::ExtAlgo::Attention2D) {  // its grid gathers cyclic token sets (§7.11)
+          o.partition = dist::PartitionKind::Striped;
+          o.grid = dist::default_grid(world);
+          col.name += " striped";
+        }
+        o.world = world;
+        o.backward = true;
+        col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any<ExtSessions>(cd, o, mk, ImplOptions{}); };
+      } else {
+        dist::DistOptions o;
+        o.algo = dist::parse_algo(name);
+        o.partition = dist::parse_partition(partition);
+        o.world = world;
+        o.backward = true;
+        col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any<RingSessions>(cd, o, mk, ImplOptions{}); };
       }
-      o.world = world;
-      o.backward = true;
-      col.prepare = [o](const CaseData& cd) {
-        return cd.meta.dtype == Dtype::F64 ? dist_prepare<double, dist::ExtSession<double>>(cd, o)
-                                           : dist_prepare<float, dist::ExtSession<float>>(cd, o);
-      };
       out.push_back(col);
-      continue;
     }
-#endif
-    dist::DistOptions o;
-    try {
-      o.algo = dist::parse_algo(name);
-    } catch (const Error&) {
-      continue;  // not built in this version of distributed/
-    }
-    o.partition = dist::parse_partition(partition);
-    o.world = world;
-    o.backward = true;
-    col.prepare = [o](const CaseData& cd) {
-      return cd.meta.dtype == Dtype::F64 ? dist_prepare<double, dist::SimSession<double>>(cd, o)
-                                         : dist_prepare<float, dist::SimSession<float>>(cd, o);
-    };
-    out.push_back(col);
   }
   return out;
 }
-#endif
 
 Command add_conform(CLI::App& app) {
   struct S {
@@ -359,9 +377,7 @@ Command add_conform(CLI::App& app) {
     if (s->world < 1) fail("world (", s->world, ") must be >= 1");
     std::vector<Column> cols;
     for (const Impl& m : registry()) cols.push_back(impl_column(m));
-#ifdef BURSTLAB_TOOLS_DISTRIBUTED
     for (Column& col : dist_columns(s->world, s->partition)) cols.push_back(col);
-#endif
     if (!s->impl.empty()) {
       std::vector<Column> keep;
       std::string names;

@@ -12,7 +12,6 @@
 #include "algos.hpp"  // double-ring, ulysses, allgather (spec §7.7-7.9)
 #include "cmd_simulate.hpp"
 #include "common.hpp"
-#include "cpu_engine.hpp"
 #include "partition.hpp"
 #include "schedule.hpp"
 #include "sim_run.hpp"
@@ -96,12 +95,22 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+template <class U>
+Tensor4<double> widen(const Tensor4<U>& x) {
+  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+template <class U>
+Tensor3<double> widen(const Tensor3<U>& x) {
+  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+
 template <class T>
 Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistState> st,
-                   const std::string& name) {
-  cpu::Tiles tiles;
-  if (opt.Br) tiles.Br = opt.Br;
-  if (opt.Bc) tiles.Bc = opt.Bc;
+                   const std::string& name, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
   struct S {
     std::unique_ptr<Engine<T>> engine;
     std::unique_ptr<dist::SimSession<T>> session;
@@ -113,14 +122,23 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     const dist::Partition& qp() const { return ext ? ext->qp() : session->qp(); }
     const dist::Partition& kp() const { return ext ? ext->kp() : session->kp(); }
   };
+  (void)opt;
   auto s = std::make_shared<S>();
-  s->engine = cpu::make_engine<T>(tiles);
-  if (dist::is_ext_algo(st->f.algo))
-    s->ext = std::make_unique<dist::ExtSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(),
-                                                   ext_options_of(st->f), *s->engine);
-  else
-    s->session = std::make_unique<dist::SimSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(),
-                                                        options_of(st->f), *s->engine);
+  s->engine = std::move(engine);
+  dist::SimMemory memory;  // where the engine's buffers live, for the transport
+  memory.copy = mk.copy;
+  memory.poison = mk.poison;
+  if (dist::is_ext_algo(st->f.algo)) {
+    dist::ExtOptions o = ext_options_of(st->f);
+    o.sim.memory = memory;
+    s->ext = std::make_unique<dist::ExtSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
+                                                   *s->engine);
+  } else {
+    dist::DistOptions o = options_of(st->f);
+    o.sim.memory = memory;
+    s->session = std::make_unique<dist::SimSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
+                                                        *s->engine);
+  }
   DistReport rep;
   rep.impl = name;
   rep.dtype = in.dtype;
@@ -148,15 +166,15 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   };
   r.fetch_forward = [s, keep_logs](Tensor4<double>& O, Tensor3<double>& LSE) {
     const dist::DistResult<T> res = s->result();
-    O = to_double(dist::gather(res.O, res.qp));
-    LSE = to_double(dist::gather(res.LSE, res.qp));
+    O = widen(dist::gather(res.O, res.qp));
+    LSE = widen(dist::gather(res.LSE, res.qp));
     keep_logs(true, false);
   };
   r.fetch_backward = [s, keep_logs](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
     const dist::DistResult<T> res = s->result();
-    dQ = to_double(dist::gather(res.dQ, res.qp));
-    dK = to_double(dist::gather(res.dK, res.kp));
-    dV = to_double(dist::gather(res.dV, res.kp));
+    dQ = widen(dist::gather(res.dQ, res.qp));
+    dK = widen(dist::gather(res.dK, res.kp));
+    dV = widen(dist::gather(res.dV, res.kp));
     keep_logs(false, true);
   };
   return r;
@@ -166,8 +184,9 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
   const DistFlags& f = st->f;
   Impl m;
   m.name = f.algo + "/" + base.name;
-  m.about = f.algo + " attention on SimComm, G=" + std::to_string(world_of(f)) + ", " + f.partition + ", cpu engine";
-  m.dtypes = {Dtype::F64, Dtype::F32};
+  m.about = f.algo + " attention on SimComm, G=" + std::to_string(world_of(f)) + ", " + f.partition + ", " +
+            base.name + " engine";
+  m.dtypes = base.engines.dtypes();
   m.suite_dtypes = m.dtypes;
   m.has_backward = true;
   m.check = [base, st](const Problem& p, Dtype dtype, const ImplOptions& opt) {
@@ -184,9 +203,15 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
                             dist::make_partition(o.partition, p.N_k, o.world, "N_k"));
   };
   const std::string name = m.name;
-  m.prepare = [st, name](const Problem& p, const Inputs& in, const ImplOptions& opt) {
-    return in.dtype == Dtype::F64 ? dist_runner<double>(p, in, opt, st, name)
-                                  : dist_runner<float>(p, in, opt, st, name);
+  const EngineMakers mk = base.engines;
+  m.prepare = [st, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
+    switch (in.dtype) {
+      case Dtype::F64: return dist_runner<double>(p, in, opt, st, name, mk.f64(opt), mk);
+      case Dtype::F32: return dist_runner<float>(p, in, opt, st, name, mk.f32(opt), mk);
+      case Dtype::BF16: return dist_runner<bf16_t>(p, in, opt, st, name, mk.bf16(opt), mk);
+      case Dtype::F16: break;
+    }
+    return dist_runner<f16_t>(p, in, opt, st, name, mk.f16(opt), mk);
   };
   return m;
 }
@@ -205,7 +230,8 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
                {"recv_closed_form", "=§7.5(B)"}, {"match", "match", true}};
   bool ok = true;
   for (const DistReport& r : st.reports) {
-    const int64_t eb = r.dtype == Dtype::F64 ? 8 : 4;
+    // Inputs in the storage type, statistics and gradients in its accumulation type (spec §9.1).
+    const dist::ElemBytes eb(bytes_of(r.dtype), bytes_of(accumulator_of(r.dtype)));
     for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
       if ((ph == dist::Phase::Forward && !r.fwd) || (ph == dist::Phase::Backward && !r.bwd)) continue;
       for (int k = 0; k < r.qp.G; ++k) {
@@ -580,14 +606,19 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {
     std::vector<Impl> out;
     for (const Impl* m : impls) {
-      if (!st->f.algo.empty() && m->name == "cpu") out.push_back(wrap(*m, st));
+      if (!st->f.algo.empty() && m->engines.any()) out.push_back(wrap(*m, st));
       else out.push_back(*m);
     }
     if (!st->f.algo.empty()) {
       options_of(st->f);  // validates the flags before anything runs
       bool any = false;
       for (const Impl& m : out) any = any || m.name.find('/') != std::string::npos;
-      if (!any) fail("algo (", st->f.algo, ") needs the cpu engine: add cpu to --impl");
+      if (!any) {
+        std::string engines;
+        for (const Impl& m : registry())
+          if (m.engines.any()) engines += (engines.empty() ? "" : ", ") + m.name;
+        fail("algo (", st->f.algo, ") needs an implementation that provides an engine in --impl (", engines, ")");
+      }
     }
     return out;
   };

@@ -8,8 +8,10 @@
 
 #include "burstlab/error.hpp"
 #include "cpu.hpp"
+#include "cpu_engine.hpp"
 #ifdef BURSTLAB_HAVE_CUDA
 #include "cuda.hpp"
+#include "cuda_engine.hpp"
 #endif
 #include "reference.hpp"
 
@@ -138,6 +140,8 @@ Impl cpu_impl() {
     return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, tiles_of(o))
                                   : cpu_runner<float>(p, in, tiles_of(o));
   };
+  m.engines.f64 = [](const ImplOptions& o) { return cpu::make_engine<double>(tiles_of(o)); };
+  m.engines.f32 = [](const ImplOptions& o) { return cpu::make_engine<float>(tiles_of(o)); };
   return m;
 }
 
@@ -280,9 +284,28 @@ Impl cuda_impl(const char* name, cuda::Variant variant, const char* about) {
     }
     return cuda_runner<cuda::f16>(p, in, variant);
   };
+  m.engines.f64 = [variant](const ImplOptions&) { return cuda::make_engine<double>(variant); };
+  m.engines.f32 = [variant](const ImplOptions&) { return cuda::make_engine<float>(variant); };
+  m.engines.bf16 = [variant](const ImplOptions&) { return cuda::make_engine<bf16_t>(variant); };
+  m.engines.f16 = [variant](const ImplOptions&) { return cuda::make_engine<f16_t>(variant); };
+  m.engines.copy = cuda::transport_copy;
+  m.engines.poison = cuda::transport_poison;
   return m;
 }
 #endif  // BURSTLAB_HAVE_CUDA
+
+}  // namespace
+
+std::vector<Dtype> EngineMakers::dtypes() const {
+  std::vector<Dtype> t;
+  if (f64) t.push_back(Dtype::F64);
+  if (f32) t.push_back(Dtype::F32);
+  if (bf16) t.push_back(Dtype::BF16);
+  if (f16) t.push_back(Dtype::F16);
+  return t;
+}
+
+namespace {
 
 std::vector<Impl> build_registry() {
   std::vector<Impl> r;

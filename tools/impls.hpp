@@ -6,9 +6,11 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "burstlab/engine.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
@@ -38,6 +40,20 @@ struct Runner {
   std::function<void(Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV)> fetch_backward;
 };
 
+// The Engine (burstlab/engine.hpp) an implementation provides for the distributed schedules,
+// per storage dtype (an empty maker: that dtype has no engine), and how a transport in this
+// process reaches the engine's memory (empty: host memcpy / memset).
+struct EngineMakers {
+  std::function<std::unique_ptr<Engine<double>>(const ImplOptions&)> f64;
+  std::function<std::unique_ptr<Engine<float>>(const ImplOptions&)> f32;
+  std::function<std::unique_ptr<Engine<bf16_t>>(const ImplOptions&)> bf16;
+  std::function<std::unique_ptr<Engine<f16_t>>(const ImplOptions&)> f16;
+  std::function<void(void* dst, const void* src, int64_t bytes)> copy;
+  std::function<void(void* buf, int64_t bytes)> poison;
+  bool any() const { return f64 || f32 || bf16 || f16; }
+  std::vector<Dtype> dtypes() const;
+};
+
 struct Impl {
   std::string name;                 // what --impl takes: "reference", "cpu", ...
   std::string about;                // one line for --help
@@ -49,6 +65,7 @@ struct Impl {
   std::function<void(const Problem& p, Dtype dtype, const ImplOptions& opt)> check;
   // inputs.dtype is one of `dtypes`; p is valid and passed check().
   std::function<Runner(const Problem& p, const Inputs& inputs, const ImplOptions& opt)> prepare;
+  EngineMakers engines;             // `--algo` runs its schedules on these (cpu, cuda)
 };
 
 // Every implementation built into this binary, in table order.
