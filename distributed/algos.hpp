@@ -38,32 +38,14 @@ DistResult<T> run_sim_ext(const Problem& p, View4<const double> Q, View4<const d
                           View4<const double> dO, const ExtOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors = nullptr);
 
-// The same one pass at a time, keeping each rank's shard between passes (like SimSession):
-// `burstlab run --algo ulysses|allgather|double-ring` times forward() and backward() apart.
+// The algorithms of §7.7-7.13 with these options: a Session (sim_run.hpp) of the algorithm.
+AlgoOptions algo_options(const ExtOptions& o);
 template <class T>
-class ExtSession {
+class ExtSession : public Session<T> {
  public:
   ExtSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-             View4<const double> dO, const ExtOptions& o, Engine<T>& engine);
-  void forward();   // throws Error when a rank failed; see errors()
-  void backward();  // after forward()
-  DistResult<T> result() const;
-  const std::vector<std::string>& errors() const { return errors_; }
-  const Partition& qp() const { return res_.qp; }
-  const Partition& kp() const { return res_.kp; }
-
- private:
-  void run(Phase phase);
-  Problem p_;
-  ExtOptions o_;
-  Engine<T>& e_;
-  MaskData mask_;
-  PreparedMask prepared_;  // mask_ in engine memory, once per session
-  DistResult<T> res_;
-  FlashSchedule flash_;  // distflash
-  std::vector<Shard<T>> shards_;
-  std::vector<std::string> errors_;
-  bool have_forward_ = false;
+             View4<const double> dO, const ExtOptions& o, Engine<T>& engine)
+      : Session<T>(p, Q, K, V, dO, algo_options(o), engine) {}
 };
 
 // The closed form of the algorithm's bytes (spec 7.7-7.9) for rank r in one phase; link is

@@ -73,21 +73,26 @@ void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
 }
 }  // namespace
 
+AlgoOptions algo_options(const DistOptions& o) {
+  AlgoOptions a;
+  a.algo = to_string(o.algo);
+  a.partition = o.partition;
+  a.world = o.world;
+  a.backward = o.backward;
+  a.sim = o.sim;
+  return a;
+}
+
 template <class T>
-SimSession<T>::SimSession(const Problem& p, View4<const double> Q, View4<const double> K,
-                          View4<const double> V, View4<const double> dO, const DistOptions& o,
-                          Engine<T>& engine)
-    : p_(p), o_(o), e_(engine) {
+Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine)
+    : e_(engine) {
   validate_views(p, Q, K, V);
   if (o.backward) validate_q_side(p, "dO", dO);
-  res_.qp = make_partition(o.partition, p.N_q, o.world, "N_q");
-  res_.kp = make_partition(o.partition, p.N_k, o.world, "N_k");
-  mask_ = compile_mask(p);
-  prepared_ = engine.prepare(mask_);
-  res_.fwd = make_schedule(o.algo, Phase::Forward, p, mask_, res_.qp, res_.kp);
-  if (o.backward) res_.bwd = make_schedule(o.algo, Phase::Backward, p, mask_, res_.qp, res_.kp);
-  shards_ = upload_shards(engine, Q, K, V, dO, res_.qp, res_.kp, o.backward);
-  res_.logs.assign(o.world, {});
+  plan_ = make_plan(p, o);
+  prepared_ = engine.prepare(plan_.mask);
+  shards_ = upload_shards(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward);
+  logs_.assign(o.world, {});
 }
 
 template <class T>
@@ -134,25 +139,29 @@ void check_can_backward(const char* session, bool backward, bool have_forward) {
 }
 
 template <class T>
-void SimSession<T>::run(Phase phase) {
-  run_pass(o_.world, o_.sim, phase, res_.logs, errors_, [&](Communicator& comm) {
-    Shard<T>& x = shards_[comm.rank()];
-    if (phase == Phase::Forward) run_forward(res_.fwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
-    else run_backward(res_.bwd, comm, e_, p_, prepared_, res_.qp, res_.kp, x);
-    e_.synchronize();  // this rank's engine work is complete before the pass ends
-  });
+void Session<T>::rank_pass(Phase phase, Communicator& comm) {
+  const int r = comm.rank();
+  if (comm.size() != plan_.o.world)
+    fail("communicator size (", comm.size(), ") must equal the session's world (", plan_.o.world, ")");
+  pass_of<T>(find_algorithm(plan_.o.algo))(phase, plan_, comm, e_, prepared_, shards_.at(r));
+  e_.synchronize();  // this rank's engine work is complete before the pass ends
 }
 
 template <class T>
-void SimSession<T>::forward() {
+void Session<T>::run(Phase phase) {
+  run_pass(plan_.o.world, plan_.o.sim, phase, logs_, errors_, [&](Communicator& comm) { rank_pass(phase, comm); });
+}
+
+template <class T>
+void Session<T>::forward() {
   have_forward_ = false;
   run(Phase::Forward);
   have_forward_ = true;
 }
 
 template <class T>
-void SimSession<T>::backward() {
-  check_can_backward("SimSession", o_.backward, have_forward_);
+void Session<T>::backward() {
+  check_can_backward("Session", plan_.o.backward, have_forward_);
   run(Phase::Backward);
 }
 
@@ -182,21 +191,36 @@ void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>
 }
 
 template <class T>
-DistResult<T> SimSession<T>::result() const {
-  DistResult<T> res = res_;
-  download_outputs(e_, p_, shards_, o_.backward, res);
+DistResult<T> Session<T>::result() const {
+  DistResult<T> res;
+  res.qp = plan_.qp;
+  res.kp = plan_.kp;
+  res.fwd = plan_.fwd;
+  res.bwd = plan_.bwd;
+  res.logs = logs_;
+  download_outputs(e_, plan_.p, shards_, plan_.o.backward, res);
   return res;
+}
+
+template <class T>
+DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
+                          std::vector<std::string>* rank_errors) {
+  Session<T> s(p, Q, K, V, dO, o, engine);
+  return run_passes(s, o.backward, rank_errors);
 }
 
 template <class T>
 DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
                       View4<const double> V, View4<const double> dO, const DistOptions& o,
                       Engine<T>& engine, std::vector<std::string>* rank_errors) {
-  SimSession<T> s(p, Q, K, V, dO, o, engine);
-  return run_passes(s, o.backward, rank_errors);
+  return run_session<T>(p, Q, K, V, dO, algo_options(o), engine, rank_errors);
 }
 
 #define BURSTLAB_DIST_INST(T)                                                                        \
+  template DistResult<T> run_session<T>(const Problem&, View4<const double>, View4<const double>,  \
+                                        View4<const double>, View4<const double>, const AlgoOptions&, \
+                                        Engine<T>&, std::vector<std::string>*);                       \
   template DistResult<T> run_sim<T>(const Problem&, View4<const double>, View4<const double>,       \
                                     View4<const double>, View4<const double>, const DistOptions&, \
                                     Engine<T>&, std::vector<std::string>*);                                              \
@@ -212,10 +236,10 @@ BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
 BURSTLAB_DIST_INST(bf16_t)
 BURSTLAB_DIST_INST(f16_t)
-template class SimSession<float>;
-template class SimSession<double>;
-template class SimSession<bf16_t>;
-template class SimSession<f16_t>;
+template class Session<float>;
+template class Session<double>;
+template class Session<bf16_t>;
+template class Session<f16_t>;
 template Tensor4<double> slice<double, float>(View4<const float>, const Partition&, int);
 template Tensor3<double> slice<double, float>(View3<const float>, const Partition&, int);
 #undef BURSTLAB_DIST_INST

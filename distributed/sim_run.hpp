@@ -18,6 +18,7 @@
 #include "ring.hpp"
 #include "schedule.hpp"
 #include "sim_comm.hpp"
+#include "algorithm.hpp"
 
 namespace burstlab::dist {
 
@@ -42,52 +43,69 @@ struct DistResult {
   std::vector<std::vector<Transfer>> logs;  // [rank]
 };
 
-// Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when
-// !backward), any layout, in double: each rank receives its slice rounded to T. The engine is
-// shared by the rank threads, so it must be thread-safe (the CPU engine is).
-// Throws Error when any rank failed (SimWorld::run); each rank's error ("" = ok) goes to
+// ring or burst: Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be
+// null-data when !backward), any layout, in double: each rank receives its slice rounded to T.
+// The engine is shared by the rank threads, so it must be thread-safe (the CPU and CUDA engines
+// are). Throws Error when any rank failed (SimWorld::run); each rank's error ("" = ok) goes to
 // *rank_errors when given, also when it throws.
 template <class T>
 DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
                       View4<const double> V, View4<const double> dO, const DistOptions& o,
                       Engine<T>& engine, std::vector<std::string>* rank_errors = nullptr);
 
-// The same, one pass at a time, keeping each rank's shard between passes (so a backward uses
-// the forward's own O and LSE, spec §9): `burstlab run` times forward() and backward() apart.
-// forward() and backward() each run one SimWorld (a barrier ends each); the logs keep the
-// latest run of each phase.
+// One algorithm of the table (algorithm.hpp) on one problem, one pass at a time, keeping each
+// rank's shard in engine memory between passes (so a backward uses the forward's own O and LSE,
+// spec §9). forward() and backward() run every rank on a fresh SimWorld (threads; a barrier ends
+// each pass); rank_pass() is one rank's pass on any world, for transports that run a rank per
+// process or per GPU. The logs keep the latest run of each phase.
 template <class T>
-class SimSession {
+class Session {
  public:
-  SimSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-             View4<const double> dO, const DistOptions& o, Engine<T>& engine);
+  Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine);
   void forward();   // throws Error when a rank failed; see errors()
   void backward();  // after forward(); needs dO and o.backward
+  void rank_pass(Phase phase, Communicator& comm);  // this rank's shard, on comm's world
   DistResult<T> result() const;  // downloads every rank's outputs (and the logs so far)
   const std::vector<std::string>& errors() const { return errors_; }
-  const Partition& qp() const { return res_.qp; }
-  const Partition& kp() const { return res_.kp; }
+  const Plan& plan() const { return plan_; }
+  const Partition& qp() const { return plan_.qp; }
+  const Partition& kp() const { return plan_.kp; }
 
  private:
   void run(Phase phase);
-  Problem p_;
-  DistOptions o_;
+  Plan plan_;
   Engine<T>& e_;
-  MaskData mask_;
-  PreparedMask prepared_;  // mask_ in engine memory, once per session
-  DistResult<T> res_;  // partitions, schedules, logs (outputs filled by result())
+  PreparedMask prepared_;  // plan_.mask in engine memory, once per session
+  std::vector<std::vector<Transfer>> logs_;
   std::vector<Shard<T>> shards_;
   std::vector<std::string> errors_;
   bool have_forward_ = false;
 };
 
+// Every rank's outputs, both passes (or the forward alone when !o.backward).
+template <class T>
+DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
+                          std::vector<std::string>* rank_errors = nullptr);
+
+// ring and burst with their own options (the tests' sweeps): a Session of that algorithm.
+AlgoOptions algo_options(const DistOptions& o);
+template <class T>
+class SimSession : public Session<T> {
+ public:
+  SimSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+             View4<const double> dO, const DistOptions& o, Engine<T>& engine)
+      : Session<T>(p, Q, K, V, dO, algo_options(o), engine) {}
+};
+
 // Every rank's outputs downloaded from engine memory into `res` (which holds the partitions):
-// O, LSE, and dQ, dK, dV when `backward`. Shared by SimSession and ExtSession.
+// O, LSE, and dQ, dK, dV when `backward`.
 template <class T>
 void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
                       DistResult<T>& res);
 
-// Shared by SimSession and ExtSession. Each rank's slices of Q, K, V (and dO when `backward`),
+// Each rank's slices of Q, K, V (and dO when `backward`),
 // rounded to T, in engine memory: Q, dO (B, H_q, n_q, d), K, V (B, H_kv, n_k, d) per rank.
 template <class T>
 std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
@@ -100,10 +118,10 @@ void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::ve
               std::vector<std::string>& errors, const std::function<void(Communicator&)>& body);
 // Throws Error naming `session` unless it was built with backward and forward() has run.
 void check_can_backward(const char* session, bool backward, bool have_forward);
-// Forward, then backward when `backward`, on a session (SimSession or ExtSession); every rank's
+// Forward, then backward when `backward`, on a session; every rank's
 // error ("" = ok) goes to *rank_errors when given, also when a pass throws.
-template <class Session>
-auto run_passes(Session& s, bool backward, std::vector<std::string>* rank_errors) {
+template <class S>
+auto run_passes(S& s, bool backward, std::vector<std::string>* rank_errors) {
   try {
     s.forward();
     if (backward) s.backward();

@@ -30,10 +30,13 @@ struct DistFlags {
   std::string grid;  // attention2d: "RxC" (empty: the most square grid)
   bool overlap = false;  // attention2d: Attention2D-O
   int nodes = 0;  // --nodes M: world = M x gpus_per_node (0: use --world)
+  bool world_given = false;  // --world on the command line (else --grid may imply it)
 };
 
-// G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary).
+// G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
+// or R x C of --grid RxC when --world is not given.
 int world_of(const DistFlags& f) {
+  if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return dist::parse_grid(f.grid).size();
   if (f.nodes == 0) return f.world;
   if (f.nodes < 1) fail("nodes (", f.nodes, ") must be >= 1");
   if (f.gpus_per_node < 1)
@@ -45,8 +48,7 @@ int world_of(const DistFlags& f) {
 struct DistReport {
   std::string impl;
   Dtype dtype = Dtype::F64;
-  Problem p;
-  dist::Partition qp, kp;
+  dist::Plan plan;
   std::vector<std::vector<dist::Transfer>> logs;
   bool fwd = false, bwd = false;
 };
@@ -56,38 +58,30 @@ struct DistState {
   std::vector<DistReport> reports;
 };
 
-dist::DistOptions options_of(const DistFlags& f) {
-  dist::DistOptions o;
-  o.algo = dist::is_ext_algo(f.algo) ? dist::Algo::Burst : dist::parse_algo(f.algo);  // ext: ext_options_of
+// The flags as the options of the algorithm table (distributed/algorithm.hpp); --overlap turns
+// attention2d into attention2d-o. Throws Error naming a bad flag.
+dist::AlgoOptions options_of(const DistFlags& f) {
+  dist::AlgoOptions o;
+  o.algo = f.algo == "attention2d" && f.overlap ? "attention2d-o" : f.algo;
+  dist::find_algorithm(o.algo);
+  if (f.overlap && f.algo != "attention2d") fail("overlap is an attention2d option, not one of ", f.algo);
   o.partition = dist::parse_partition(f.partition);
-  const int world = world_of(f);
-  if (world < 1) fail("world (", world, ") must be >= 1");
+  o.world = world_of(f);
+  if (o.world < 1) fail("world (", o.world, ") must be >= 1");
   if (f.gpus_per_node < 0) fail("gpus-per-node (", f.gpus_per_node, ") must be >= 0 (0 = one node)");
-  o.world = world;
+  o.gpus_per_node = f.gpus_per_node;
   o.sim.poison = f.poison;
   o.sim.reorder = f.reorder;
   o.sim.gpus_per_node = f.gpus_per_node;
   o.backward = true;
-  return o;
-}
-
-// double-ring, ulysses, allgather (distributed/algos.hpp): the same flags.
-dist::ExtOptions ext_options_of(const DistFlags& f) {
-  const dist::DistOptions d = options_of(f);
-  dist::ExtOptions o;
-  o.algo = dist::parse_ext_algo(f.algo);
-  o.partition = d.partition;
-  o.world = d.world;
-  o.gpus_per_node = f.gpus_per_node;
-  o.sim = d.sim;
-  if (o.algo == dist::ExtAlgo::Attention2D) {
-    o.grid = f.grid.empty() ? dist::default_grid(o.world) : dist::parse_grid(f.grid);
-    o.overlap = f.overlap;
+  if (!f.grid.empty()) {
+    if (f.algo != "attention2d") fail("grid (", f.grid, ") is an attention2d option, not one of ", f.algo);
+    o.grid = dist::parse_grid(f.grid);
     if (o.grid.size() != o.world)
       fail("grid (", f.grid, " = ", o.grid.size(), " ranks) must have world (", o.world, ") ranks");
-    if (o.partition != dist::PartitionKind::Striped)
-      fail("attention2d needs --partition striped (the cyclic distribution), not ", f.partition);
   }
+  if (f.algo == "attention2d" && o.partition != dist::PartitionKind::Striped)
+    fail("attention2d needs --partition striped (the cyclic distribution), not ", f.partition);
   return o;
 }
 
@@ -113,38 +107,24 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
                    const std::string& name, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
   struct S {
     std::unique_ptr<Engine<T>> engine;
-    std::unique_ptr<dist::SimSession<T>> session;
-    std::unique_ptr<dist::ExtSession<T>> ext;  // double-ring, ulysses, allgather
+    std::unique_ptr<dist::Session<T>> session;
     size_t report = 0;
-    void forward() { ext ? ext->forward() : session->forward(); }
-    void backward() { ext ? ext->backward() : session->backward(); }
-    dist::DistResult<T> result() const { return ext ? ext->result() : session->result(); }
-    const dist::Partition& qp() const { return ext ? ext->qp() : session->qp(); }
-    const dist::Partition& kp() const { return ext ? ext->kp() : session->kp(); }
+    void forward() { session->forward(); }
+    void backward() { session->backward(); }
+    dist::DistResult<T> result() const { return session->result(); }
   };
   (void)opt;
   auto s = std::make_shared<S>();
   s->engine = std::move(engine);
-  dist::SimMemory memory;  // where the engine's buffers live, for the transport
-  memory.copy = mk.copy;
-  memory.poison = mk.poison;
-  if (dist::is_ext_algo(st->f.algo)) {
-    dist::ExtOptions o = ext_options_of(st->f);
-    o.sim.memory = memory;
-    s->ext = std::make_unique<dist::ExtSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
-                                                   *s->engine);
-  } else {
-    dist::DistOptions o = options_of(st->f);
-    o.sim.memory = memory;
-    s->session = std::make_unique<dist::SimSession<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
-                                                        *s->engine);
-  }
+  dist::AlgoOptions o = options_of(st->f);
+  o.sim.memory.copy = mk.copy;  // where the engine's buffers live, for the transport
+  o.sim.memory.poison = mk.poison;
+  s->session = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
+                                                  *s->engine);
   DistReport rep;
   rep.impl = name;
   rep.dtype = in.dtype;
-  rep.p = p;
-  rep.qp = s->qp();
-  rep.kp = s->kp();
+  rep.plan = s->session->plan();
   st->reports.push_back(rep);
   s->report = st->reports.size() - 1;
   auto keep_logs = [s, st](bool fwd, bool bwd) {
@@ -191,16 +171,7 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
   m.has_backward = true;
   m.check = [base, st](const Problem& p, Dtype dtype, const ImplOptions& opt) {
     if (base.check) base.check(p, dtype, opt);
-    const dist::DistOptions o = options_of(st->f);
-    if (st->f.algo == "ulysses") dist::check_ulysses(p, o.world);  // H % G == 0
-    if (dist::is_ext_algo(st->f.algo)) ext_options_of(st->f);      // grid, partition
-    if (st->f.algo == "double-ring")
-      dist::check_double_ring(o.world, st->f.gpus_per_node > 0 ? st->f.gpus_per_node : o.world);
-    dist::make_partition(o.partition, p.N_q, o.world, "N_q");  // throws naming the length
-    dist::make_partition(o.partition, p.N_k, o.world, "N_k");
-    if (st->f.algo == "distflash")  // contiguous partition, causal-type mask
-      dist::check_distflash(compile_mask(p), dist::make_partition(o.partition, p.N_q, o.world, "N_q"),
-                            dist::make_partition(o.partition, p.N_k, o.world, "N_k"));
+    dist::make_plan(p, options_of(st->f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
@@ -220,8 +191,6 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
 // Returns false when any measured count differs from its closed form.
 bool bytes_report(const DistState& st, Json& header, bool json) {
   if (st.reports.empty()) return true;
-  const bool ext = dist::is_ext_algo(st.f.algo);
-  const dist::Algo algo = ext ? dist::Algo::Burst : dist::parse_algo(st.f.algo);
   Table t;
   t.columns = {{"impl", "impl", true},          {"dtype", "dtype", true},
                {"rank", "rank"},                {"phase", "phase", true},
@@ -234,18 +203,17 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
     const dist::ElemBytes eb(bytes_of(r.dtype), bytes_of(accumulator_of(r.dtype)));
     for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
       if ((ph == dist::Phase::Forward && !r.fwd) || (ph == dist::Phase::Backward && !r.bwd)) continue;
-      for (int k = 0; k < r.qp.G; ++k) {
+      for (int k = 0; k < r.plan.qp.G; ++k) {
         const dist::ByteTotals b = dist::totals(r.logs.at(k), ph);
-        const int64_t cs = ext ? dist::ext_closed_form_bytes(ext_options_of(st.f), ph, r.p, r.qp, r.kp, k, true, eb)
-                               : dist::closed_form_bytes(algo, ph, r.p, r.qp, r.kp, k, true, eb);
-        const int64_t cr = ext ? dist::ext_closed_form_bytes(ext_options_of(st.f), ph, r.p, r.qp, r.kp, k, false, eb)
-                               : dist::closed_form_bytes(algo, ph, r.p, r.qp, r.kp, k, false, eb);
+        const int64_t cs = dist::plan_bytes(r.plan, ph, k, true, eb);
+        const int64_t cr = dist::plan_bytes(r.plan, ph, k, false, eb);
         const bool match = b.sent == cs && b.recv == cr;
         ok = ok && match;
-        const int G = r.qp.G, g = st.f.gpus_per_node;
+        const int G = r.plan.qp.G, g = st.f.gpus_per_node;
+        const bool ring_like = r.plan.fwd.G > 0 && r.plan.o.algo != "double-ring";  // one link per direction
         const bool inter = g > 0 && k / g != ((k + 1) % G) / g;
         t.add({text(r.impl), text(to_string(r.dtype)), integer(k), text(dist::to_string(ph)),
-               text(G == 1 || ext ? "-" : inter ? "inter" : "intra"), integer(b.sent), integer(cs), integer(b.recv),
+               text(G == 1 || !ring_like ? "-" : inter ? "inter" : "intra"), integer(b.sent), integer(cs), integer(b.recv),
                integer(cr), text(match ? "yes" : "NO")});
       }
     }
@@ -519,11 +487,14 @@ void add_schedule_command(CLI::App& app) {
   add_pass_flag(sub, s->run);
   sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring | ulysses | allgather | distflash | attention2d")
       ->capture_default_str();
-  sub->add_option("--grid", s->dist.grid, "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square)");
+  sub->add_option("--grid", s->dist.grid,
+                  "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world R*C");
   sub->add_flag("--overlap", s->dist.overlap, "attention2d: the overlapped variant");
   sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
       ->capture_default_str();
-  sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str();
+  sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str()->each([s](const std::string&) {
+    s->dist.world_given = true;
+  });
   sub->add_option("--nodes", s->dist.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)");
   sub->add_option("--partition", s->dist.partition, "contiguous | zigzag | striped")->capture_default_str();
   sub->footer(
@@ -543,7 +514,7 @@ void add_schedule_command(CLI::App& app) {
       const Passes pass = parse_pass(s->run.pass);
       const Dtype dt = parse_dtype(s->run.dtype);
       if (dt != Dtype::F64 && dt != Dtype::F32) fail("dtype (", s->run.dtype, ") must be fp64 or fp32 here");
-      const dist::DistOptions o = options_of(s->dist);
+      const dist::AlgoOptions o = options_of(s->dist);  // names every algorithm when --algo is unknown
       const dist::Partition qp = dist::make_partition(o.partition, p.N_q, o.world, "N_q");
       const dist::Partition kp = dist::make_partition(o.partition, p.N_k, o.world, "N_k");
       const MaskData md = compile_mask(p);
@@ -573,13 +544,11 @@ void add_schedule_command(CLI::App& app) {
         print_attention2d_trace(p, md, qp, kp, s->dist.grid, s->dist.overlap, eb, pass.fwd, pass.bwd);
         return;
       }
-      if (dist::is_ext_algo(s->dist.algo))
-        fail("algo (", s->dist.algo, ") has no schedule trace: use ring, burst, double-ring, ulysses, allgather, "
-             "distflash or attention2d");
+      const dist::Algo ring = dist::parse_algo(s->dist.algo);  // ring or burst: every other algorithm returned above
       if (pass.fwd)
-        std::printf("\n%s", dist::trace(dist::make_schedule(o.algo, dist::Phase::Forward, p, md, qp, kp), p, qp, kp, eb).c_str());
+        std::printf("\n%s", dist::trace(dist::make_schedule(ring, dist::Phase::Forward, p, md, qp, kp), p, qp, kp, eb).c_str());
       if (pass.bwd)
-        std::printf("\n%s", dist::trace(dist::make_schedule(o.algo, dist::Phase::Backward, p, md, qp, kp), p, qp, kp, eb).c_str());
+        std::printf("\n%s", dist::trace(dist::make_schedule(ring, dist::Phase::Backward, p, md, qp, kp), p, qp, kp, eb).c_str());
     } catch (const Error& e) {
       throw CLI::ValidationError(e.what());  // main() prints it and exits 2
     }
@@ -590,13 +559,20 @@ void add_schedule_command(CLI::App& app) {
 
 void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   auto st = std::make_shared<DistState>();
+  std::string algos;
+  for (const dist::Algorithm& a : dist::algorithms())
+    algos += std::string(algos.empty() ? "" : " | ") + a.name + " (" + a.spec + ")";
   run.add_option("--algo", st->f.algo,
-                 "run the cpu rows distributed on SimComm: ring | burst (RingAttention or BurstAttention) | double-ring "
-                 "(BurstEngine topology-aware, with --gpus-per-node) | ulysses | allgather | attention2d (--grid, "
-                 "--partition striped) | distflash (causal, contiguous)");
-  run.add_option("--grid", st->f.grid, "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square)");
+                 "run every selected implementation that provides an engine (cpu; cuda: ranks as threads on one "
+                 "GPU) distributed on SimComm: " + algos +
+                     ". double-ring takes --gpus-per-node, attention2d --grid and --partition striped, distflash a "
+                     "causal mask and --partition contiguous");
+  run.add_option("--grid", st->f.grid,
+                 "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world R*C");
   run.add_flag("--overlap", st->f.overlap, "attention2d: the overlapped variant (ring gather-compute-scatter)");
-  run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str();
+  run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str()->each([st](const std::string&) {
+    st->f.world_given = true;
+  });
   run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)");
   run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
   run.add_option("--gpus-per-node", st->f.gpus_per_node, "link classes for --algo byte counts (0 = one node)")

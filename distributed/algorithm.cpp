@@ -1,0 +1,154 @@
+// distributed/algorithm.cpp — the table of algorithms (spec §7).
+#include "algorithm.hpp"
+
+#include "baselines.hpp"
+#include "burstlab/error.hpp"
+#include "double_ring.hpp"
+
+namespace burstlab::dist {
+
+namespace {
+
+int gpn(const AlgoOptions& o) { return o.gpus_per_node > 0 ? o.gpus_per_node : o.world; }
+bool fwd(Phase ph) { return ph == Phase::Forward; }
+
+// ---- ring and burst (§7.2-7.6): the executor of ring.hpp on make_schedule
+void prepare_ring(Plan& pl, Algo a) {
+  pl.fwd = make_schedule(a, Phase::Forward, pl.p, pl.mask, pl.qp, pl.kp);
+  if (pl.o.backward) pl.bwd = make_schedule(a, Phase::Backward, pl.p, pl.mask, pl.qp, pl.kp);
+}
+template <class T>
+void ring_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) run_forward(pl.fwd, c, e, pl.p, m, pl.qp, pl.kp, x);
+  else run_backward(pl.bwd, c, e, pl.p, m, pl.qp, pl.kp, x);
+}
+int64_t ring_bytes(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return closed_form_bytes(pl.fwd.algo, ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+
+// ---- the double ring (§7.9): the same executor on a two-level schedule
+void prepare_double_ring(Plan& pl) {
+  check_double_ring(pl.o.world, gpn(pl.o));
+  pl.fwd = make_double_ring_schedule(pl.o.base, Phase::Forward, pl.p, pl.mask, pl.qp, pl.kp, gpn(pl.o), pl.o.prefetch_inter);
+  if (pl.o.backward)
+    pl.bwd = make_double_ring_schedule(pl.o.base, Phase::Backward, pl.p, pl.mask, pl.qp, pl.kp, gpn(pl.o),
+                                       pl.o.prefetch_inter);
+}
+int64_t double_ring_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int link) {
+  return double_ring_bytes(pl.o.base, ph, pl.p, pl.qp, pl.kp, r, sent, w, gpn(pl.o), link, pl.o.prefetch_inter);
+}
+
+// ---- Ulysses (§7.7) and all-gather CP (§7.8)
+void prepare_ulysses(Plan& pl) { check_ulysses(pl.p, pl.o.world); }
+template <class T>
+void ulysses_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) ulysses_forward(c, e, pl.p, m, pl.qp, pl.kp, x);
+  else ulysses_backward(c, e, pl.p, m, pl.qp, pl.kp, x);
+}
+int64_t ulysses_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return ulysses_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+void prepare_nothing(Plan&) {}
+template <class T>
+void allgather_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) allgather_forward(c, e, pl.p, m, pl.qp, pl.kp, x);
+  else allgather_backward(c, e, pl.p, m, pl.qp, pl.kp, x);
+}
+int64_t allgather_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return allgather_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+
+// ---- Attention2D (§7.11) and its overlapped variant (§7.13)
+void prepare_attention2d(Plan& pl) {
+  pl.grid = pl.o.grid.p_r == 0 ? default_grid(pl.o.world) : pl.o.grid;
+  check_attention2d(pl.grid, pl.o.world, pl.qp, pl.kp);
+}
+template <class T>
+void attention2d_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) attention2d_forward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+  else attention2d_backward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+}
+template <class T>
+void attention2d_o_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) attention2d_o_forward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+  else attention2d_o_backward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+}
+int64_t attention2d_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return attention2d_bytes(ph, pl.p, pl.grid, pl.qp, pl.kp, r, sent, w, false);
+}
+int64_t attention2d_o_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return attention2d_bytes(ph, pl.p, pl.grid, pl.qp, pl.kp, r, sent, w, true);
+}
+
+// ---- DistFlashAttn (§7.12)
+void prepare_distflash(Plan& pl) {
+  check_distflash(pl.mask, pl.qp, pl.kp);
+  pl.flash = make_distflash_schedule(pl.o.world);
+}
+template <class T>
+void distflash_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) distflash_forward(c, e, pl.p, m, pl.flash, pl.qp, pl.kp, x);
+  else distflash_backward(c, e, pl.p, m, pl.flash, pl.qp, pl.kp, x);
+}
+int64_t distflash_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return distflash_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+
+#define BURSTLAB_PASSES(f) &f<double>, &f<float>, &f<bf16_t>, &f<f16_t>
+
+}  // namespace
+
+const std::vector<Algorithm>& algorithms() {
+  static const std::vector<Algorithm> table = {
+      {"ring", "§7.2", "RingAttention: K, V travel; backward K, V, dK, dV",
+       [](Plan& pl) { prepare_ring(pl, Algo::Ring); }, BURSTLAB_PASSES(ring_pass), ring_bytes},
+      {"burst", "§7.2", "BurstAttention (GAO): K, V travel; backward Q, dO, D, LSE, dQ",
+       [](Plan& pl) { prepare_ring(pl, Algo::Burst); }, BURSTLAB_PASSES(ring_pass), ring_bytes},
+      {"double-ring", "§7.9", "topology-aware double ring (BurstEngine): intra-node rings inside an inter-node ring",
+       prepare_double_ring, BURSTLAB_PASSES(ring_pass), double_ring_closed},
+      {"distflash", "§7.12", "DistFlashAttn: causal load balance, idle ranks help their owners",
+       prepare_distflash, BURSTLAB_PASSES(distflash_pass), distflash_closed},
+      {"attention2d", "§7.11", "Attention2D-NO: Q gathered in grid rows, K, V in columns; (O, LSE) reduce-scattered",
+       prepare_attention2d, BURSTLAB_PASSES(attention2d_pass), attention2d_closed},
+      {"attention2d-o", "§7.13", "Attention2D-O: the same grid as rings that overlap transfers with compute",
+       prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed},
+      {"ulysses", "§7.7", "DeepSpeed-Ulysses: all-to-all sequence -> heads and back",
+       prepare_ulysses, BURSTLAB_PASSES(ulysses_pass), ulysses_closed},
+      {"allgather", "§7.8", "all-gather CP (Megatron-CP): gather K, V; reduce-scatter dK, dV",
+       prepare_nothing, BURSTLAB_PASSES(allgather_pass), allgather_closed},
+  };
+  return table;
+}
+
+std::string algorithm_names() {
+  std::string s;
+  for (const Algorithm& a : algorithms()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+const Algorithm& find_algorithm(const std::string& name) {
+  for (const Algorithm& a : algorithms())
+    if (name == a.name) return a;
+  fail("algo (", name, ") must be one of ", algorithm_names());
+}
+
+Plan make_plan(const Problem& p, const AlgoOptions& o) {
+  const Algorithm& a = find_algorithm(o.algo);
+  if (o.world < 1) fail("world (", o.world, ") must be >= 1");
+  if (o.gpus_per_node < 0) fail("gpus-per-node (", o.gpus_per_node, ") must be >= 0 (0 = one node)");
+  Plan pl;
+  pl.p = p;
+  pl.o = o;
+  if (o.gpus_per_node > 0) pl.o.sim.gpus_per_node = o.gpus_per_node;
+  pl.qp = make_partition(o.partition, p.N_q, o.world, "N_q");
+  pl.kp = make_partition(o.partition, p.N_k, o.world, "N_k");
+  pl.mask = compile_mask(p);
+  a.prepare(pl);
+  return pl;
+}
+
+int64_t plan_bytes(const Plan& plan, Phase phase, int r, bool sent, ElemBytes w, int link) {
+  return find_algorithm(plan.o.algo).bytes(plan, phase, r, sent, w, link);
+}
+
+}  // namespace burstlab::dist
