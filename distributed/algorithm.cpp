@@ -94,6 +94,26 @@ int64_t distflash_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w
   return distflash_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
 }
 
+// ---- USP, the head-context hybrid (§7.14): Ulysses in groups of u, a ring across groups
+void prepare_usp(Plan& pl) {
+  int& u = pl.o.ulysses_degree;
+  if (u == 0) u = pl.o.gpus_per_node;
+  if (u == 0) fail("usp needs --ulysses-degree u (or --gpus-per-node): the ranks of one Ulysses group");
+  check_usp(pl.p, pl.o.world, u);
+  const Problem ph = usp_head_problem(pl.p, u);
+  const Partition gq = usp_group_partition(pl.qp, u), gk = usp_group_partition(pl.kp, u);
+  pl.fwd = make_schedule(pl.o.base, Phase::Forward, ph, pl.mask, gq, gk);
+  if (pl.o.backward) pl.bwd = make_schedule(pl.o.base, Phase::Backward, ph, pl.mask, gq, gk);
+}
+template <class T>
+void usp_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+  if (fwd(ph)) usp_forward(c, e, pl.p, m, pl.o.ulysses_degree, pl.fwd, pl.qp, pl.kp, x);
+  else usp_backward(c, e, pl.p, m, pl.o.ulysses_degree, pl.bwd, pl.qp, pl.kp, x);
+}
+int64_t usp_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+  return usp_bytes(pl.o.base, ph, pl.p, pl.qp, pl.kp, pl.o.ulysses_degree, r, sent, w);
+}
+
 #define BURSTLAB_PASSES(f) &f<double>, &f<float>, &f<bf16_t>, &f<f16_t>
 
 }  // namespace
@@ -116,6 +136,8 @@ const std::vector<Algorithm>& algorithms() {
        prepare_ulysses, BURSTLAB_PASSES(ulysses_pass), ulysses_closed},
       {"allgather", "§7.8", "all-gather CP (Megatron-CP): gather K, V; reduce-scatter dK, dV",
        prepare_nothing, BURSTLAB_PASSES(allgather_pass), allgather_closed},
+      {"usp", "§7.14", "head-context hybrid (LoongTrain USP): Ulysses in groups of u ranks, a ring across groups",
+       prepare_usp, BURSTLAB_PASSES(usp_pass), usp_closed},
   };
   return table;
 }

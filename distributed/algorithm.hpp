@@ -18,6 +18,7 @@
 #include "ring.hpp"
 #include "schedule.hpp"
 #include "sim_comm.hpp"
+#include "usp.hpp"
 
 namespace burstlab::dist {
 
@@ -27,9 +28,10 @@ struct AlgoOptions {
   PartitionKind partition = PartitionKind::Contiguous;
   int world = 1;
   int gpus_per_node = 0;       // link classes, and the double ring's K (0 = one node)
-  Algo base = Algo::Burst;     // double-ring: which tensors travel (burst = BurstAttention's backward)
+  Algo base = Algo::Burst;     // double-ring, usp: which tensors travel (burst = BurstAttention's backward)
   bool prefetch_inter = true;  // double-ring: the separate inter-node buffer (§7.9)
   Grid grid{0, 0};             // attention2d, attention2d-o: p_r x p_c (p_r = 0: default_grid(world))
+  int ulysses_degree = 0;      // usp: ranks per Ulysses group u (0: gpus_per_node)
   bool backward = true;
   SimOptions sim;              // SimComm's options (sim.gpus_per_node is set from gpus_per_node)
 };
@@ -41,7 +43,7 @@ struct Plan {
   AlgoOptions o;
   MaskData mask;
   Partition qp, kp;
-  Schedule fwd, bwd;    // ring, burst, double-ring (bwd empty without a backward)
+  Schedule fwd, bwd;    // ring, burst, double-ring; usp: its ring across groups (bwd empty without a backward)
   FlashSchedule flash;  // distflash
   Grid grid;            // attention2d, attention2d-o
 };

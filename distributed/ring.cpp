@@ -62,10 +62,15 @@ class RingRun {
     fill(e_, x_.dQ.data, x_.dQ.n, 0.0);
     fill(e_, x_.dK.data, x_.dK.n, 0.0);
     fill(e_, x_.dV.data, x_.dV.n, 0.0);
-    D_ = alloc<A>(e_, q_elems(x_.n_q, true));
     const int64_t B = p_.B, Hq = p_.H_q, d = p_.d, n = x_.n_q;
-    e_.compute_D(bhsd<const T>(x_.O.data, B, Hq, n, d), bhsd<const T>(x_.dO.data, B, Hq, n, d),
-                 view3(D_.data, B, Hq, n));  // eq. (5.1), once, at home
+    if (x_.D.data) {
+      if (x_.D.n != q_elems(n, true)) fail("shard D has ", x_.D.n, " elements, must have B H_q n_q = ", q_elems(n, true));
+      D_ = x_.D;
+    } else {
+      D_ = alloc<A>(e_, q_elems(n, true));
+      e_.compute_D(bhsd<const T>(x_.O.data, B, Hq, n, d), bhsd<const T>(x_.dO.data, B, Hq, n, d),
+                   view3(D_.data, B, Hq, n));  // eq. (5.1), once, at home
+    }
     home_ = {{"Q", x_.Q.data},   {"K", x_.K.data},   {"V", x_.V.data},   {"dO", x_.dO.data},
              {"LSE", x_.LSE.data}, {"D", D_.data},   {"dQ", x_.dQ.data}, {"dK", x_.dK.data},
              {"dV", x_.dV.data}};

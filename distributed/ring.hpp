@@ -33,6 +33,8 @@ struct Shard {
   Buffer<T> O;             // forward output; backward input
   Buffer<A> LSE;
   Buffer<A> dQ, dK, dV;    // backward outputs
+  Buffer<A> D;             // (B, H_q, n_q), eq. (5.1): the ring backward computes it from O, dO
+                           // unless given (a schedule that moved D instead of O, e.g. usp)
 };
 
 // Forward (§7.2, either algorithm): fills shard.O, shard.LSE. Allocates them if empty.

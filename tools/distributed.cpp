@@ -31,6 +31,8 @@ struct DistFlags {
   bool overlap = false;  // attention2d: Attention2D-O
   int nodes = 0;  // --nodes M: world = M x gpus_per_node (0: use --world)
   bool world_given = false;  // --world on the command line (else --grid may imply it)
+  int ulysses_degree = 0;    // usp: ranks per Ulysses group (0: --gpus-per-node)
+  std::string base = "burst";  // double-ring, usp: the ring's traffic
 };
 
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
@@ -70,6 +72,9 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   if (o.world < 1) fail("world (", o.world, ") must be >= 1");
   if (f.gpus_per_node < 0) fail("gpus-per-node (", f.gpus_per_node, ") must be >= 0 (0 = one node)");
   o.gpus_per_node = f.gpus_per_node;
+  o.ulysses_degree = f.ulysses_degree;
+  if (f.ulysses_degree < 0) fail("ulysses-degree (", f.ulysses_degree, ") must be >= 1");
+  o.base = dist::parse_algo(f.base);
   o.sim.poison = f.poison;
   o.sim.reorder = f.reorder;
   o.sim.gpus_per_node = f.gpus_per_node;
@@ -210,7 +215,7 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
         const bool match = b.sent == cs && b.recv == cr;
         ok = ok && match;
         const int G = r.plan.qp.G, g = st.f.gpus_per_node;
-        const bool ring_like = r.plan.fwd.G > 0 && r.plan.o.algo != "double-ring";  // one link per direction
+        const bool ring_like = r.plan.o.algo == "ring" || r.plan.o.algo == "burst";  // one link per direction
         const bool inter = g > 0 && k / g != ((k + 1) % G) / g;
         t.add({text(r.impl), text(to_string(r.dtype)), integer(k), text(dist::to_string(ph)),
                text(G == 1 || !ring_like ? "-" : inter ? "inter" : "intra"), integer(b.sent), integer(cs), integer(b.recv),
@@ -577,6 +582,9 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
   run.add_option("--gpus-per-node", st->f.gpus_per_node, "link classes for --algo byte counts (0 = one node)")
       ->capture_default_str();
+  run.add_option("--ulysses-degree", st->f.ulysses_degree,
+                 "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
+  run.add_option("--ring", st->f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
   run.add_flag("--poison", st->f.poison, "SimComm: NaN-fill receive buffers and consumed send buffers");
   run.add_flag("--reorder", st->f.reorder, "SimComm: complete transfers in a random order");
   hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {

@@ -1,0 +1,265 @@
+// distributed/usp.cpp — spec §7.14.
+#include "usp.hpp"
+
+#include <vector>
+
+#include "burstlab/error.hpp"
+#include "shard_ops.hpp"
+
+namespace burstlab::dist {
+
+void check_usp(const Problem& p, int G, int u) {
+  if (u < 1) fail("ulysses degree u (", u, ") must be >= 1");
+  if (G % u != 0) fail("usp needs u | G: the ulysses degree u (", u, ") does not divide the world size G (", G, ")");
+  if (p.H_q % u != 0) fail("usp needs u | H_q: H_q (", p.H_q, ") is not a multiple of the ulysses degree u (", u, ")");
+  if (p.H_kv % u != 0)
+    fail("usp needs u | H_kv: H_kv (", p.H_kv, ") is not a multiple of the ulysses degree u (", u,
+         "); every rank must own whole kv heads of its query heads");
+}
+
+Partition usp_group_partition(const Partition& part, int u) {
+  const int Gg = part.G / u;
+  Partition g;
+  g.kind = part.kind;
+  g.G = Gg;
+  g.N = part.N;
+  g.rank_chunks.assign(Gg, {});
+  g.positions.assign(Gg, {});
+  g.owner_of.assign(static_cast<size_t>(part.N), 0);
+  g.local_of.assign(static_cast<size_t>(part.N), 0);
+  for (int grp = 0; grp < Gg; ++grp) {
+    for (int m = 0; m < u; ++m) {
+      const int r = grp * u + m;
+      const int64_t off = static_cast<int64_t>(g.positions[grp].size());
+      for (int c : part.rank_chunks[r]) {
+        Chunk ch = part.chunks[c];
+        ch.id = static_cast<int>(g.chunks.size());
+        ch.rank = grp;
+        ch.local_start += off;
+        g.rank_chunks[grp].push_back(ch.id);
+        g.chunks.push_back(ch);
+      }
+      g.positions[grp].insert(g.positions[grp].end(), part.positions[r].begin(), part.positions[r].end());
+    }
+    for (size_t l = 0; l < g.positions[grp].size(); ++l) {
+      g.owner_of[g.positions[grp][l]] = grp;
+      g.local_of[g.positions[grp][l]] = static_cast<int64_t>(l);
+    }
+  }
+  return g;
+}
+
+Problem usp_head_problem(const Problem& p, int u) {
+  Problem h = p;
+  h.H_q = p.H_q / u;
+  h.H_kv = p.H_kv / u;
+  return h;
+}
+
+namespace {
+
+constexpr int kRingTags = 1 << 16;  // the ring's tags live above the all-to-alls'
+
+// The ring across groups as a Communicator: ring rank g is world rank g u + i (same member index
+// i); transfers go through the world's communicator, logged there with the world's ranks, at
+// world step = ring step + 1 (step 0 is the first all-to-all).
+class GroupRing final : public Communicator {
+ public:
+  GroupRing(Communicator& world, int u) : w_(world), u_(u), i_(world.rank() % u) {}
+  int rank() const override { return w_.rank() / u_; }
+  int size() const override { return w_.size() / u_; }
+  Link link_to(int peer) const override { return w_.link_to(world_rank(peer)); }
+  RequestPtr isend(const void* buf, int64_t bytes, int dst, int tag, const char* what, bool consume) override {
+    w_.set_context(phase(), step() + 1);
+    return w_.isend(buf, bytes, world_rank(dst), kRingTags + tag, what, consume);
+  }
+  RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) override {
+    w_.set_context(phase(), step() + 1);
+    return w_.irecv(buf, bytes, world_rank(src), kRingTags + tag, what);
+  }
+  void begin_batch() override {
+    Communicator::begin_batch();
+    w_.begin_batch();
+  }
+  void end_batch() override {
+    Communicator::end_batch();
+    w_.end_batch();
+  }
+
+ private:
+  int world_rank(int g) const { return g * u_ + i_; }
+  Communicator& w_;
+  int u_, i_;
+};
+
+// Rows of the group's members end to end, in member order.
+struct Group {
+  int u = 1, me = 0, first = 0;  // member index of this rank; world rank of member 0
+  std::vector<int64_t> rows, off;
+  int64_t total = 0;
+};
+Group group_of(const Partition& part, int r, int u) {
+  Group g;
+  g.u = u;
+  g.me = r % u;
+  g.first = r - g.me;
+  for (int m = 0; m < u; ++m) {
+    g.off.push_back(g.total);
+    g.rows.push_back(part.local_size(g.first + m));
+    g.total += part.local_size(g.first + m);
+  }
+  return g;
+}
+
+// All-to-all inside the group, sequence -> heads: src (B, H, rows[me], w) -> dst (B, H/u,
+// total, w), member m's rows at off[m]; heads block me. One batch.
+template <class U, class T>
+void seq_to_heads(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
+                  U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
+  const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
+  Batch batch(c);
+  for (int k = 0; k < g.u; ++k) {
+    const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hu; ++h) {
+        U* to = dst + at(b, h, g.off[m], Hu, g.total, w);        // member m's rows of my heads
+        const U* from = src + at(b, m * Hu + h, 0, H, n, w);     // my rows of member m's heads
+        if (m == g.me) {
+          copy(e, to, from, n * w);
+          continue;
+        }
+        reqs.push_back(c.irecv(to, g.rows[m] * w * eb, g.first + m, tag, what));
+        reqs.push_back(c.isend(from, n * w * eb, g.first + m, tag, what));
+      }
+  }
+}
+// The inverse: src (B, H/u, total, w) heads block me -> dst (B, H, rows[me], w).
+template <class U, class T>
+void heads_to_seq(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
+                  U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
+  const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
+  Batch batch(c);
+  for (int k = 0; k < g.u; ++k) {
+    const int m = (g.me + k) % g.u;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hu; ++h) {
+        const U* from = src + at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+        U* to = dst + at(b, m * Hu + h, 0, H, n, w);               // my rows of member m's heads
+        if (m == g.me) {
+          copy(e, to, from, n * w);
+          continue;
+        }
+        reqs.push_back(c.irecv(to, n * w * eb, g.first + m, tag, what));
+        reqs.push_back(c.isend(from, g.rows[m] * w * eb, g.first + m, tag, what));
+      }
+  }
+}
+
+void check_ring(const Schedule& ring, Phase phase, int G, int u) {
+  if (ring.phase != phase) fail("usp: ring schedule phase (", to_string(ring.phase), ") must be ", to_string(phase));
+  if (ring.G * u != G) fail("usp: ring schedule G (", ring.G, ") x u (", u, ") must equal the world size (", G, ")");
+}
+
+}  // namespace
+
+template <class T>
+void usp_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
+                 const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  using A = acc_t<T>;
+  const int G = comm.size(), r = comm.rank();
+  check_usp(p, G, u);
+  check_ring(ring, Phase::Forward, G, u);
+  prepare_forward(e, p, qp, kp, r, x);
+  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  Shard<T> h;  // this rank's heads over the group's rows
+  h.Q = alloc<T>(e, B * Hu * gq.total * d);
+  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
+  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Forward, 0);
+  seq_to_heads(comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
+  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, 2, "K", reqs);
+  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, 3, "V", reqs);
+  wait_all(reqs);
+  e.synchronize();
+  GroupRing rc(comm, u);
+  run_forward(ring, rc, e, usp_head_problem(p, u), mask, usp_group_partition(qp, u), usp_group_partition(kp, u), h);
+  comm.set_context(Phase::Forward, ring.G + 1);
+  heads_to_seq(comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs);
+  heads_to_seq<A>(comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs);
+  wait_all(reqs);
+}
+
+template <class T>
+void usp_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
+                  const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  using A = acc_t<T>;
+  const int G = comm.size(), r = comm.rank();
+  check_usp(p, G, u);
+  check_ring(ring, Phase::Backward, G, u);
+  prepare_backward(e, p, qp, kp, r, x);
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
+  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  Shard<T> h;
+  h.Q = alloc<T>(e, B * Hu * gq.total * d);
+  h.dO = alloc<T>(e, B * Hu * gq.total * d);
+  h.LSE = alloc<A>(e, B * Hu * gq.total);
+  h.D = alloc<A>(e, B * Hu * gq.total);
+  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
+  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Backward, 0);
+  seq_to_heads(comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
+  seq_to_heads(comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs);
+  seq_to_heads<A>(comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs);
+  seq_to_heads<A>(comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs);
+  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, 5, "K", reqs);
+  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, 6, "V", reqs);
+  wait_all(reqs);
+  e.synchronize();
+  GroupRing rc(comm, u);
+  run_backward(ring, rc, e, usp_head_problem(p, u), mask, usp_group_partition(qp, u), usp_group_partition(kp, u), h);
+  comm.set_context(Phase::Backward, ring.G + 1);
+  heads_to_seq<A>(comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
+  heads_to_seq<A>(comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs);
+  heads_to_seq<A>(comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs);
+  wait_all(reqs);
+}
+
+int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int u, int r,
+                  bool sent, ElemBytes w) {
+  check_usp(p, qp.G, u);
+  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u, t = w.t, a = w.a;
+  const int64_t nq = gq.rows[gq.me], nk = gk.rows[gk.me];
+  const int64_t oq = gq.total - nq, ok = gk.total - nk;  // the other members' rows
+  // (7.27): the all-to-all in sends (u-1) x my rows of the other members' heads and receives the
+  // others' rows of mine; the one back is its mirror; between them the ring across groups on
+  // H/u heads and the group shards, (7.1)-(7.6).
+  int64_t in_q, in_kv, out_q, out_kv;  // bytes per row and head
+  if (phase == Phase::Forward) {
+    in_q = d * t;  in_kv = 2 * d * t;  out_q = d * t + a;  out_kv = 0;       // Q; K, V | O, LSE
+  } else {
+    in_q = 2 * d * t + 2 * a;  in_kv = 2 * d * t;  out_q = d * a;  out_kv = 2 * d * a;  // Q, dO, LSE, D; K, V | dQ; dK, dV
+  }
+  const int64_t in = sent ? (u - 1) * (nq * Hu * in_q + nk * Hkvu * in_kv) : oq * Hu * in_q + ok * Hkvu * in_kv;
+  const int64_t out = sent ? oq * Hu * out_q + ok * Hkvu * out_kv : (u - 1) * (nq * Hu * out_q + nk * Hkvu * out_kv);
+  const int64_t ring = closed_form_bytes(base, phase, usp_head_problem(p, u), usp_group_partition(qp, u),
+                                         usp_group_partition(kp, u), r / u, sent, w);
+  return B * (in + out) + ring;
+}
+
+#define BURSTLAB_USP_INST(T)                                                                                  \
+  template void usp_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int,            \
+                               const Schedule&, const Partition&, const Partition&, Shard<T>&);                \
+  template void usp_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int,           \
+                                const Schedule&, const Partition&, const Partition&, Shard<T>&);
+BURSTLAB_USP_INST(float)
+BURSTLAB_USP_INST(double)
+BURSTLAB_USP_INST(bf16_t)
+BURSTLAB_USP_INST(f16_t)
+#undef BURSTLAB_USP_INST
+
+}  // namespace burstlab::dist
