@@ -296,55 +296,45 @@ RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> eng
   };
 }
 
-// A session of options o with the engine of `mk` for the case's dtype.
-template <class Session, class Options>
-RunFn dist_prepare_any(const CaseData& cd, const Options& o, const EngineMakers& mk, const ImplOptions& io) {
+// A Session of options o with the engine of `mk` for the case's dtype.
+RunFn dist_prepare_any(const CaseData& cd, const dist::AlgoOptions& o, const EngineMakers& mk, const ImplOptions& io) {
   switch (cd.meta.dtype) {
-    case Dtype::F64: return dist_prepare<double, typename Session::template With<double>>(cd, o, mk.f64(io), mk);
-    case Dtype::F32: return dist_prepare<float, typename Session::template With<float>>(cd, o, mk.f32(io), mk);
-    case Dtype::BF16: return dist_prepare<bf16_t, typename Session::template With<bf16_t>>(cd, o, mk.bf16(io), mk);
+    case Dtype::F64: return dist_prepare<double, dist::Session<double>>(cd, o, mk.f64(io), mk);
+    case Dtype::F32: return dist_prepare<float, dist::Session<float>>(cd, o, mk.f32(io), mk);
+    case Dtype::BF16: return dist_prepare<bf16_t, dist::Session<bf16_t>>(cd, o, mk.bf16(io), mk);
     case Dtype::F16: break;
   }
-  return dist_prepare<f16_t, typename Session::template With<f16_t>>(cd, o, mk.f16(io), mk);
+  return dist_prepare<f16_t, dist::Session<f16_t>>(cd, o, mk.f16(io), mk);
 }
-struct RingSessions {
-  template <class T> using With = dist::SimSession<T>;
-};
-struct ExtSessions {
-  template <class T> using With = dist::ExtSession<T>;
-};
 
-// Every algorithm distributed/ knows, in the order of spec §7, on the engine of each implementation
-// that conform treats as a layer (cpu, and cuda when built).
+// Every algorithm of the table (distributed/algorithm.hpp), on the engine of each implementation
+// that conform treats as a layer (cpu, and cuda when built). attention2d runs on the cyclic
+// partition it needs, distflash on the contiguous one, usp with groups of 2 (when 2 divides G).
 std::vector<Column> dist_columns(int world, const std::string& partition) {
   std::vector<Column> out;
   for (const Impl& m : registry()) {
     if (!m.engines.any() || (m.name != "cpu" && m.name != "cuda")) continue;
     const EngineMakers mk = m.engines;
-    for (const char* name : {"ring", "burst", "double-ring", "distflash", "attention2d", "ulysses", "allgather"}) {
+    for (const dist::Algorithm& a : dist::algorithms()) {
+      const std::string name = a.name;
+      dist::AlgoOptions o;
+      o.algo = name;
+      o.partition = dist::parse_partition(partition);
+      o.world = world;
+      o.backward = true;
       Column col;
-      col.name = std::string(name) + "/" + m.name + " G=" + std::to_string(world);
-      col.dtypes = mk.dtypes();
-      if (dist::is_ext_algo(name)) {
-        dist::ExtOptions o;
-        o.algo = dist::parse_ext_algo(name);
-        o.partition = dist::parse_partition(partition);
-        if (o.algo == dist::ExtAlgo::Attention2D) {  // its grid gathers cyclic token sets (§7.11)
-          o.partition = dist::PartitionKind::Striped;
-          o.grid = dist::default_grid(world);
-          col.name += " striped";
-        }
-        o.world = world;
-        o.backward = true;
-        col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any<ExtSessions>(cd, o, mk, ImplOptions{}); };
-      } else {
-        dist::DistOptions o;
-        o.algo = dist::parse_algo(name);
-        o.partition = dist::parse_partition(partition);
-        o.world = world;
-        o.backward = true;
-        col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any<RingSessions>(cd, o, mk, ImplOptions{}); };
+      col.name = name + "/" + m.name + " G=" + std::to_string(world);
+      if (name == "attention2d" || name == "attention2d-o") {
+        o.partition = dist::PartitionKind::Striped;
+        col.name += " striped";
       }
+      if (name == "usp") {
+        if (world % 2 != 0) continue;
+        o.ulysses_degree = 2;
+        col.name += " u=2";
+      }
+      col.dtypes = mk.dtypes();
+      col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any(cd, o, mk, ImplOptions{}); };
       out.push_back(col);
     }
   }

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "algos.hpp"
+#include "algorithm.hpp"
 #include "cuda_engine.hpp"
 #include "harness.hpp"
 #include "sim_run.hpp"
@@ -49,7 +49,7 @@ Tensor3<double> widen(const Tensor3<U>& x) {
 }
 
 struct Case {
-  std::string algo;  // ring, burst, double-ring, ulysses, allgather, attention2d, attention2d-o, distflash
+  std::string algo;  // a name of dist::algorithms()
   int world;
   dist::PartitionKind partition;
   std::string mask;
@@ -75,25 +75,14 @@ void run_case(const Case& c, Dtype dtype, uint64_t seed) {
   sim.timeout_s = 120;
   sim.memory.copy = cuda::transport_copy;
   sim.memory.poison = cuda::transport_poison;
-  dist::DistResult<T> res;
-  const bool ring = c.algo == "ring" || c.algo == "burst";
-  dist::ExtOptions eo;
-  if (ring) {
-    dist::DistOptions o;
-    o.algo = dist::parse_algo(c.algo);
-    o.partition = c.partition;
-    o.world = c.world;
-    o.sim = sim;
-    res = dist::run_sim<T>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
-  } else {
-    eo.algo = dist::parse_ext_algo(c.algo == "attention2d-o" ? "attention2d" : c.algo);
-    eo.overlap = c.algo == "attention2d-o";
-    eo.partition = c.partition;
-    eo.world = c.world;
-    eo.gpus_per_node = c.algo == "double-ring" ? 2 : 0;
-    eo.sim = sim;
-    res = dist::run_sim_ext<T>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), eo, *engine);
-  }
+  dist::AlgoOptions o;
+  o.algo = c.algo;
+  o.partition = c.partition;
+  o.world = c.world;
+  o.gpus_per_node = c.algo == "double-ring" || c.algo == "usp" ? 2 : 0;
+  o.sim = sim;
+  const dist::DistResult<T> res = dist::run_session<T>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
+  const dist::Plan plan = dist::make_plan(p, o);
   // The oracle on the whole problem against the gathered outputs (§9).
   const Tensor4<double> O = widen(dist::gather(res.O, res.qp));
   const Tensor3<double> L = widen(dist::gather(res.LSE, res.qp));
@@ -110,8 +99,7 @@ void run_case(const Case& c, Dtype dtype, uint64_t seed) {
     for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward})
       for (bool sent : {true, false}) {
         const dist::ByteTotals got = dist::totals(res.logs[r], ph);
-        const int64_t want_b = ring ? dist::closed_form_bytes(dist::parse_algo(c.algo), ph, p, res.qp, res.kp, r, sent, w)
-                                    : dist::ext_closed_form_bytes(eo, ph, p, res.qp, res.kp, r, sent, w);
+        const int64_t want_b = dist::plan_bytes(plan, ph, r, sent, w);
         EXPECT_EQ(sent ? got.sent : got.recv, want_b) << "rank " << r << " " << dist::to_string(ph) << (sent ? " sent" : " received");
       }
 }
@@ -132,6 +120,8 @@ const std::vector<Case>& cases() {
       {"attention2d-o", 6, PK::Striped, "document:3", 2, 2, 97, 120, 128},
       {"distflash", 3, PK::Contiguous, "causal", 4, 2, 150, 150, 64},
       {"distflash", 8, PK::Contiguous, "causal", 2, 1, 256, 256, 64},
+      {"usp", 4, PK::Zigzag, "causal", 4, 2, 160, 160, 64},
+      {"usp", 6, PK::Striped, "window:33,0+document:2", 6, 2, 190, 170, 128},
   };
   return cs;
 }
@@ -150,7 +140,7 @@ TEST_P(CudaEngineSchedules, Fp16MatchesOracleAndClosedForms) {
   REQUIRE_GPU();
   run_case<f16_t>(cases()[GetParam()], Dtype::F16, 37 + GetParam());
 }
-INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 13));
+INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 15));
 
 // A failed rank errors every rank (no hang) on the device transport too.
 TEST(CudaEngine, FailedRankErrorsEveryRank) {
