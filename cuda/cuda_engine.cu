@@ -50,25 +50,111 @@ __global__ void add_kernel<double>(double* acc, const double* in, int64_t n) {
 }
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
 
-// A stream per calling thread, created on first use, destroyed with the owner.
+// A stream per calling thread, from a pool: a thread leases one on first use and gives it back
+// when it exits (SimComm starts fresh rank threads every pass, so a stream per thread id would
+// create streams without bound). The streams are destroyed with the pool.
 class Streams {
- public:
-  ~Streams() {
-    for (auto& s : streams_) cudaStreamDestroy(s.second);
-  }
-  cudaStream_t get() {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = streams_.find(std::this_thread::get_id());
-    if (it != streams_.end()) return it->second;
+  struct Pool {
+    std::mutex mu;
+    std::vector<cudaStream_t> free, all;
+    ~Pool() {
+      for (cudaStream_t s : all) cudaStreamDestroy(s);
+    }
+  };
+  struct Lease {
+    std::weak_ptr<Pool> pool;
     cudaStream_t s = nullptr;
-    BURSTLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    streams_[std::this_thread::get_id()] = s;
+    ~Lease() {
+      if (auto p = pool.lock()) {
+        std::lock_guard<std::mutex> lk(p->mu);
+        p->free.push_back(s);
+      }
+    }
+  };
+
+ public:
+  cudaStream_t get() {
+    thread_local std::map<const Pool*, Lease> leases;  // this thread's stream of each engine
+    auto it = leases.find(pool_.get());
+    if (it != leases.end() && it->second.pool.lock() == pool_) return it->second.s;
+    if (it != leases.end()) leases.erase(it);  // a dead pool's lease at a reused address
+    Lease l;
+    l.pool = pool_;
+    {
+      std::lock_guard<std::mutex> lk(pool_->mu);
+      if (!pool_->free.empty()) {
+        l.s = pool_->free.back();
+        pool_->free.pop_back();
+      }
+    }
+    if (!l.s) {
+      BURSTLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&l.s, cudaStreamNonBlocking));
+      std::lock_guard<std::mutex> lk(pool_->mu);
+      pool_->all.push_back(l.s);
+    }
+    const cudaStream_t s = l.s;
+    leases.emplace(pool_.get(), std::move(l));
     return s;
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::thread::id, cudaStream_t> streams_;
+  std::shared_ptr<Pool> pool_ = std::make_shared<Pool>();
+};
+
+// Device memory with a cache of freed blocks by size (cudaFree synchronizes the whole device,
+// which would serialize the ranks' streams at every pass). A block goes back to the cache with
+// an event recorded on the releasing thread's stream; it is handed out again only after that
+// event completed (work still queued on the block has finished).
+class BlockCache {
+  struct Block {
+    void* p;
+    cudaEvent_t done;
+  };
+  struct State {
+    std::mutex mu;
+    std::multimap<size_t, Block> free;
+    ~State() {
+      for (auto& f : free) {
+        cudaEventDestroy(f.second.done);
+        cudaFree(f.second.p);
+      }
+    }
+  };
+
+ public:
+  std::shared_ptr<void> get(size_t bytes, std::shared_ptr<Streams> streams) {
+    bytes = (bytes + 255) / 256 * 256;
+    void* p = nullptr;
+    {
+      std::unique_lock<std::mutex> lk(st_->mu);
+      auto it = st_->free.find(bytes);
+      if (it != st_->free.end()) {
+        Block b = it->second;
+        st_->free.erase(it);
+        lk.unlock();
+        BURSTLAB_CUDA_CHECK(cudaEventSynchronize(b.done));
+        BURSTLAB_CUDA_CHECK(cudaEventDestroy(b.done));
+        p = b.p;
+      }
+    }
+    if (!p) BURSTLAB_CUDA_CHECK(cudaMalloc(&p, bytes));
+    std::shared_ptr<State> st = st_;
+    return std::shared_ptr<void>(p, [st, bytes, streams](void* q) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(e, streams->get()) != cudaSuccess) {
+        if (e) cudaEventDestroy(e);
+        cudaDeviceSynchronize();  // no event: wait for everything before reusing the block
+        cudaFree(q);
+        return;
+      }
+      std::lock_guard<std::mutex> lk(st->mu);
+      st->free.emplace(bytes, Block{q, e});
+    });
+  }
+
+ private:
+  std::shared_ptr<State> st_ = std::make_shared<State>();
 };
 
 // Positions whose index lives on the host (partitions, gathered rows): a stream-ordered device
@@ -107,26 +193,24 @@ class CudaEngine final : public Engine<T> {
   std::string name() const override { return "cuda"; }
 
   std::shared_ptr<void> allocate(int64_t bytes) override {
-    void* p = nullptr;
-    BURSTLAB_CUDA_CHECK(cudaMalloc(&p, size_t(std::max<int64_t>(bytes, 1))));
-    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    return blocks_.get(size_t(std::max<int64_t>(bytes, 1)), streams_);
   }
   void upload(void* dst, const void* host, int64_t bytes) override {
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, s));
     BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   void download(void* host, const void* src, int64_t bytes) override {
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), cudaMemcpyDeviceToHost, s));
     BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
-    if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_.get()));
+    if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_->get()));
   }
   void fill(void* dst, int64_t n, Dtype t, double v) override {
     if (n <= 0) return;
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     switch (t) {
       case Dtype::F64: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(dst), n, v); break;
       case Dtype::F32: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(dst), n, float(v)); break;
@@ -137,7 +221,7 @@ class CudaEngine final : public Engine<T> {
   }
   void add(void* acc, const void* in, int64_t n, Dtype t) override {
     if (n <= 0) return;
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     switch (t) {
       case Dtype::F64: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(acc), static_cast<const double*>(in), n); break;
       case Dtype::F32: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(acc), static_cast<const float*>(in), n); break;
@@ -146,7 +230,7 @@ class CudaEngine final : public Engine<T> {
     }
     BURSTLAB_CUDA_LAUNCH_CHECK("add_kernel");
   }
-  void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_.get())); }
+  void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_->get())); }
 
   PreparedMask prepare(const MaskData& mask) override {
     auto dm = std::make_shared<DeviceMask>(mask);  // uploaded once; every block reuses it
@@ -158,7 +242,7 @@ class CudaEngine final : public Engine<T> {
 
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     const DevicePositions dq(q, s), dk(k, s);
     Options opt;
     opt.variant = fwd_;
@@ -168,18 +252,18 @@ class CudaEngine final : public Engine<T> {
   }
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
     Options opt;
-    opt.stream = streams_.get();
+    opt.stream = streams_->get();
     cuda::merge<D>(as_dev<D>(O), LSE, as_dev<const D>(O_part), LSE_part, opt);
   }
   void compute_D(View4<const T> O, View4<const T> dO, View3<A> Dv) override {
     Options opt;
-    opt.stream = streams_.get();
+    opt.stream = streams_->get();
     cuda::compute_D<D>(as_dev<const D>(O), as_dev<const D>(dO), Dv, opt);
   }
   void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> Dv,
                       View4<A> dQ, View4<A> dK, View4<A> dV) override {
-    const cudaStream_t s = streams_.get();
+    const cudaStream_t s = streams_->get();
     const DevicePositions dq(q, s), dk(k, s);
     Options opt;
     opt.stream = s;
@@ -189,7 +273,8 @@ class CudaEngine final : public Engine<T> {
 
  private:
   Variant fwd_;
-  Streams streams_;
+  std::shared_ptr<Streams> streams_ = std::make_shared<Streams>();  // shared with released blocks
+  BlockCache blocks_;
 };
 
 Streams& transport_streams() {

@@ -111,10 +111,12 @@ struct Ctx {
     exchange(x.K.data, n_home, holder_after_transpose(g, r), Kt, n_t, shard_t, 1, "K", reqs);
     exchange(x.V.data, n_home, holder_after_transpose(g, r), Vt, n_t, shard_t, 2, "V", reqs);
     wait_all(reqs);
+    e.synchronize();  // a shard kept in place was an engine copy; the gathers send it next
   }
   // The inverse, for the gradients: dKt, dVt (B, H_kv, nt, d) back to the column-major cyclic
   // owner, x.dK, x.dV (B, H_kv, n_k, d) from the rank holding the row-major shard r.
   void transpose_back(const Grid& g, const Partition& kp, const A* dKt, const A* dVt, Shard<T>& x) {
+    e.synchronize();  // the column sums into dKt, dVt are finished before they travel
     const int r = c.rank(), shard_t = g.row_major(r);
     const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
     std::vector<RequestPtr> reqs;
@@ -131,6 +133,7 @@ struct Ctx {
         copy(e, Kc + at(b, h, col.off[col.me], Hkv, NC, d), Kt + at(b, h, 0, Hkv, nt, d), nt * d);
         copy(e, Vc + at(b, h, col.off[col.me], Hkv, NC, d), Vt + at(b, h, 0, Hkv, nt, d), nt * d);
       }
+    e.synchronize();  // the column ring sends this block first
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>

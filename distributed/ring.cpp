@@ -70,6 +70,7 @@ class RingRun {
       D_ = alloc<A>(e_, q_elems(n, true));
       e_.compute_D(bhsd<const T>(x_.O.data, B, Hq, n, d), bhsd<const T>(x_.dO.data, B, Hq, n, d),
                    view3(D_.data, B, Hq, n));  // eq. (5.1), once, at home
+      e_.synchronize();  // D travels from step 0 (burst): done before the transport reads it
     }
     home_ = {{"Q", x_.Q.data},   {"K", x_.K.data},   {"V", x_.V.data},   {"dO", x_.dO.data},
              {"LSE", x_.LSE.data}, {"D", D_.data},   {"dQ", x_.dQ.data}, {"dK", x_.dK.data},

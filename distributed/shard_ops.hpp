@@ -45,13 +45,15 @@ void prepare_backward(Engine<T>& e, const Problem& p, const Partition& qp, const
   ensure(e, x.dV, p.B * p.H_kv * x.n_k * p.d);
 }
 
-// eq. (5.1) at home: D = rowsum(dO o O), (B, H_q, n_q); D travels instead of O.
+// eq. (5.1) at home: D = rowsum(dO o O), (B, H_q, n_q); D travels instead of O, so the engine
+// has finished it on return (the transport may read it next).
 template <class T>
 Buffer<acc_t<T>> home_D(Engine<T>& e, const Problem& p, const Shard<T>& x) {
   const int64_t B = p.B, Hq = p.H_q, n = x.n_q, d = p.d;
   Buffer<acc_t<T>> D = alloc<acc_t<T>>(e, B * Hq * n);
   e.compute_D(as_const(bhsd<T>(x.O.data, B, Hq, n, d)), as_const(bhsd<T>(x.dO.data, B, Hq, n, d)),
               view3<acc_t<T>>(D.data, B, Hq, n));
+  e.synchronize();
   return D;
 }
 

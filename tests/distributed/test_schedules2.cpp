@@ -5,6 +5,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "algos.hpp"
 #include "baselines.hpp"
@@ -343,4 +347,101 @@ TEST(Schedules, EveryTransferIsPostedInABatch) {
                     : a == ExtAlgo::DistFlash ? PartitionKind::Contiguous : PartitionKind::Zigzag;
       check_logs(run_ext(c, o, *engine), to_string(a) + (overlap ? " overlapped" : ""));
     }
+}
+
+namespace {
+// An engine that runs nothing until synchronize(): every copy, fill, add and compute call of a
+// thread is queued and runs when that thread synchronizes (or uploads, downloads), the way a GPU
+// stream runs asynchronously. A schedule that hands the transport a buffer its engine has not finished
+// sends stale data, and the oracle check fails — on a CPU, deterministically.
+template <class T>
+class DeferredEngine final : public Engine<T> {
+  using A = acc_t<T>;
+
+ public:
+  explicit DeferredEngine(Engine<T>& in) : in_(in) {}
+  std::string name() const override { return "deferred(" + in_.name() + ")"; }
+  // Frees are stream-ordered too: a released buffer lives until the releasing thread's queued
+  // work has run (the CUDA engine's cached blocks wait for an event the same way).
+  std::shared_ptr<void> allocate(int64_t bytes) override {
+    std::shared_ptr<void> inner = in_.allocate(bytes);
+    void* p = inner.get();
+    return std::shared_ptr<void>(p, [this, inner](void*) mutable { later([inner] {}); });
+  }
+  void upload(void* d, const void* h, int64_t n) override {
+    synchronize();
+    in_.upload(d, h, n);
+  }
+  void download(void* h, const void* s, int64_t n) override {
+    synchronize();
+    in_.download(h, s, n);
+  }
+  void copy(void* d, const void* s, int64_t n) override { later([=] { in_.copy(d, s, n); }); }
+  void fill(void* d, int64_t n, Dtype t, double v) override { later([=] { in_.fill(d, n, t, v); }); }
+  void add(void* a, const void* b, int64_t n, Dtype t) override { later([=] { in_.add(a, b, n, t); }); }
+  void synchronize() override {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      run.swap(queue_[std::this_thread::get_id()]);
+    }
+    for (auto& f : run) f();
+  }
+  PreparedMask prepare(const MaskData& m) override { return in_.prepare(m); }
+  void forward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O, View3<A> L, bool acc) override {
+    // Positions may point at host indices that live only for the call: copy them.
+    auto qi = keep(q), ki = keep(k);
+    later([=] { in_.forward_block(p, m, pos(q, qi), pos(k, ki), Q, K, V, O, L, acc); });
+  }
+  void merge(View4<T> O, View3<A> L, View4<const T> Op, View3<const A> Lp) override {
+    later([=] { in_.merge(O, L, Op, Lp); });
+  }
+  void compute_D(View4<const T> O, View4<const T> dO, View3<A> D) override { later([=] { in_.compute_D(O, dO, D); }); }
+  void backward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                      View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> L, View3<const A> D,
+                      View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    auto qi = keep(q), ki = keep(k);
+    later([=] { in_.backward_block(p, m, pos(q, qi), pos(k, ki), Q, K, V, dO, L, D, dQ, dK, dV); });
+  }
+
+ private:
+  static std::shared_ptr<std::vector<int64_t>> keep(Positions p) {
+    return p.index ? std::make_shared<std::vector<int64_t>>(p.index, p.index + p.n) : nullptr;
+  }
+  static Positions pos(Positions p, const std::shared_ptr<std::vector<int64_t>>& idx) {
+    if (idx) p.index = idx->data();
+    return p;
+  }
+  void later(std::function<void()> f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_[std::this_thread::get_id()].push_back(std::move(f));
+  }
+  Engine<T>& in_;
+  std::mutex mu_;
+  std::map<std::thread::id, std::vector<std::function<void()>>> queue_;
+};
+}  // namespace
+
+// Every algorithm of the table with engine work that runs only at synchronize(): each schedule
+// synchronizes its engine before the transport reads what the engine wrote (a GPU's streams
+// require it; the CPU engine alone would never show a missing synchronize).
+TEST(Schedules, EngineWorkIsFinishedBeforeTheTransportReadsIt) {
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{8, 8});
+  DeferredEngine<double> engine(*cpu);
+  const Case c = make_case(1, 4, 4, 48, 40, 4, "causal", kSeed);
+  for (const Algorithm& a : algorithms()) {
+    AlgoOptions o;
+    o.algo = a.name;
+    o.world = 4;
+    o.gpus_per_node = 2;
+    o.partition = o.algo.rfind("attention2d", 0) == 0 ? PartitionKind::Striped
+                  : o.algo == "distflash"             ? PartitionKind::Contiguous
+                                                      : PartitionKind::Zigzag;
+    o.sim.poison = true;
+    const DistResult<double> res =
+        run_session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, engine);
+    for (int r = 0; r < 4; ++r)
+      ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), std::string(a.name) + " rank " + std::to_string(r)));
+  }
 }
