@@ -55,11 +55,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {  // a callback's failed check (schedule, simulate): exit 1
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     // Name the subcommand whose help applies (the parse may have stopped inside it).
     std::string where;
-    for (const Command& c : commands)
-      if (c.app->parsed() || (argc > 1 && c.app->get_name() == argv[1])) where = " " + c.app->get_name();
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      if (sub->parsed() || (argc > 1 && sub->get_name() == argv[1])) where = " " + sub->get_name();
     return bad_input(where, e.what());
   }
   for (const Command& c : commands) {
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
       return bad_input(" " + c.app->get_name(), e.what());
     }
   }
-  // A subcommand added by an extension runs from its own callback during parse().
+  // schedule and simulate (distributed.cpp) ran from their callbacks during parse(); a failed check
+  // there threw CLI::RuntimeError, and bad input CLI::ValidationError (exit 2 above).
   return kExitPass;
 }
