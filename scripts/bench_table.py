@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Combines the benchmark CSV (burstlab-cuda-bench + scripts/bench_sdpa.py) into one table:
 per (N, d, causal): our forward / backward TFLOP/s beside SDPA FLASH and CUDNN, the ratios
-the goals of issue 3 use, and our forward as a fraction of the bf16 GEMM rate of the same run.
+the goals in docs/performance-gpu.md use, and our forward as a fraction of the bf16 GEMM rate of the same run.
 Rows labelled "ours_X" (a variant by name, or a mode, timed in the same run) add columns "fwd X", "bwd X".
 Usage: bench_table.py bench.csv [--markdown]"""
 import csv

@@ -1,4 +1,4 @@
-// tools/cmd_case.hpp — `burstlab gen`, `oracle`, `check`, `conform` (cmd_case.cpp, issue 6).
+// tools/cmd_case.hpp — `burstlab gen`, `oracle`, `check`, `conform` (cmd_case.cpp, docs/conformance.md).
 #pragma once
 
 #include <vector>

@@ -6,13 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "burstlab/error.hpp"
-#include "cpu_engine.hpp"
 #include "common.hpp"
 #include "cpu_engine.hpp"
 #include "double_ring.hpp"
@@ -218,7 +218,12 @@ int run_simulate(const SimFlags& f) {
   t1.columns = {{"method", "method", true}, {"table1_ms", "Table 1(ms)"}, {"replay_ms", "replay(ms)"},
                 {"match", "match", true}};
   bool all_match = true;
+  // BURSTLAB_TEST_BROKEN_TABLE1=1 moves every closed form by one part in 1e6: tests/tools uses it
+  // to show that a mismatch prints NO and FAIL and exits 1.
+  const char* broken_env = std::getenv("BURSTLAB_TEST_BROKEN_TABLE1");
+  const bool broken = broken_env && std::string(broken_env) == "1";
   auto row = [&](const char* name, double closed, double replayed) {
+    if (broken) closed *= 1 + 1e-6;
     const bool ok = std::abs(closed - replayed) <= 1e-12 * std::max(std::abs(closed), std::abs(replayed));
     all_match = all_match && ok;
     t1.add({text(name), number(closed * 1e3, "%.4f"), number(replayed * 1e3, "%.4f"), text(ok ? "yes" : "NO")});
@@ -255,7 +260,7 @@ int run_simulate(const SimFlags& f) {
       j["measured_flops_per_s"] = {{"forward", c.flops_per_s}, {"backward", c.flops_per_s_backward}};
     if (one_p) j["table1"] = t1.json();
     std::printf("%s\n", j.dump(2).c_str());
-    return all_match ? 0 : 1;
+    return all_match ? kExitPass : kExitFail;
   }
   std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, inter %.1f GB/s + %.1f us, "
               "%.4g TFLOP/s per GPU%s\n  %s, mask %s, partition %s, %d-byte elements\n\n",
@@ -284,7 +289,7 @@ int run_simulate(const SimFlags& f) {
     std::printf("\n(Table 1 not compared: it needs H_q = H_kv and seq %% G == 0 (one message size P) and at least\n"
                 " 2 nodes (its N_inter = M inter-node hops; one node has none))\n");
   }
-  return all_match ? 0 : 1;
+  return all_match ? kExitPass : kExitFail;
 }
 
 }  // namespace
@@ -326,7 +331,7 @@ void add_simulate_command(CLI::App& app) {
   sub->callback([f] {
     try {
       const int rc = run_simulate(*f);
-      if (rc) throw CLI::RuntimeError(rc);
+      if (rc != kExitPass) throw CLI::RuntimeError(rc);  // main() exits with rc (1: Table 1 mismatch)
     } catch (const Error& e) {
       throw CLI::ValidationError(e.what());  // main() prints it and exits 2
     }

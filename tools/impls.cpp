@@ -169,7 +169,7 @@ Impl broken_impl() {
 }
 
 #ifdef BURSTLAB_HAVE_CUDA
-// ---- cuda/: LAO kernels on the GPU (helper H5). Inputs and outputs live on the device; the
+// ---- cuda/: LAO kernels on the GPU. Inputs and outputs live on the device; the
 // runner times each pass with a device synchronize around it (host clock).
 template <class T> T cuda_from_double(double x) { return static_cast<T>(x); }
 template <> cuda::bf16 cuda_from_double<cuda::bf16>(double x) { return __float2bfloat16(static_cast<float>(x)); }

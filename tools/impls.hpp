@@ -80,13 +80,11 @@ void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptio
 
 std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
 
-// ---- extension hook for distributed/ (helper H4) -------------------------------------------
-// When tools/distributed.cpp exists, tools/CMakeLists.txt compiles it and defines
-// BURSTLAB_TOOLS_DISTRIBUTED; main() then calls
-//   void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks);
-// (declared there) which may add --algo, --world, --partition, --grid, --nodes, --gpus-per-node
-// to `run`, a `schedule` subcommand to `app`, and set hooks.wrap_impls: `run` passes its
-// selected implementations through it (e.g. "cpu" -> "ring/cpu P=4") before checking them.
+// ---- how distributed/ joins `run` -----------------------------------------------------------
+// main() calls add_distributed_cli(app, run, hooks) (tools/distributed.hpp), which adds --algo,
+// --world, --partition, --grid, --nodes, --gpus-per-node, ... to `run`, the `schedule` and
+// `simulate` subcommands to `app`, and sets these hooks. wrap_impls: `run` passes its selected
+// implementations through it (e.g. "cpu" -> "ring/cpu P=4") before checking them.
 struct RunHooks {
   std::function<std::vector<Impl>(const std::vector<const Impl*>&)> wrap_impls;
   // Called by `run` after its header line, before the result table: may add to the JSON header

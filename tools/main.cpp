@@ -1,4 +1,5 @@
-// tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench (one file each).
+// tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench (one file each),
+// schedule and simulate (distributed.cpp, cmd_simulate.cpp), gen, oracle, check, conform (cmd_case.cpp).
 // Exit codes: 0 every check passed; 1 a check failed; 2 bad input (one line on stderr naming
 // the field and value, plus where to read more).
 #include <cstdio>
@@ -6,13 +7,9 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "cmd_case.hpp"     // gen, oracle, check, conform
 #include "common.hpp"
-#ifdef BURSTLAB_TOOLS_CASE
-#include "cmd_case.hpp"  // gen, oracle, check, conform (helper H7)
-#endif
-#ifdef BURSTLAB_TOOLS_DISTRIBUTED
-#include "distributed.hpp"  // add_distributed_cli (helper H4)
-#endif
+#include "distributed.hpp"  // run --algo ..., schedule, simulate
 
 using namespace burstlab::tools;
 
@@ -34,12 +31,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "burstlab " BURSTLAB_VERSION);
   RunHooks hooks;
   std::vector<Command> commands = {add_run_command(app, hooks), add_suite_command(app), add_bench_command(app)};
-#ifdef BURSTLAB_TOOLS_DISTRIBUTED
   add_distributed_cli(app, *commands[0].app, hooks);
-#endif
-#ifdef BURSTLAB_TOOLS_CASE
   for (const Command& c : add_case_commands(app)) commands.push_back(c);
-#endif
   app.footer(
       "Examples:\n"
       "  burstlab suite                                 the conformance set (bash scripts/main)\n"
@@ -62,11 +55,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {  // a callback's failed check (schedule, simulate): exit 1
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     // Name the subcommand whose help applies (the parse may have stopped inside it).
     std::string where;
-    for (const Command& c : commands)
-      if (c.app->parsed() || (argc > 1 && c.app->get_name() == argv[1])) where = " " + c.app->get_name();
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      if (sub->parsed() || (argc > 1 && sub->get_name() == argv[1])) where = " " + sub->get_name();
     return bad_input(where, e.what());
   }
   for (const Command& c : commands) {
@@ -77,6 +72,7 @@ int main(int argc, char** argv) {
       return bad_input(" " + c.app->get_name(), e.what());
     }
   }
-  // A subcommand added by an extension runs from its own callback during parse().
+  // schedule and simulate (distributed.cpp) ran from their callbacks during parse(); a failed check
+  // there threw CLI::RuntimeError, and bad input CLI::ValidationError (exit 2 above).
   return kExitPass;
 }

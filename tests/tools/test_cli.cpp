@@ -102,6 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"bench --verify maybe", "verify (maybe)"},
                       BadCase{"bench --reps 0", "reps (0)"},
                       BadCase{"suite --impl foo", "impl (foo)"},
+                      BadCase{"simulate --elem-bytes 0", "elem-bytes (0) must be >= 1"},
+                      BadCase{"simulate --preset nosuch", "nosuch"},
                       BadCase{"nosuch", "nosuch"},
                       BadCase{"", "subcommand"}));
 
@@ -139,7 +141,7 @@ TEST(Run, JsonParses) {
 }
 
 TEST(Help, EveryCommandTeachesWithExamples) {
-  for (const char* args : {"--help", "run --help", "suite --help", "bench --help"}) {
+  for (const char* args : {"--help", "run --help", "suite --help", "bench --help", "schedule --help", "simulate --help"}) {
     const Output o = burstlab(args);
     EXPECT_EQ(o.rc, 0) << args;
     EXPECT_NE(o.out.find("Examples"), std::string::npos) << args << "\n" << o.out;
@@ -161,6 +163,35 @@ TEST(Broken, BenchRefusesToTimeIt) {
   EXPECT_EQ(o.rc, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAILED"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("eigen-sgemm"), std::string::npos) << "speed printed for a failing impl:\n" << o.out;
+}
+
+// ---------------------------------------------------------------- simulate: Table 1 vs the replay
+// Two nodes, H_q = H_kv, seq % G == 0: the closed forms of BurstEngine Table 1 are compared.
+constexpr const char* kSimulateTable1 = "simulate --preset a800-32 --nodes 2 --gpus-per-node 4 --seq 65536 --hq 8 --hkv 8";
+
+TEST(Simulate, Table1MatchesTheReplayExitsZero) {
+  const Output o = burstlab(kSimulateTable1);
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("BurstEngine Table 1"), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, " yes"), 3) << o.out;  // RingAttention, DoubleRing, BurstAttention
+  EXPECT_EQ(count(o.out, " NO"), 0) << o.out;
+}
+
+// A failed closed-form check is a failed check (exit 1), not bad input (exit 2): nothing on stderr.
+TEST(Simulate, Table1MismatchPrintsNoAndExitsOne) {
+  const Output o = burstlab(kSimulateTable1, "BURSTLAB_TEST_BROKEN_TABLE1=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  EXPECT_EQ(count(o.out, " NO"), 3) << o.out;
+  EXPECT_NE(o.out.find("FAIL: the replay differs from Table 1"), std::string::npos) << o.out;
+  EXPECT_EQ(o.err, "");
+}
+
+TEST(Simulate, Table1MismatchJsonExitsOne) {
+  const Output o = burstlab(std::string(kSimulateTable1) + " --json", "BURSTLAB_TEST_BROKEN_TABLE1=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  ASSERT_EQ(j.at("table1").size(), 3u) << o.out;
+  for (const auto& row : j.at("table1")) EXPECT_EQ(row.at("match"), "NO") << row.dump();
 }
 
 // ---------------------------------------------------------------- bench and suite
