@@ -2,6 +2,7 @@
 #include "cuda_engine.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -104,7 +105,8 @@ class Streams {
 // Device memory with a cache of freed blocks by size (cudaFree synchronizes the whole device,
 // which would serialize the ranks' streams at every pass). A block goes back to the cache with
 // an event recorded on the releasing thread's stream; it is handed out again only after that
-// event completed (work still queued on the block has finished).
+// event completed (work still queued on the block has finished). BURSTLAB_CUDA_CACHE=0 turns the
+// cache off (cudaMalloc / cudaFree per buffer), so that compute-sanitizer sees every free.
 class BlockCache {
   struct Block {
     void* p;
@@ -123,6 +125,11 @@ class BlockCache {
 
  public:
   std::shared_ptr<void> get(size_t bytes, std::shared_ptr<Streams> streams) {
+    if (!enabled_) {
+      void* p = nullptr;
+      BURSTLAB_CUDA_CHECK(cudaMalloc(&p, bytes));
+      return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    }
     bytes = (bytes + 255) / 256 * 256;
     void* p = nullptr;
     {
@@ -155,6 +162,10 @@ class BlockCache {
 
  private:
   std::shared_ptr<State> st_ = std::make_shared<State>();
+  bool enabled_ = [] {
+    const char* e = std::getenv("BURSTLAB_CUDA_CACHE");
+    return !(e && std::string(e) == "0");
+  }();
 };
 
 // Positions whose index lives on the host (partitions, gathered rows): a stream-ordered device
