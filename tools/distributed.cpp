@@ -183,6 +183,7 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
       dist::check_distflash(compile_mask(p), dist::make_partition(o.partition, p.N_q, o.world, "N_q"),
                             dist::make_partition(o.partition, p.N_k, o.world, "N_k"));
   };
+  m.footprint = distributed_footprint(f.algo, world_of(f));  // per-rank copies (resources.hpp)
   const std::string name = m.name;
   m.prepare = [st, name](const Problem& p, const Inputs& in, const ImplOptions& opt) {
     return in.dtype == Dtype::F64 ? dist_runner<double>(p, in, opt, st, name)
