@@ -158,6 +158,20 @@ TEST(Memory, TheLimitIsRealForSmallProblemsToo) {
   EXPECT_NE(o.err.find("BURSTLAB_MEMORY_AVAILABLE (lots) must be a number of bytes"), std::string::npos) << o.err;
 }
 
+TEST(Memory, AnAllocationThatFailsAnywayIsAClearErrorNotAnAbort) {
+  // The check told that 2^63 bytes are free: make_inputs asks for 2^51 bytes, which malloc refuses
+  // at once (more than any address space), and std::bad_alloc reaches main().
+  const Output o = burstlab("run --nq 1099511627776", "BURSTLAB_MEMORY_AVAILABLE=9223372036854775807");
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("burstlab run: error: out of memory (std::bad_alloc) while generating the inputs Q, K, V, "
+                       "dO in fp64 (estimated 4.5 PB)"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("use a smaller problem (--nq, --nk, --threads)"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("terminate"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out, "");
+}
+
 // ---------------------------------------------------------------- valid input
 TEST(Run, ReferenceAndCpuPassFp32) {
   const Output o = burstlab("run --impl reference,cpu --dtype fp32 --mask causal --hq 4 --hkv 2 --nq 113 --nk 203");
