@@ -75,7 +75,10 @@ Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t 
   p.B = B; p.H_q = H_q; p.H_kv = H_kv; p.N_q = N_q; p.N_k = N_k; p.d = d;
   if (scale) p.scale = *scale;
   validate(p);  // the shape first: make_mask needs sane lengths
-  p.mask = make_mask(mask_spec, N_q, N_k, seed);
+  {
+    Allocating step("generating the mask '" + mask_spec + "' (segment ids: 4 bytes per query and key)", 0);
+    p.mask = make_mask(mask_spec, N_q, N_k, seed);
+  }
   validate(p);
   return p;
 }

@@ -170,6 +170,12 @@ TEST(Memory, AnAllocationThatFailsAnywayIsAClearErrorNotAnAbort) {
   EXPECT_NE(o.err.find("use a smaller problem (--nq, --nk, --threads)"), std::string::npos) << o.err;
   EXPECT_EQ(o.err.find("terminate"), std::string::npos) << o.err;
   EXPECT_EQ(o.out, "");
+  // The mask is made before anything can be estimated: 2^46 segment ids of 4 bytes are more than
+  // any address space, so this too fails at once, whatever the overcommit setting.
+  const Output m = burstlab("run --nq 70368744177664 --nk 1 -d 1 --hq 1 --hkv 1 --mask document");
+  EXPECT_EQ(m.rc, 2) << m.err;
+  EXPECT_NE(m.err.find("out of memory (std::bad_alloc) while generating the mask 'document'"), std::string::npos)
+      << m.err;
 }
 
 // ---------------------------------------------------------------- valid input
