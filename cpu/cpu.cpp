@@ -19,9 +19,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "burstlab/parallel.hpp"
 
 namespace burstlab::cpu {
 
@@ -327,11 +329,17 @@ void forward_impl(const Problem& p, const MaskParams& mask, Positions qp, Positi
   const Plan plan(mask, qp, kp, Br, Bc);
   const int64_t n_tasks = p.B * p.H_q * plan.n_qt;
 
+  // An exception (Scratch's allocation: std::bad_alloc) may not leave the region: it is kept
+  // and rethrown after it (burstlab/parallel.hpp). A thread whose Scratch failed runs no task.
+  FirstError err;
 #pragma omp parallel
   {
-    Scratch<T> w(Br, Bc, d);
+    std::optional<Scratch<T>> ws;
+    err.run([&] { ws.emplace(Br, Bc, d); });
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < n_tasks; ++task) {
+    for (int64_t task = 0; task < n_tasks; ++task) err.run([&] {
+      if (!ws) return;
+      Scratch<T>& w = *ws;
       const int64_t qt = task % plan.n_qt, bh = task / plan.n_qt;
       const int64_t h = bh % p.H_q, b = bh / p.H_q, hk = kv_head(h, G);
       const int64_t i0 = qt * Br, rows = std::min(Br, nq - i0);
@@ -382,8 +390,9 @@ void forward_impl(const Problem& p, const MaskParams& mask, Positions qp, Positi
           LSE(b, h, i0 + r) = m[r] + std::log(l[r]);
         }
       }
-    }
+    });
   }
+  err.rethrow();
 }
 
 // P (eq. 5.2) recomputed from the global LSE into S (rows x cols) in place; masked entries are
@@ -429,11 +438,15 @@ void backward_impl(const Problem& p, const MaskParams& mask, Positions qp, Posit
   // Pass 1 (§5.3): each (b, kv-head, key tile) owns its rows of dK, dV (eq. 5.3, 5.7), summing
   // over the group's q-heads and every query tile in a fixed order.
   const int64_t n_tasks1 = p.B * p.H_kv * plan.n_kt;
+  FirstError err;  // as in forward_impl: kept, rethrown after each region
 #pragma omp parallel
   {
-    Scratch<T> w(Br, Bc, d);
+    std::optional<Scratch<T>> ws;
+    err.run([&] { ws.emplace(Br, Bc, d); });
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < n_tasks1; ++task) {
+    for (int64_t task = 0; task < n_tasks1; ++task) err.run([&] {
+      if (!ws) return;
+      Scratch<T>& w = *ws;
       const int64_t kt = task % plan.n_kt, bh = task / plan.n_kt;
       const int64_t hk = bh % p.H_kv, b = bh / p.H_kv;
       const int64_t j0 = kt * Bc, cols = std::min(Bc, nk - j0);
@@ -467,7 +480,7 @@ void backward_impl(const Problem& p, const MaskParams& mask, Positions qp, Posit
           dKacc.noalias() += dP.transpose() * Qs;            // eq. (5.7), scale in Qs
         }
       }
-      if (!any) continue;
+      if (!any) return;
       for (int64_t r = 0; r < cols; ++r) {
         T* dk = dK.row(b, hk, j0 + r);
         T* dv = dV.row(b, hk, j0 + r);
@@ -477,16 +490,20 @@ void backward_impl(const Problem& p, const MaskParams& mask, Positions qp, Posit
           dv[k * sv] += dVacc(r, k);
         }
       }
-    }
+    });
   }
+  err.rethrow();
 
   // Pass 2: each (b, h, query tile) owns its rows of dQ (eq. 5.6).
   const int64_t n_tasks2 = p.B * p.H_q * plan.n_qt;
 #pragma omp parallel
   {
-    Scratch<T> w(Br, Bc, d);
+    std::optional<Scratch<T>> ws;
+    err.run([&] { ws.emplace(Br, Bc, d); });
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < n_tasks2; ++task) {
+    for (int64_t task = 0; task < n_tasks2; ++task) err.run([&] {
+      if (!ws) return;
+      Scratch<T>& w = *ws;
       const int64_t qt = task % plan.n_qt, bh = task / plan.n_qt;
       const int64_t h = bh % p.H_q, b = bh / p.H_q, hk = kv_head(h, G);
       const int64_t i0 = qt * Br, rows = std::min(Br, nq - i0);
@@ -515,14 +532,15 @@ void backward_impl(const Problem& p, const MaskParams& mask, Positions qp, Posit
         make_dS(w.s.data(), w.dp.data(), w.Dr.data(), rows, cols);
         dQacc.noalias() += dP * Kt;  // eq. (5.6) without the scale
       }
-      if (!any) continue;
+      if (!any) return;
       for (int64_t r = 0; r < rows; ++r) {
         T* dq = dQ.row(b, h, i0 + r);
         const int64_t s = dQ.stride[3];
         for (int64_t k = 0; k < d; ++k) dq[k * s] += scale * dQacc(r, k);
       }
-    }
+    });
   }
+  err.rethrow();
 }
 
 template <class T>

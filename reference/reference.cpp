@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "burstlab/mask.hpp"
+#include "burstlab/parallel.hpp"
 #include "burstlab/problem.hpp"
 
 namespace burstlab::reference {
@@ -66,8 +67,11 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
   const int64_t N_q = p.N_q, N_k = p.N_k;
   const T ninf = -std::numeric_limits<T>::infinity();
 
+  // P below is N_q x N_k per (b, h) and thread: an allocation that fails there (std::bad_alloc)
+  // must reach the caller, not std::terminate (burstlab/parallel.hpp).
+  FirstError err;
 #pragma omp parallel for schedule(dynamic) if (worth_threads(p, p.B * p.H_q))
-  for (int64_t bh = 0; bh < p.B * p.H_q; ++bh) {
+  for (int64_t bh = 0; bh < p.B * p.H_q; ++bh) err.run([&] {
     const int64_t b = bh / p.H_q, h = bh % p.H_q, hk = kv_head(h, G);
     const ConstMap<T> Qm = slice(Q, b, h);   // (N_q, d)
     const ConstMap<T> Km = slice(K, b, hk);  // (N_k, d)
@@ -101,7 +105,8 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
     }
     const Mat<T> Ob = P * Vm;  // (N_q, d), eq. (2.4): O = P V
     store(O, b, h, Ob);
-  }
+  });
+  err.rethrow();
 }
 
 // eq. (5.1)-(5.7). Parallel over (b, kv-head): the q-heads of a group are looped inside, so dK and
@@ -118,8 +123,9 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   const int64_t N_q = p.N_q, N_k = p.N_k, d = p.d;
   const T ninf = -std::numeric_limits<T>::infinity();
 
+  FirstError err;  // P and dS are N_q x N_k per thread (see forward)
 #pragma omp parallel for schedule(dynamic) if (worth_threads(p, p.B * p.H_kv))
-  for (int64_t bk = 0; bk < p.B * p.H_kv; ++bk) {
+  for (int64_t bk = 0; bk < p.B * p.H_kv; ++bk) err.run([&] {
     const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
     const ConstMap<T> Km = slice(K, b, hk);  // (N_k, d)
     const ConstMap<T> Vm = slice(V, b, hk);  // (N_k, d)
@@ -155,7 +161,8 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
     }
     store(dK, b, hk, dK_acc);
     store(dV, b, hk, dV_acc);
-  }
+  });
+  err.rethrow();
 }
 
 template void forward<float>(const Problem&, View4<const float>, View4<const float>,

@@ -22,6 +22,7 @@
 
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
+#include "burstlab/parallel.hpp"
 
 namespace burstlab {
 namespace {
@@ -209,8 +210,9 @@ ForwardBounds forward_bounds(const Problem& p, Dtype dtype, View4<const double> 
   out.LSE = make_tensor3<double>(p.B, p.H_q, p.N_q);
   View4<double> bO = out.O.view();
   View3<double> bL = out.LSE.view();
+  FirstError err;  // row_facts holds two N_q x N_k matrices per thread (burstlab/parallel.hpp)
 #pragma omp parallel for schedule(dynamic) if (worth_threads(p, p.B * p.H_q))
-  for (int64_t bh = 0; bh < p.B * p.H_q; ++bh) {
+  for (int64_t bh = 0; bh < p.B * p.H_q; ++bh) err.run([&] {
     const int64_t b = bh / p.H_q, h = bh % p.H_q, hk = kv_head(h, G);
     const ConstMapD Qm = slice(Q, b, h), Km = slice(K, b, hk), Vm = slice(V, b, hk);
     const RowFacts f = row_facts(p, pr, mask, Qm, Km, nullptr, 0);
@@ -220,7 +222,8 @@ ForwardBounds forward_bounds(const Problem& p, Dtype dtype, View4<const double> 
       // eq. (9.4); LSE is stored in the accumulator precision: eta_i + 2 u_a |LSE_i| + tiny_a.
       bL(b, h, i) = f.empty[i] ? 0.0 : kSafety * (f.eta(i) + 2 * pr.u_a * std::fabs(f.LSE(i)) + pr.tiny_a);
     }
-  }
+  });
+  err.rethrow();
   return out;
 }
 
@@ -247,8 +250,9 @@ BackwardBounds backward_bounds(const Problem& p, Dtype dtype, View4<const double
   out.dV = make_tensor4<double>(Layout::BHSD, p.B, p.H_kv, N_k, d);
   View4<double> bdQ = out.dQ.view(), bdK = out.dK.view(), bdV = out.dV.view();
 
+  FirstError err;  // six N_q x N_k matrices per thread below (burstlab/parallel.hpp)
 #pragma omp parallel for schedule(dynamic) if (worth_threads(p, p.B * p.H_kv))
-  for (int64_t bk = 0; bk < p.B * p.H_kv; ++bk) {
+  for (int64_t bk = 0; bk < p.B * p.H_kv; ++bk) err.run([&] {
     const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
     const ConstMapD Km = slice(K, b, hk), Vm = slice(V, b, hk);
     const MatD absK = Km.cwiseAbs(), absV = Vm.cwiseAbs();
@@ -313,7 +317,8 @@ BackwardBounds backward_bounds(const Problem& p, Dtype dtype, View4<const double
         bdK(b, hk, j, k) = kSafety * (ascale * (sumEQ(j, k) + (g_q + pr.u_s) * sumdSQ(j, k)) +
                                       GN * pr.tiny_a * maxQ * ascale + pr.tiny_s);
       }
-  }
+  });
+  err.rethrow();
   return out;
 }
 

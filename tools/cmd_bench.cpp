@@ -14,6 +14,7 @@
 #include "burstlab/error.hpp"
 #include "common.hpp"
 #include "memcount.hpp"
+#include "resources.hpp"
 
 namespace burstlab::tools {
 namespace {
@@ -43,6 +44,24 @@ double sgemm_gflops(int64_t n, int reps) {
   once();  // warm-up
   const double ms = best_ms(once, reps);
   return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e9;
+}
+
+// The timing loop's peak: the fp64 inputs of one problem and one prepared implementation (its
+// forward and backward on `threads` threads); the SGEMM's three n x n fp32 matrices come before.
+MemNeed timing_need(const Problem& p, Dtype dtype, const ImplOptions& opt, const std::vector<const Impl*>& impls,
+                    int threads, int64_t gemm_n) {
+  MemNeed n = make_need("the Eigen SGEMM", {{"SGEMM's 3 n x n fp32 matrices (--gemm-n)",
+                                            bytes_mul(12, bytes_mul(gemm_n, gemm_n))}});
+  for (const Impl* m : impls) {
+    if (!m->footprint) continue;
+    std::vector<MemPart> parts = inputs_footprint(p);
+    for (MemPart x : m->footprint(p, dtype, opt, true, threads)) {
+      x.what = "impl " + m->name + ": " + x.what;
+      parts.push_back(x);
+    }
+    n = peak_of(n, make_need("timing impl " + m->name + " (" + to_string(dtype) + ")", parts));
+  }
+  return n;
 }
 
 struct Row {
@@ -96,7 +115,9 @@ Command add_bench_command(CLI::App& app) {
       "  burstlab bench -d 128 --mask causal --reps 5\n"
       "  burstlab bench --nq 2048 --nk 2048 --threads 2 --json\n"
       "Goals are judged on one thread; 'met'/'NOT met' is informational (exit 0). A failed check\n"
-      "exits 1 and prints no speed.");
+      "exits 1 and prints no speed. A problem whose verification or timing would not fit in memory\n"
+      "(estimated first, against MemAvailable, the cgroup limit or BURSTLAB_MEMORY_AVAILABLE=<bytes>)\n"
+      "exits 2 before allocating, naming the flags that make it fit (e.g. --verify reduced).");
 
   Command c;
   c.app = sub;
@@ -125,26 +146,124 @@ Command add_bench_command(CLI::App& app) {
     std::vector<int> thread_settings = {1};
     if (all_threads > 1) thread_settings.push_back(all_threads);
 
-    // ---- verify before timing (all threads, the same tiles as timed)
-    apply_threads(all_threads);
-    std::vector<Result> checked;
-    std::vector<std::string> verify_shape;
-    Progress progress(static_cast<int>(problems.size() + thread_settings.size()));
-    for (const Problem& full : problems) {
-      const bool same = s->verify == "same" ||
-                        (s->verify == "auto" &&
-                         double(full.B) * full.H_q * double(visible_pairs(full)) * full.d <= kOracleSameShapeMax);
+    // ---- the verification cases, and the memory both steps need (refused before allocating)
+    auto verify_case = [&](const Problem& full, const std::string& verify, bool* same) {
+      *same = verify == "same" ||
+              (verify == "auto" && double(full.B) * full.H_q * double(visible_pairs(full)) * full.d <= kOracleSameShapeMax);
       Case cs;
-      cs.p = same ? full
-                  : make_problem(full.B, full.H_q, full.H_kv, std::min(full.N_q, kReducedN),
-                                 std::min(full.N_k, kReducedN), full.d, f.mask, f.seed, scale);
+      cs.p = *same ? full
+                   : make_problem(full.B, full.H_q, full.H_kv, std::min(full.N_q, kReducedN),
+                                  std::min(full.N_k, kReducedN), full.d, f.mask, f.seed, scale);
       cs.mask_spec = f.mask;
       cs.dtype = dtype;
       cs.values = values;
       cs.seed = f.seed;
       cs.opt = opt;
+      return cs;
+    };
+    std::vector<Case> cases;
+    std::vector<std::string> verify_shape;
+    for (const Problem& full : problems) {
+      bool same = false;
+      cases.push_back(verify_case(full, s->verify, &same));
+      verify_shape.push_back(same ? "same shape" : "reduced shape " + shape_string(cases.back().p));
+    }
+    // The peak of verification and timing under other flags (estimates only: resized copies of
+    // the problems, the estimate reads their sizes). cap: --nq and --nk at most cap.
+    auto resized = [](const Problem& full, int64_t nq, int64_t nk) {
+      Problem q = full;
+      q.N_q = nq;
+      q.N_k = nk;
+      return q;
+    };
+    auto need_of = [&](const std::string& verify, const std::vector<const Impl*>& ms, int threads, int64_t gemm_n,
+                       int64_t cap) {
+      MemNeed n;
+      for (size_t k = 0; k < problems.size(); ++k) {
+        const Problem& full = problems[k];
+        const Problem q = resized(full, std::min(full.N_q, cap), std::min(full.N_k, cap));
+        const Problem reduced = resized(full, std::min(q.N_q, kReducedN), std::min(q.N_k, kReducedN));
+        n = peak_of(n, timing_need(q, dtype, opt, ms, threads, gemm_n));
+        Case cs = cases[k];
+        auto add = [&](const Problem& v) {
+          cs.p = v;
+          n = peak_of(n, case_need(cs, ms, threads));
+        };
+        if (verify == "same") add(q);
+        else if (verify == "reduced") add(reduced);
+        else if (cap >= std::max(full.N_q, full.N_k)) add(cases[k].p);  // auto, as decided above
+        else { add(q); add(reduced); }                                  // auto on a smaller shape: either
+      }
+      return n;
+    };
+    const MemAvailable avail = memory_available();
+    const int64_t no_cap = std::numeric_limits<int64_t>::max();
+    require_memory(need_of(s->verify, impls, all_threads, s->gemm_n, no_cap), avail, [&] {
+      // Alternatives with bench's own flags, fewest changes first; only those that fit are named.
+      std::vector<std::string> verifies = {s->verify};
+      if (s->verify != "reduced") verifies.push_back("reduced");
+      std::vector<std::vector<const Impl*>> impl_sets = {impls};
+      if (impls.size() > 1)
+        for (const Impl* m : impls) impl_sets.push_back({m});
+      std::vector<int> thread_counts = {all_threads};
+      if (all_threads > 1) thread_counts.push_back(1);
+      std::vector<int64_t> gemm_sizes = {s->gemm_n};
+      if (s->gemm_n > 1024) gemm_sizes.push_back(1024);
+      struct Way {
+        int changed;  // bits: 1 verify, 2 impl, 4 threads, 8 gemm-n
+        size_t impl;
+        std::string flags;
+      };
+      std::vector<Way> found;
+      for (size_t v = 0; v < verifies.size(); ++v)
+        for (size_t i = 0; i < impl_sets.size(); ++i)
+          for (size_t t = 0; t < thread_counts.size(); ++t)
+            for (size_t g = 0; g < gemm_sizes.size(); ++g) {
+              const int changed = (v > 0) | (i > 0) << 1 | (t > 0) << 2 | (g > 0) << 3;
+              if (changed == 0 ||
+                  need_of(verifies[v], impl_sets[i], thread_counts[t], gemm_sizes[g], no_cap).bytes > avail.bytes)
+                continue;
+              std::string flags;
+              auto add = [&](bool on, const std::string& flag) {
+                if (on) flags += (flags.empty() ? "" : " ") + flag;
+              };
+              add(v > 0, "--verify reduced");
+              add(i > 0, i > 0 ? "--impl " + impl_sets[i][0]->name : "");
+              add(t > 0, "--threads 1");
+              add(g > 0, "--gemm-n 1024");
+              found.push_back({changed, i, flags});
+            }
+      std::stable_sort(found.begin(), found.end(), [](const Way& x, const Way& y) {
+        return __builtin_popcount(x.changed) < __builtin_popcount(y.changed);
+      });
+      std::vector<std::string> ways;
+      std::vector<Way> named;
+      for (const Way& w : found) {
+        bool covered = false;  // it adds flags to a way already named: nothing new
+        for (const Way& o : named)
+          covered = covered || ((o.changed & w.changed) == o.changed && (!(o.changed & 2) || o.impl == w.impl));
+        if (covered || named.size() == 3) continue;
+        named.push_back(w);
+        ways.push_back(w.flags);
+      }
+      int64_t N_max = 0;
+      for (const Problem& full : problems) N_max = std::max({N_max, full.N_q, full.N_k});
+      const int64_t n = largest_fitting_length(N_max, N_max, [&](int64_t c, int64_t) {
+        return need_of(s->verify, impls, all_threads, s->gemm_n, c).bytes <= avail.bytes;
+      });
+      if (n > 0) ways.push_back("--nq " + std::to_string(n) + " --nk " + std::to_string(n) + " (at most)");
+      std::string out;
+      for (size_t k = 0; k < ways.size(); ++k)
+        out += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+      return out.empty() ? "use fewer heads or a smaller batch (--hq, --hkv, -B) or -d" : out;
+    });
+
+    // ---- verify before timing (all threads, the same tiles as timed)
+    apply_threads(all_threads);
+    std::vector<Result> checked;
+    Progress progress(static_cast<int>(problems.size() + thread_settings.size()));
+    for (const Case& cs : cases) {
       progress.step("verify " + shape_string(cs.p));
-      verify_shape.push_back(same ? "same shape" : "reduced shape " + shape_string(cs.p));
       const auto part = run_case(cs, impls, 1);
       checked.insert(checked.end(), part.begin(), part.end());
     }

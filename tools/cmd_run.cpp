@@ -5,8 +5,45 @@
 
 #include "burstlab/error.hpp"
 #include "common.hpp"
+#include "resources.hpp"
 
 namespace burstlab::tools {
+namespace {
+
+// What to do instead when the case does not fit: each alternative is estimated, and only those
+// that fit are named, with `run`'s own flags.
+std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, int threads, const MemAvailable& avail) {
+  auto fits = [&](const Case& c, int t) { return case_need(c, impls, t).bytes <= avail.bytes; };
+  std::vector<std::string> ways;
+  if (threads > 1 && fits(cs, 1)) ways.push_back("--threads 1");
+  Case fwd_only = cs;
+  fwd_only.pass = parse_pass("fwd");
+  if (cs.pass.bwd) {
+    if (fits(fwd_only, threads)) ways.push_back("--pass fwd");
+    else if (threads > 1 && fits(fwd_only, 1)) ways.push_back("--pass fwd --threads 1");
+  }
+  const int64_t n = largest_fitting_length(cs.p.N_q, cs.p.N_k, [&](int64_t nq, int64_t nk) {
+    Case c = cs;
+    c.p.N_q = nq;  // the estimate reads the lengths; the mask arrays keep their (larger) size
+    c.p.N_k = nk;
+    return fits(c, threads);
+  });
+  if (n > 0) {
+    std::string lens;
+    if (n < cs.p.N_q) lens += "--nq " + std::to_string(n);
+    if (n < cs.p.N_k) lens += std::string(lens.empty() ? "" : " ") + "--nk " + std::to_string(n);
+    ways.push_back(lens);
+  }
+  std::string s;
+  for (size_t k = 0; k < ways.size(); ++k)
+    s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+  if (ways.empty()) s = "it does not fit even with --nq 1 --nk 1: use fewer heads or a smaller batch (--hq, --hkv, -B) or -d";
+  const bool oracle = case_need(cs, {}, threads).bytes >= case_need(cs, impls, threads).bytes;
+  if (oracle) s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is)";
+  return s;
+}
+
+}  // namespace
 
 Command add_run_command(CLI::App& app, RunHooks& hooks) {
   struct State {
@@ -33,7 +70,10 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       "Every output element is compared with the fp64 oracle under its derived bound (spec §9):\n"
       "err/bound <= 1 everywhere means PASS. One row per impl x pass, its numbers the worst over\n"
       "its tensors (-v: one row per tensor too). Exit 0 only when every row passes; 1 on a failed\n"
-      "check; 2 on bad input (nothing printed on stdout).\n\n"
+      "check; 2 on bad input (nothing printed on stdout), or when the problem would not fit in\n"
+      "memory: the bytes of the inputs, of the fp64 oracle (N_q x N_k fp64 per (b, h) and thread)\n"
+      "and of each impl are estimated first and compared with MemAvailable (or the cgroup limit,\n"
+      "or BURSTLAB_MEMORY_AVAILABLE=<bytes>); the message says which flags make it fit.\n\n"
       "Examples:\n"
       "  burstlab run                                   reference and cpu, fp32, GQA 4/2, 113 x 203\n"
       "  burstlab run --impl cpu --dtype fp64 --mask causal --nq 1023 --nk 1023 -d 128\n"
@@ -72,6 +112,10 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       for (const Impl& m : wrapped) impls.push_back(&m);
     }
     for (const Impl* m : impls) check_impl(*m, p, cs.dtype, cs.opt, cs.pass.bwd);
+    // Refuse what does not fit before allocating anything (resources.hpp).
+    const int threads = max_threads();
+    const MemAvailable avail = memory_available();
+    require_memory(case_need(cs, impls, threads), avail, [&] { return run_advice(cs, impls, threads, avail); });
 
     const std::vector<Result> rs = run_case(cs, impls, s->repeat);
     Json header = Json::object();

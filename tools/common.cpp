@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <new>
+#include <stdexcept>
 
 #include <Eigen/Core>
 #include <omp.h>
 
 #include "burstlab/error.hpp"
+#include "resources.hpp"
 
 namespace burstlab::tools {
 
@@ -72,7 +75,10 @@ Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t 
   p.B = B; p.H_q = H_q; p.H_kv = H_kv; p.N_q = N_q; p.N_k = N_k; p.d = d;
   if (scale) p.scale = *scale;
   validate(p);  // the shape first: make_mask needs sane lengths
-  p.mask = make_mask(mask_spec, N_q, N_k, seed);
+  {
+    Allocating step("generating the mask '" + mask_spec + "' (segment ids: 4 bytes per query and key)", 0);
+    p.mask = make_mask(mask_spec, N_q, N_k, seed);
+  }
   validate(p);
   return p;
 }
@@ -116,13 +122,24 @@ double best_of(const std::function<double()>& run, int repeat) {
 
 std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impls, int repeat) {
   repeat = std::max(repeat, 1);
-  const Inputs in = make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
-  const Oracle want = run_oracle(c.p, in, c.pass.bwd);
+  // Each step names itself for the message of an allocation failure (resources.hpp); `run` and
+  // `bench` have checked case_need against the memory available before calling this.
+  const int threads = max_threads();
+  const Inputs in = [&] {
+    Allocating step("generating the inputs Q, K, V, dO in fp64", make_need("", inputs_footprint(c.p)).bytes);
+    return make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
+  }();
+  const Oracle want = [&] {
+    Allocating step("running the fp64 oracle", oracle_need(c.p, c.pass.bwd, threads).bytes);
+    return run_oracle(c.p, in, c.pass.bwd);
+  }();
   std::vector<Result> out;
   for (const Impl* impl : impls) {
     Result fwd = row_of(c, *impl, "fwd"), bwd = row_of(c, *impl, "bwd");
     Result* current = c.pass.fwd ? &fwd : &bwd;
     try {
+      Allocating step("running impl " + impl->name + " (" + to_string(c.dtype) + ")",
+                      impl->footprint ? make_need("", impl->footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0);
       Runner run = impl->prepare(c.p, in, c.opt);
       if (c.pass.fwd) {
         fwd.ms = best_of(run.forward, repeat);
@@ -146,7 +163,8 @@ std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impl
       }
     } catch (const std::exception& e) {
       // A throw while running is a failure of that row (and of the backward, which needs it).
-      current->error = e.what();
+      const bool oom = dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const std::length_error*>(&e);
+      current->error = oom ? out_of_memory_message(e) : e.what();
       current->all.err_bound = std::numeric_limits<double>::infinity();
       out.push_back(*current);
       if (current == &fwd && c.pass.bwd) {

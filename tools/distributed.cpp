@@ -178,6 +178,7 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
     if (base.check) base.check(p, dtype, opt);
     dist::make_plan(p, options_of(st->f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
+  m.footprint = distributed_footprint(f.algo, world_of(f));  // per-rank copies (resources.hpp)
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {

@@ -98,6 +98,7 @@ Impl reference_impl() {
   m.about = "naive Eigen attention, materializes S and P (reference/); fp64 is the oracle";
   m.dtypes = {Dtype::F64, Dtype::F32};
   m.suite_dtypes = {Dtype::F32};  // fp64 IS the oracle: comparing it with itself proves nothing
+  m.footprint = reference_footprint;
   m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions&) {
     return in.dtype == Dtype::F64 ? reference_runner<double>(p, in) : reference_runner<float>(p, in);
   };
@@ -136,6 +137,7 @@ Impl cpu_impl() {
     if (o.Bc < 0) t.Bc = o.Bc;
     cpu::validate_tiles(t);
   };
+  m.footprint = cpu_footprint;
   m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions& o) {
     return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, tiles_of(o))
                                   : cpu_runner<float>(p, in, tiles_of(o));
@@ -275,6 +277,7 @@ Impl cuda_impl(const char* name, cuda::Variant variant, const char* about) {
     if (!cuda::gpu_available(&why)) fail("impl cuda needs a CUDA GPU (", why, ")");
     if (p.d > 1024) fail("d (", p.d, ") must be <= 1024 for impl cuda");
   };
+  m.footprint = cuda_host_footprint;
   m.prepare = [variant](const Problem& p, const Inputs& in, const ImplOptions&) {
     switch (in.dtype) {
       case Dtype::F64: return cuda_runner<double>(p, in, variant);

@@ -15,7 +15,8 @@
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
 #include "harness.hpp"
-#include "table.hpp"  // Json, for RunHooks::after_run
+#include "resources.hpp"  // Footprint
+#include "table.hpp"      // Json, for RunHooks::after_run
 
 namespace burstlab::tools {
 
@@ -65,6 +66,11 @@ struct Impl {
   std::function<void(const Problem& p, Dtype dtype, const ImplOptions& opt)> check;
   // inputs.dtype is one of `dtypes`; p is valid and passed check().
   std::function<Runner(const Problem& p, const Inputs& inputs, const ImplOptions& opt)> prepare;
+  // Host bytes a prepared run holds at its peak (its copies in its dtype, what fetch_* returns,
+  // its workspace on `threads` OpenMP threads), one plain function in resources.cpp per
+  // implementation. `run` and `bench` refuse a problem that does not fit before allocating
+  // anything (resources.hpp). Empty: counted as nothing.
+  Footprint footprint;
   EngineMakers engines;             // `--algo` runs its schedules on these (cpu, cuda)
 };
 

@@ -1,8 +1,12 @@
 // tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench (one file each),
 // schedule and simulate (distributed.cpp, cmd_simulate.cpp), gen, oracle, check, conform (cmd_case.cpp).
 // Exit codes: 0 every check passed; 1 a check failed; 2 bad input (one line on stderr naming
-// the field and value, plus where to read more).
+// the field and value, plus where to read more), including a problem that does not fit in
+// memory: refused before allocating (resources.hpp), or an allocation that failed anyway
+// (std::bad_alloc, std::length_error). Any other exception: 1, with its message. Nothing aborts.
 #include <cstdio>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,6 +14,7 @@
 #include "cmd_case.hpp"     // gen, oracle, check, conform
 #include "common.hpp"
 #include "distributed.hpp"  // run --algo ..., schedule, simulate
+#include "resources.hpp"
 
 using namespace burstlab::tools;
 
@@ -18,6 +23,20 @@ int bad_input(const std::string& where, const std::string& message) {
   std::fprintf(stderr, "burstlab%s: error: %s\n  see `burstlab%s --help`\n", where.c_str(), message.c_str(),
                where.c_str());
   return kExitBadInput;
+}
+
+// An allocation failed although the estimate let the problem through (or the subcommand has
+// none): exit 2, naming the step and its estimated bytes, and the size flags `app` has.
+int out_of_memory(const std::string& where, const CLI::App* app, const std::exception& e) {
+  std::string flags;
+  for (const char* f : {"--nq", "--nk", "--threads"})
+    if (app && app->get_option_no_throw(f)) flags += std::string(flags.empty() ? "" : ", ") + f;
+  return bad_input(where, out_of_memory_message(e, flags.empty() ? "use a smaller problem"
+                                                                 : "use a smaller problem (" + flags + ")"));
+}
+int other_error(const std::string& where, const std::exception& e) {
+  std::fprintf(stderr, "burstlab%s: error: %s\n", where.c_str(), e.what());
+  return kExitFail;
 }
 }  // namespace
 
@@ -63,13 +82,29 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
       if (sub->parsed() || (argc > 1 && sub->get_name() == argv[1])) where = " " + sub->get_name();
     return bad_input(where, e.what());
+  } catch (const std::exception& e) {  // a subcommand an extension runs from its parse callback
+    const CLI::App* sub = nullptr;
+    for (const CLI::App* a : app.get_subcommands([](CLI::App*) { return true; }))
+      if (a->parsed()) sub = a;
+    const std::string where = sub ? " " + sub->get_name() : "";
+    if (dynamic_cast<const burstlab::Error*>(&e)) return bad_input(where, e.what());
+    if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const std::length_error*>(&e))
+      return out_of_memory(where, sub, e);
+    return other_error(where, e);
   }
   for (const Command& c : commands) {
     if (!c.app->parsed()) continue;
+    const std::string where = " " + c.app->get_name();
     try {
       return c.run();
     } catch (const burstlab::Error& e) {
-      return bad_input(" " + c.app->get_name(), e.what());
+      return bad_input(where, e.what());
+    } catch (const std::bad_alloc& e) {
+      return out_of_memory(where, c.app, e);
+    } catch (const std::length_error& e) {  // a vector longer than max_size(): also too big
+      return out_of_memory(where, c.app, e);
+    } catch (const std::exception& e) {
+      return other_error(where, e);
     }
   }
   // schedule and simulate (distributed.cpp) ran from their callbacks during parse(); a failed check

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "burstlab/error.hpp"
 #include "burstlab/hd.hpp"
 
 namespace burstlab {
@@ -89,11 +91,29 @@ struct Tensor4 {
   View4<const T> view() const { return view4(data.data(), layout, B, H, N, d); }
 };
 
+// The element count of a tensor with these dimensions. Throws Error when a dimension is negative
+// or the product overflows int64 (undefined behaviour otherwise): "tensor (1048576 x 1048576 x
+// 1048576 x 1048576) has more elements than int64 holds".
+inline size_t element_count(std::initializer_list<int64_t> dims) {
+  int64_t n = 1;
+  bool overflow = false;
+  for (int64_t x : dims) {
+    if (x < 0) fail("tensor dimension (", x, ") must be >= 0");
+    overflow = overflow || __builtin_mul_overflow(n, x, &n);
+  }
+  if (overflow) {
+    std::string s;
+    for (int64_t x : dims) s += (s.empty() ? "" : " x ") + std::to_string(x);
+    fail("tensor (", s, ") has more elements than int64 holds");
+  }
+  return static_cast<size_t>(n);
+}
+
 template <class T>
 Tensor4<T> make_tensor4(Layout layout, int64_t B, int64_t H, int64_t N, int64_t d, T fill = T(0)) {
   Tensor4<T> t;
   t.layout = layout; t.B = B; t.H = H; t.N = N; t.d = d;
-  t.data.assign(static_cast<size_t>(B * H * N * d), fill);
+  t.data.assign(element_count({B, H, N, d}), fill);
   return t;
 }
 
@@ -109,7 +129,7 @@ template <class T>
 Tensor3<T> make_tensor3(int64_t B, int64_t H, int64_t N, T fill = T(0)) {
   Tensor3<T> t;
   t.B = B; t.H = H; t.N = N;
-  t.data.assign(static_cast<size_t>(B * H * N), fill);
+  t.data.assign(element_count({B, H, N}), fill);
   return t;
 }
 

@@ -85,6 +85,19 @@ TEST(Validate, ProblemSize) {
   expect_invalid(q, "exceeds 2^48 elements per tensor");  // N_q * N_k
 }
 
+// Element counts of tensors made without a validated Problem: an error, never a wrapped product.
+TEST(Validate, TensorElementCountOverflowIsAnError) {
+  const int64_t big = int64_t(1) << 20;
+  EXPECT_THAT(error_of([&] { make_tensor4<float>(Layout::BHSD, big, big, big, big); }),
+              HasSubstr("tensor (1048576 x 1048576 x 1048576 x 1048576) has more elements than int64 holds"));
+  EXPECT_THAT(error_of([&] { make_tensor3<double>(int64_t(1) << 32, int64_t(1) << 31, 2); }),
+              HasSubstr("has more elements than int64 holds"));
+  EXPECT_THAT(error_of([&] { make_tensor4<float>(Layout::BSHD, 1, -2, 3, 4); }),
+              HasSubstr("tensor dimension (-2) must be >= 0"));
+  EXPECT_EQ(element_count({int64_t(1) << 31, int64_t(1) << 31}), size_t(1) << 62);
+  EXPECT_EQ(make_tensor4<float>(Layout::BHSD, 2, 3, 0, 5).data.size(), 0u);
+}
+
 TEST(Validate, Scale) {
   Problem p = ok();
   p.scale = std::numeric_limits<double>::infinity();

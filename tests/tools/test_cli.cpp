@@ -104,8 +104,81 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"suite --impl foo", "impl (foo)"},
                       BadCase{"simulate --elem-bytes 0", "elem-bytes (0) must be >= 1"},
                       BadCase{"simulate --preset nosuch", "nosuch"},
+                      // too big for this machine: refused before allocating (resources.hpp)
+                      BadCase{"run --nq 200000 --nk 200000", "TB needed"},
+                      BadCase{"run --nq 200000 --nk 200000 --impl cpu", "TB needed"},
+                      BadCase{"run --nq 200000 --nk 200000 --impl reference --pass fwd", "TB needed"},
+                      BadCase{"run --nq 1099511627776", "PB needed"},
+                      BadCase{"bench --nq 200000 --nk 200000 --verify same", "TB needed"},
                       BadCase{"nosuch", "nosuch"},
                       BadCase{"", "subcommand"}));
+
+// ---------------------------------------------------------------- memory (tools/resources.hpp)
+// BURSTLAB_MEMORY_AVAILABLE replaces what the machine reports, so the figures are exact here.
+const std::string k24GB = "BURSTLAB_MEMORY_AVAILABLE=24000000000";
+
+TEST(Memory, RefusalNamesNeededAvailableAndWhatToDoInstead) {
+  const Output o = burstlab("run --nq 200000 --nk 200000 --threads 2", k24GB);
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_EQ(o.out, "");
+  for (const char* part :
+       {"burstlab run: error: not enough memory for the fp64 oracle's §9 backward bounds: 3.8 TB needed, "
+        "24.0 GB available (BURSTLAB_MEMORY_AVAILABLE)",
+        "the largest part: the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head), 1.9 TB per thread x 2 "
+        "threads = 3.8 TB",
+        "; it fits with --nq 1", "(the fp64 oracle checks every --impl, so it runs whatever --impl is)"})
+    EXPECT_NE(o.err.find(part), std::string::npos) << "missing: " << part << "\nstderr: " << o.err;
+  EXPECT_EQ(count(o.err, "\n"), 2) << "one line and the --help hint: " << o.err;
+}
+
+TEST(Memory, AdviceNamesOnlyAlternativesThatFit) {
+  // 20000^2: the backward bounds need 19.2 GB per thread; one thread, or the forward alone, fits.
+  Output o = burstlab("run --nq 20000 --nk 20000 --threads 2", k24GB);
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("it fits with --threads 1, with --pass fwd, or with --nq 1"), std::string::npos) << o.err;
+  o = burstlab("run --nq 1099511627776", k24GB);
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("PB needed, 24.0 GB available"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("--nk"), std::string::npos) << "N_k (203) fits already: " << o.err;
+  o = burstlab("bench --nq 200000 --nk 200000 --verify same", k24GB);
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("it fits with --verify reduced --impl cpu"), std::string::npos) << o.err;
+  o = burstlab("bench --gemm-n 10000000", k24GB);
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("1.2 PB needed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("it fits with --gemm-n 1024"), std::string::npos) << o.err;
+}
+
+TEST(Memory, TheLimitIsRealForSmallProblemsToo) {
+  Output o = burstlab("run", "BURSTLAB_MEMORY_AVAILABLE=1000000");
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("1.0 MB available (BURSTLAB_MEMORY_AVAILABLE)"), std::string::npos) << o.err;
+  o = burstlab("run", "BURSTLAB_MEMORY_AVAILABLE=1000000000");
+  EXPECT_EQ(o.rc, 0) << o.err;
+  o = burstlab("run", "BURSTLAB_MEMORY_AVAILABLE=lots");
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("BURSTLAB_MEMORY_AVAILABLE (lots) must be a number of bytes"), std::string::npos) << o.err;
+}
+
+TEST(Memory, AnAllocationThatFailsAnywayIsAClearErrorNotAnAbort) {
+  // The check told that 2^63 bytes are free: make_inputs asks for 2^51 bytes, which malloc refuses
+  // at once (more than any address space), and std::bad_alloc reaches main().
+  const Output o = burstlab("run --nq 1099511627776", "BURSTLAB_MEMORY_AVAILABLE=9223372036854775807");
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("burstlab run: error: out of memory (std::bad_alloc) while generating the inputs Q, K, V, "
+                       "dO in fp64 (estimated 4.5 PB)"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("use a smaller problem (--nq, --nk, --threads)"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("terminate"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out, "");
+  // The mask is made before anything can be estimated: 2^46 segment ids of 4 bytes are more than
+  // any address space, so this too fails at once, whatever the overcommit setting.
+  const Output m = burstlab("run --nq 70368744177664 --nk 1 -d 1 --hq 1 --hkv 1 --mask document");
+  EXPECT_EQ(m.rc, 2) << m.err;
+  EXPECT_NE(m.err.find("out of memory (std::bad_alloc) while generating the mask 'document'"), std::string::npos)
+      << m.err;
+}
 
 // ---------------------------------------------------------------- valid input
 TEST(Run, ReferenceAndCpuPassFp32) {

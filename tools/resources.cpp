@@ -1,0 +1,518 @@
+// tools/resources.cpp — see resources.hpp. Shapes: Eq = B H_q N_q d (Q, O, dO, dQ), Ek = B H_kv
+// N_k d (K, V, dK, dV), Er = B H_q N_q (LSE, D), NN = N_q N_k (one S or P of one (b, h)).
+#include "resources.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <Eigen/Core>
+
+#include "burstlab/error.hpp"
+#include "common.hpp"
+#include "cpu.hpp"
+
+namespace burstlab::tools {
+
+// ---------------------------------------------------------------- byte counts
+int64_t bytes_mul(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) fail("byte count (", a, " x ", b, ") must not be negative");
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? kTooMany : r;
+}
+int64_t bytes_add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? kTooMany : r;
+}
+
+std::string format_bytes(int64_t bytes) {
+  if (bytes == kTooMany) return "more than 9.2 EB";
+  if (bytes < 1000) return std::to_string(bytes) + " bytes";
+  static const char* units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+  double x = double(bytes) / 1000.0;
+  int u = 0;
+  while (x >= 999.95 && u < 5) {  // 999.95 would print as "1000.0"
+    x /= 1000.0;
+    ++u;
+  }
+  return format("%.1f %s", x, units[u]);
+}
+
+// ---------------------------------------------------------------- estimates
+namespace {
+
+int64_t sum(std::initializer_list<int64_t> xs) {
+  int64_t s = 0;
+  for (int64_t x : xs) s = bytes_add(s, x);
+  return s;
+}
+int64_t prod(std::initializer_list<int64_t> xs) {
+  int64_t s = 1;
+  for (int64_t x : xs) s = bytes_mul(s, x);
+  return s;
+}
+int64_t size_of(Dtype t) {
+  switch (t) {
+    case Dtype::F64: return 8;
+    case Dtype::F32: return 4;
+    case Dtype::BF16:
+    case Dtype::F16: return 2;
+  }
+  return 8;
+}
+
+struct Sizes {
+  int64_t Eq, Ek, Er, NN;
+  explicit Sizes(const Problem& p)
+      : Eq(prod({p.B, p.H_q, p.N_q, p.d})),
+        Ek(prod({p.B, p.H_kv, p.N_k, p.d})),
+        Er(prod({p.B, p.H_q, p.N_q})),
+        NN(prod({p.N_q, p.N_k})) {}
+};
+
+// compile_mask (contract.cpp), once per layer call: RowDoc (4 x int64) per query for a document
+// mask, a copy of the block bitmap.
+int64_t compiled_mask_bytes(const Problem& p) {
+  int64_t b = static_cast<int64_t>(p.mask.block_mask.size());
+  if (has_document(p.mask)) b = bytes_add(b, bytes_mul(p.N_q, int64_t(sizeof(RowDoc))));
+  return b;
+}
+MemPart compiled_mask_part(const Problem& p) { return {"compiled mask (per layer call)", compiled_mask_bytes(p)}; }
+
+std::string threads_text(int64_t n) { return n == 1 ? "1 thread" : std::to_string(n) + " threads"; }
+
+// "what, x 2 threads" with bytes = per_thread x threads
+MemPart per_thread(const std::string& what, int64_t per, int64_t threads) {
+  return {what + ", " + format_bytes(per) + " per thread x " + threads_text(threads), bytes_mul(per, threads)};
+}
+
+// Eigen's GEMM packs a kc x mc block of the left operand and a kc x nc block of the right one
+// (gemm_blocking_space; on the heap above 128 KiB), sized by computeProductBlockingSizes from the
+// cache sizes of this machine. The largest over the products of a step: every product there
+// multiplies two of (a, b, c) over the third, either way round.
+template <class T>
+int64_t gemm_packing(int64_t a, int64_t b, int64_t c) {
+  const int64_t dims[3] = {a, b, c};
+  int64_t most = 0;
+  for (int k = 0; k < 3; ++k)
+    for (int m = 0; m < 3; ++m) {
+      if (m == k) continue;
+      Eigen::Index kc = dims[k], mc = dims[m], nc = dims[3 - k - m];
+      Eigen::internal::computeProductBlockingSizes<T, T>(kc, mc, nc, Eigen::Index(1));
+      most = std::max(most, bytes_mul(int64_t(sizeof(T)), bytes_add(bytes_mul(kc, mc), bytes_mul(kc, nc))));
+    }
+  return most;
+}
+int64_t gemm_packing(Dtype t, int64_t a, int64_t b, int64_t c) {
+  return t == Dtype::F64 ? gemm_packing<double>(a, b, c) : gemm_packing<float>(a, b, c);
+}
+MemPart packing_part(Dtype t, int64_t a, int64_t b, int64_t c, int64_t threads) {
+  return {"Eigen GEMM packing buffers x " + threads_text(threads), bytes_mul(gemm_packing(t, a, b, c), threads)};
+}
+// Closures, vector headers, malloc's rounding of many small blocks: a fixed allowance.
+const MemPart kSmall{"small allocations (closures, plans' headers)", 64 * 1024};
+
+// reference<T> forward (reference.cpp), per thread: P = S (N_q, N_k) and Ob (N_q, d).
+int64_t ref_fwd_per_thread(const Problem& p, int64_t s) {
+  return bytes_mul(s, sum({prod({p.N_q, p.N_k}), prod({p.N_q, p.d})}));
+}
+// reference<T> backward, per thread: P and dS (N_q, N_k); dK_acc, dV_acc (N_k, d); dQb (N_q, d); D (N_q).
+int64_t ref_bwd_per_thread(const Problem& p, int64_t s) {
+  return bytes_mul(s, sum({prod({2, p.N_q, p.N_k}), prod({2, p.N_k, p.d}), prod({p.N_q, p.d}), p.N_q}));
+}
+// forward_bounds (tolerance.cpp), per thread: row_facts' P and A (N_q, N_k), LSE and eta (N_q),
+// empty (N_q bytes); o_bound_raw's |V| (N_k, d) and PV (N_q, d).
+int64_t fwd_bounds_per_thread(const Problem& p) {
+  return sum({bytes_mul(8, sum({prod({2, p.N_q, p.N_k}), prod({p.N_k, p.d}), prod({p.N_q, p.d}), prod({2, p.N_q})})),
+              p.N_q});
+}
+// backward_bounds, per thread: P, dP, |dO||V|^T, E, |dS|, W (N_q, N_k) (row_facts' A while P is
+// made: fewer); |K|, |V|, three sums (N_k, d); |Q|, |dO|, |O|, boundO, bq and its two
+// temporaries (N_q, d); LSE, eta (N_q); key_seen (N_k bytes), empty (N_q bytes).
+int64_t bwd_bounds_per_thread(const Problem& p) {
+  return sum({bytes_mul(8, sum({prod({6, p.N_q, p.N_k}), prod({5, p.N_k, p.d}), prod({7, p.N_q, p.d}),
+                                prod({2, p.N_q})})),
+              p.N_k, p.N_q});
+}
+
+// cpu<T> (cpu.cpp): Scratch per OpenMP thread (every thread of the team makes one) and the Plan.
+struct CpuTiles {
+  int64_t Br, Bc;
+};
+CpuTiles cpu_tiles(const Problem& p, const ImplOptions& opt) {
+  const cpu::Tiles def;
+  return {std::min(opt.Br > 0 ? opt.Br : def.Br, p.N_q), std::min(opt.Bc > 0 ? opt.Bc : def.Bc, p.N_k)};
+}
+int64_t cpu_scratch_bytes(const Problem& p, CpuTiles t, int64_t s) {
+  // qs, qbuf, dob (Br, d); kb, vb (Bc, d); s, dp (Br, Bc); acc (max(Br, Bc), d); acc2 (Bc, d);
+  // m, l, L, Dr (Br); vis (Br x Bc bytes); 64 bytes of alignment slack per buffer.
+  const int64_t d = p.d;
+  return sum({bytes_mul(s, sum({prod({3, t.Br, d}), prod({3, t.Bc, d}), prod({2, t.Br, t.Bc}),
+                                prod({std::max(t.Br, t.Bc), d}), prod({4, t.Br})})),
+              prod({t.Br, t.Bc}), 14 * 64});
+}
+int64_t cpu_plan_bytes(const Problem& p, CpuTiles t) {
+  // lo, hi, brow (N_q); kpos, bcol (N_k); six per query tile, two per key tile; int64 each
+  const int64_t n_qt = (p.N_q + t.Br - 1) / t.Br, n_kt = (p.N_k + t.Bc - 1) / t.Bc;
+  return bytes_mul(8, sum({prod({3, p.N_q}), prod({2, p.N_k}), prod({6, n_qt}), prod({2, n_kt})}));
+}
+
+// The copies host_runner (impls.cpp) keeps: Q, K, V, dO converted to T, and O, dQ, dK, dV, LSE.
+MemPart host_copies(const Problem& p, Dtype t) {
+  const Sizes z(p);
+  return {"its copies of Q, K, V, dO, O, LSE, dQ, dK, dV in " + to_string(t),
+          bytes_mul(size_of(t), sum({bytes_mul(4, z.Eq), bytes_mul(4, z.Ek), z.Er}))};
+}
+// What fetch_forward / fetch_backward return in fp64 (run_case keeps one pass's at a time).
+MemPart fetched(const Problem& p, bool backward) {
+  const Sizes z(p);
+  const int64_t fwd = bytes_mul(8, sum({z.Eq, z.Er})), bwd = bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}));
+  return backward && bwd > fwd ? MemPart{"fetched dQ, dK, dV in fp64", bwd} : MemPart{"fetched O, LSE in fp64", fwd};
+}
+
+const MemPart& biggest(const std::vector<MemPart>& ps) {
+  return *std::max_element(ps.begin(), ps.end(), [](const MemPart& a, const MemPart& b) { return a.bytes < b.bytes; });
+}
+
+}  // namespace
+
+MemNeed make_need(std::string step, std::vector<MemPart> parts) {
+  MemNeed n;
+  n.step = std::move(step);
+  parts.erase(std::remove_if(parts.begin(), parts.end(), [](const MemPart& x) { return x.bytes == 0; }), parts.end());
+  std::stable_sort(parts.begin(), parts.end(), [](const MemPart& a, const MemPart& b) { return a.bytes > b.bytes; });
+  for (const MemPart& x : parts) n.bytes = bytes_add(n.bytes, x.bytes);
+  n.parts = std::move(parts);
+  return n;
+}
+const MemNeed& peak_of(const MemNeed& a, const MemNeed& b) { return b.bytes > a.bytes ? b : a; }
+
+int64_t oracle_threads(const Problem& p, int64_t items, int threads) {
+  // reference.cpp / tolerance.cpp worth_threads: parallel only for items > 1 and B H_q N_q N_k d >= 2^16
+  const bool parallel =
+      items > 1 && double(p.B) * double(p.H_q) * double(p.N_q) * double(p.N_k) * double(p.d) >= 65536.0;
+  return parallel ? std::max<int64_t>(1, std::min<int64_t>(threads, items)) : 1;
+}
+
+std::vector<MemPart> inputs_footprint(const Problem& p) {
+  const Sizes z(p);
+  const int64_t mask = sum({bytes_mul(4, static_cast<int64_t>(p.mask.q_segment.size())),
+                            bytes_mul(4, static_cast<int64_t>(p.mask.k_segment.size())),
+                            static_cast<int64_t>(p.mask.block_mask.size())});
+  // The Problem (its mask) is copied by the Case, each prepared run and the layer calls: 4 copies.
+  return {{"inputs Q, K, V, dO in fp64", bytes_mul(8, sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek)}))},
+          {"the mask's segment ids and block bits (4 copies)", bytes_mul(4, mask)}};
+}
+
+std::vector<MemPart> oracle_kept(const Problem& p, bool backward) {
+  const Sizes z(p);
+  std::vector<MemPart> out = {{"the oracle's O, LSE and their §9 bounds in fp64", bytes_mul(16, sum({z.Eq, z.Er}))}};
+  if (backward)
+    out.push_back({"the oracle's dQ, dK, dV and their §9 bounds in fp64",
+                   bytes_mul(16, sum({z.Eq, bytes_mul(2, z.Ek)}))});
+  return out;
+}
+
+MemNeed oracle_need(const Problem& p, bool backward, int threads) {
+  const Sizes z(p);
+  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
+  const MemPart O_LSE{"the oracle's O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
+  const MemPart O_LSE_bounds{"the §9 bounds of O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
+  const MemPart grads{"the oracle's dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))};
+  const MemPart grads_bounds{"the §9 bounds of dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))};
+  const MemPart mask = compiled_mask_part(p);
+  // Eigen parallelizes a product itself when the region around it is serial: count every thread.
+  const MemPart packing = packing_part(Dtype::F64, p.N_q, p.N_k, p.d, std::max(threads, 1));
+  MemNeed n = make_need(
+      "the fp64 oracle's forward (reference<fp64>)",
+      {O_LSE, mask, packing, kSmall,
+       per_thread("reference<fp64> materializes S/P, N_q x N_k fp64 per (b, h)", ref_fwd_per_thread(p, 8), tf)});
+  n = peak_of(n, make_need("the fp64 oracle's §9 forward bounds",
+                           {O_LSE, O_LSE_bounds, mask, packing, kSmall,
+                            per_thread("the §9 forward bounds hold 2 N_q x N_k fp64 per (b, h)",
+                                       fwd_bounds_per_thread(p), tf)}));
+  if (backward) {
+    n = peak_of(n, make_need("the fp64 oracle's backward (reference<fp64>)",
+                             {O_LSE, O_LSE_bounds, grads, mask, packing, kSmall,
+                              per_thread("reference<fp64> backward holds P and dS, 2 N_q x N_k fp64 per (b, kv-head)",
+                                         ref_bwd_per_thread(p, 8), tb)}));
+    n = peak_of(n, make_need("the fp64 oracle's §9 backward bounds",
+                             {O_LSE, O_LSE_bounds, grads, grads_bounds, mask, packing, kSmall,
+                              per_thread("the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head)",
+                                         bwd_bounds_per_thread(p), tb)}));
+  }
+  return n;
+}
+
+std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward,
+                                         int threads) {
+  const int64_t s = size_of(dtype);
+  const std::string t = to_string(dtype);
+  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
+  std::vector<MemPart> live = {
+      fetched(p, false),
+      per_thread("forward S/P, N_q x N_k " + t + " per (b, h)", ref_fwd_per_thread(p, s), tf)};
+  if (backward) {
+    live.push_back(fetched(p, true));
+    live.push_back(per_thread("backward P and dS, 2 N_q x N_k " + t + " per (b, kv-head)", ref_bwd_per_thread(p, s), tb));
+  }
+  const MemPart& top = biggest(live);  // one at a time: the forward, its fetch, the backward, its fetch
+  return {host_copies(p, dtype), top, compiled_mask_part(p),
+          packing_part(dtype, p.N_q, p.N_k, p.d, std::max(threads, 1)), kSmall};
+}
+
+std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
+                                   int threads) {
+  const int64_t s = size_of(dtype);
+  const CpuTiles tl = cpu_tiles(p, opt);
+  const int64_t T = std::max(threads, 1);  // `omp parallel` without `if`: every thread makes its Scratch
+  const int64_t ws = sum({bytes_mul(T, cpu_scratch_bytes(p, tl, s)), cpu_plan_bytes(p, tl), compiled_mask_bytes(p)});
+  const std::string tiles = format("(Br %lld x Bc %lld tiles)", static_cast<long long>(tl.Br), static_cast<long long>(tl.Bc));
+  std::vector<MemPart> live = {fetched(p, false),
+                               {"forward per-thread tiles " + tiles + " x " + threads_text(T) + " and the mask plan", ws}};
+  if (backward) {
+    live.push_back(fetched(p, true));
+    live.push_back({"backward D and per-thread tiles " + tiles + " x " + threads_text(T),
+                    bytes_add(ws, bytes_mul(s, Sizes(p).Er))});
+  }
+  return {host_copies(p, dtype), biggest(live), packing_part(dtype, tl.Br, tl.Bc, p.d, T), kSmall};
+}
+
+std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward, int) {
+  const Sizes z(p);
+  // cuda_like / cuda_fetch (impls.cpp) stage one tensor at a time in a host vector of T.
+  return {{"host staging of one tensor in " + to_string(dtype), bytes_mul(size_of(dtype), std::max(z.Eq, z.Ek))},
+          fetched(p, backward)};
+}
+
+Footprint distributed_footprint(const std::string& algo, int world) {
+  return [algo, world](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+    const Sizes z(p);
+    const int64_t s = size_of(dtype), G = std::max(world, 1);
+    const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                     // K, V (dK, dV)
+    const int64_t q = sum({bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er)});  // Q, O (dO, dQ), LSE (D)
+    const int64_t copies = (algo == "allgather" || algo == "attention2d") ? G : 2;
+    const int64_t outputs = sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
+    // Each rank thread runs the cpu engine, whose OpenMP regions make `threads` Scratches each.
+    const CpuTiles tl = cpu_tiles(p, opt);
+    const int64_t scratch = bytes_mul(bytes_mul(G, std::max(threads, 1)),
+                                      bytes_add(cpu_scratch_bytes(p, tl, s), gemm_packing(dtype, tl.Br, tl.Bc, p.d)));
+    return std::vector<MemPart>{
+        {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype),
+         bytes_mul(s, sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs}))},
+        {"blocks in flight: " + std::to_string(copies) + " copies of K, V" + (backward ? ", dK, dV" : "") +
+             " and 2 of the query-side tensors in " + to_string(dtype),
+         bytes_mul(s, sum({bytes_mul(copies, kv), bytes_mul(2, q)}))},
+        {"downloaded and gathered outputs in " + to_string(dtype), bytes_mul(2, bytes_mul(s, outputs))},
+        fetched(p, backward),
+        {"cpu engine tiles and GEMM packing on " + std::to_string(G) + " rank threads x " +
+             threads_text(std::max(threads, 1)),
+         scratch},
+        kSmall};
+  };
+}
+
+MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads) {
+  const Problem& p = c.p;
+  std::vector<MemPart> base = inputs_footprint(p);
+  MemNeed oracle = oracle_need(p, c.pass.bwd, threads);
+  std::vector<MemPart> with_oracle = base;
+  with_oracle.insert(with_oracle.end(), oracle.parts.begin(), oracle.parts.end());
+  MemNeed n = make_need(oracle.step, with_oracle);
+  const std::vector<MemPart> kept = oracle_kept(p, c.pass.bwd);
+  base.insert(base.end(), kept.begin(), kept.end());
+  for (const Impl* m : impls) {
+    if (!m->footprint) continue;
+    std::vector<MemPart> parts = base;
+    for (MemPart x : m->footprint(p, c.dtype, c.opt, c.pass.bwd, threads)) {
+      x.what = "impl " + m->name + ": " + x.what;
+      parts.push_back(x);
+    }
+    n = peak_of(n, make_need("impl " + m->name + " (" + to_string(c.dtype) + ")", parts));
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------- what the machine has
+namespace {
+bool read_text(const std::string& path, std::string* out) {
+  std::ifstream f(path);
+  if (!f) return false;
+  std::stringstream s;
+  s << f.rdbuf();
+  *out = s.str();
+  return true;
+}
+// A non-negative integer (whitespace around it allowed); false otherwise ("max", junk).
+bool parse_count(const std::string& text, int64_t* out) {
+  const size_t a = text.find_first_not_of(" \t\n"), b = text.find_last_not_of(" \t\n");
+  if (a == std::string::npos) return false;
+  const std::string t = text.substr(a, b - a + 1);
+  if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos) return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(t.c_str(), &end, 10);
+  if (errno == ERANGE || v > static_cast<unsigned long long>(kTooMany)) *out = kTooMany;
+  else *out = static_cast<int64_t>(v);
+  return true;
+}
+// "key value" lines (memory.stat); -1 when absent.
+int64_t stat_value(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  std::string k;
+  int64_t v;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return -1;
+}
+}  // namespace
+
+int64_t parse_meminfo_available(const std::string& meminfo) {
+  std::istringstream in(meminfo);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream l(line.substr(13));
+    int64_t v = -1;
+    std::string unit;
+    if (!(l >> v) || v < 0) return -1;
+    l >> unit;
+    return unit == "kB" ? bytes_mul(v, 1024) : v;
+  }
+  return -1;
+}
+
+int64_t cgroup_dir_available(const std::string& dir) {
+  std::string text;
+  int64_t limit = -1, usage = -1;
+  bool v2 = true;
+  if (read_text(dir + "/memory.max", &text)) {  // cgroup v2; "max" = unlimited
+    if (!parse_count(text, &limit)) return -1;
+    if (!read_text(dir + "/memory.current", &text) || !parse_count(text, &usage)) return -1;
+  } else if (read_text(dir + "/memory.limit_in_bytes", &text)) {  // cgroup v1; huge = unlimited
+    v2 = false;
+    if (!parse_count(text, &limit)) return -1;
+    if (!read_text(dir + "/memory.usage_in_bytes", &text) || !parse_count(text, &usage)) return -1;
+  } else {
+    return -1;
+  }
+  if (limit >= (int64_t(1) << 60)) return -1;  // v1 writes "no limit" as ~2^63
+  // Page cache counts as usage but is given back under pressure: add the inactive part.
+  int64_t reclaimable = 0;
+  if (read_text(dir + "/memory.stat", &text))
+    reclaimable = std::max<int64_t>(0, stat_value(text, v2 ? "inactive_file" : "total_inactive_file"));
+  return std::max<int64_t>(0, limit - std::max<int64_t>(0, usage - reclaimable));
+}
+
+MemAvailable memory_available() {
+  MemAvailable a;
+  if (const char* e = std::getenv("BURSTLAB_MEMORY_AVAILABLE"); e && *e) {
+    int64_t v;
+    if (!parse_count(e, &v)) fail("BURSTLAB_MEMORY_AVAILABLE (", e, ") must be a number of bytes");
+    a.bytes = v;
+    a.source = "BURSTLAB_MEMORY_AVAILABLE";
+    return a;
+  }
+  std::string text;
+  if (read_text("/proc/meminfo", &text)) {
+    a.bytes = parse_meminfo_available(text);
+    if (a.bytes >= 0) a.source = "MemAvailable";
+  }
+  // The process's cgroups (/proc/self/cgroup: "0::/path" for v2, "N:memory:/path" for v1), and
+  // their ancestors: a limit anywhere above applies too.
+  if (!read_text("/proc/self/cgroup", &text)) return a;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    const std::string ctrl = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string path = line.substr(c2 + 1);
+    std::vector<std::string> roots;
+    if (ctrl.empty()) roots = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
+    else if (ctrl == "memory" || ctrl.find(",memory") != std::string::npos || ctrl.rfind("memory,", 0) == 0)
+      roots = {"/sys/fs/cgroup/memory"};
+    else
+      continue;
+    while (true) {
+      for (const std::string& r : roots) {
+        const int64_t left = cgroup_dir_available(r + (path == "/" ? "" : path));
+        if (left >= 0 && (a.bytes < 0 || left < a.bytes)) {
+          a.bytes = left;
+          a.source = ctrl.empty() ? "cgroup memory.max" : "cgroup memory.limit_in_bytes";
+        }
+      }
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+    }
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------- the refusal
+void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice) {
+  if (available.bytes < 0 || need.bytes <= available.bytes) return;
+  std::string msg = "not enough memory for " + need.step + ": " + format_bytes(need.bytes) + " needed, " +
+                    format_bytes(available.bytes) + " available (" + available.source + ")";
+  if (!need.parts.empty()) msg += "; the largest part: " + need.parts[0].what + " = " + format_bytes(need.parts[0].bytes);
+  const std::string what_instead = advice ? advice() : "";
+  if (!what_instead.empty()) msg += "; " + what_instead;
+  throw Error(msg);
+}
+
+int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits) {
+  const int64_t hi0 = std::max(N_q, N_k);
+  auto ok = [&](int64_t c) { return fits(std::min(N_q, c), std::min(N_k, c)); };
+  if (!ok(1)) return 0;
+  int64_t lo = 1, hi = hi0;  // ok(lo); the answer is in [lo, hi]
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (ok(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  // 3 significant digits, rounded down: 15843 -> 15800
+  int64_t unit = 1;
+  while (lo / unit >= 1000) unit *= 10;
+  return std::max<int64_t>(1, lo / unit * unit);
+}
+
+// ---------------------------------------------------------------- out of memory anyway
+namespace {
+struct Step {
+  std::string what;
+  int64_t bytes = 0;
+  bool set = false;
+};
+Step g_failed;  // the innermost Allocating an exception unwound through (main thread only)
+}  // namespace
+
+Allocating::Allocating(std::string what, int64_t bytes)
+    : what_(std::move(what)), bytes_(bytes), uncaught_(std::uncaught_exceptions()) {
+  g_failed.set = false;  // a new step: an earlier failure was handled
+}
+Allocating::~Allocating() {
+  if (std::uncaught_exceptions() > uncaught_ && !g_failed.set) g_failed = Step{what_, bytes_, true};
+}
+
+std::string out_of_memory_message(const std::exception& e, const std::string& advice) {
+  const bool length = dynamic_cast<const std::length_error*>(&e) != nullptr;
+  std::string msg = std::string("out of memory (") + (length ? "std::length_error: " : "") + e.what() + ")";
+  if (g_failed.set) {
+    msg += " while " + g_failed.what;
+    if (g_failed.bytes > 0) msg += " (estimated " + format_bytes(g_failed.bytes) + ")";
+  }
+  g_failed.set = false;
+  try {
+    const MemAvailable a = memory_available();
+    if (a.bytes >= 0) msg += "; " + format_bytes(a.bytes) + " available (" + a.source + ")";
+  } catch (const std::exception&) {
+  }
+  return advice.empty() ? msg : msg + "; " + advice;
+}
+
+}  // namespace burstlab::tools

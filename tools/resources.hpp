@@ -1,0 +1,130 @@
+// tools/resources.hpp — memory: what a checked run needs, what the machine has, and the refusal
+// (exit 2, before anything big is allocated) when the first exceeds the second. One place for
+// every estimate: the inputs, the fp64 oracle (reference<double> materializes N_q x N_k per
+// (b, h) and thread; its §9 bounds up to six of them), and one plain function per
+// implementation (Impl::footprint in impls.hpp). Each formula cites the allocations it mirrors;
+// tests/tools/test_resources.cpp holds the oracle, reference and cpu formulas against heap peaks
+// measured by memcount.cpp, so a layer that starts allocating more fails a test.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "burstlab/precision.hpp"
+#include "burstlab/problem.hpp"
+
+namespace burstlab::tools {
+
+struct Case;         // common.hpp
+struct Impl;         // impls.hpp
+struct ImplOptions;  // impls.hpp
+
+// ---------------------------------------------------------------- byte counts
+// Counts saturate at kTooMany instead of overflowing int64 (which would be UB): such a problem
+// needs "more than 9.2 EB" and is refused like any other that does not fit.
+constexpr int64_t kTooMany = std::numeric_limits<int64_t>::max();
+int64_t bytes_mul(int64_t a, int64_t b);  // a, b >= 0
+int64_t bytes_add(int64_t a, int64_t b);
+std::string format_bytes(int64_t bytes);  // SI units: "320.0 GB", "512 bytes", "more than 9.2 EB"
+
+// ---------------------------------------------------------------- estimates
+// Host buffers that are live together: what they are, and their bytes.
+struct MemPart {
+  std::string what;
+  int64_t bytes = 0;
+};
+// The peak of a run: the step at which it is reached, the parts live then (largest first) and
+// their sum.
+struct MemNeed {
+  std::string step;
+  std::vector<MemPart> parts;
+  int64_t bytes = 0;
+};
+MemNeed make_need(std::string step, std::vector<MemPart> parts);  // sorts the parts, sums them
+const MemNeed& peak_of(const MemNeed& a, const MemNeed& b);       // the larger (a on ties)
+
+// OpenMP threads a region of `items` work items runs on: min(threads, items), or 1 when the
+// layer keeps the region serial (reference.cpp and tolerance.cpp: worth_threads).
+int64_t oracle_threads(const Problem& p, int64_t items, int threads);
+
+// make_inputs (harness.cpp): Q, K, V, dO in fp64.
+std::vector<MemPart> inputs_footprint(const Problem& p);
+// What run_oracle returns and keeps for the comparisons: O, LSE (and dQ, dK, dV) in fp64 with
+// their §9 bounds.
+std::vector<MemPart> oracle_kept(const Problem& p, bool backward);
+// run_oracle's peak (harness.cpp): reference<double> forward and backward (reference.cpp), then
+// forward_bounds and backward_bounds (tolerance.cpp), each with its per-thread N_q x N_k
+// workspace, on top of what it keeps.
+MemNeed oracle_need(const Problem& p, bool backward, int threads);
+
+// Implementation footprints (Impl::footprint): the run's own copies of the inputs and outputs in
+// its dtype, the fp64 copies fetch_* returns, and its workspace at `threads` OpenMP threads.
+std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
+                                         int threads);
+std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
+                                   int threads);
+// cuda: HOST bytes only (a staging copy per tensor and the fetched fp64 outputs); device memory
+// is not estimated (cudaMalloc failures are reported by the layer).
+std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
+                                         int threads);
+// `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
+// (all of K, V, dK, dV on every rank for allgather and attention2d, two blocks in flight per
+// rank otherwise), the gathered results, and each rank's cpu engine scratch. A bound, not a
+// measured figure.
+using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
+                                                     bool backward, int threads)>;
+Footprint distributed_footprint(const std::string& algo, int world);
+
+// run_case's peak (common.hpp): inputs and the oracle; then, one implementation at a time, its
+// footprint next to the inputs and what the oracle keeps.
+MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads);
+
+// ---------------------------------------------------------------- what the machine has
+struct MemAvailable {
+  int64_t bytes = -1;  // -1: unknown (then nothing is refused)
+  std::string source;  // "MemAvailable", "cgroup memory.max", "BURSTLAB_MEMORY_AVAILABLE"
+};
+// BURSTLAB_MEMORY_AVAILABLE (bytes) when set; else the smaller of /proc/meminfo's MemAvailable
+// and what the process's cgroup (v2 memory.max, v1 memory.limit_in_bytes, itself or an
+// ancestor) still allows: limit - usage + inactive file cache. Throws Error on a malformed
+// BURSTLAB_MEMORY_AVAILABLE.
+MemAvailable memory_available();
+// Parsers, exposed for tests: "MemAvailable: 123 kB" -> bytes (-1 when absent); a cgroup
+// directory's limit left (-1 when unlimited or unreadable).
+int64_t parse_meminfo_available(const std::string& meminfo);
+int64_t cgroup_dir_available(const std::string& dir);
+
+// ---------------------------------------------------------------- the refusal
+// Throws Error (exit 2) when need.bytes exceeds what is available: "not enough memory for
+// <step>: <need> needed, <available> available (<source>); the largest part: <part>; <advice>".
+// advice() is called only then; it says what to do instead, with flags the subcommand has.
+void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice);
+// The largest c (rounded down to 3 significant digits) such that fits(min(N_q, c), min(N_k, c));
+// 0 when not even c = 1 fits. fits must be monotone in c.
+int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits);
+
+// ---------------------------------------------------------------- out of memory anyway
+// Names the step under way (and its estimated bytes) for the message of an allocation failure
+// the estimate did not foresee. The innermost Allocating that an exception unwinds through is
+// remembered; out_of_memory_message() reports it.
+class Allocating {
+ public:
+  Allocating(std::string what, int64_t bytes);
+  ~Allocating();
+  Allocating(const Allocating&) = delete;
+  Allocating& operator=(const Allocating&) = delete;
+
+ private:
+  std::string what_;
+  int64_t bytes_;
+  int uncaught_;
+};
+// "out of memory (std::bad_alloc) while <step> (estimated <bytes>); <available> available
+// (<source>); <advice>". Forgets the remembered step.
+std::string out_of_memory_message(const std::exception& e, const std::string& advice = "");
+
+}  // namespace burstlab::tools
