@@ -42,6 +42,15 @@ struct ByteTotals {
 };
 ByteTotals totals(const std::vector<Transfer>& log, Phase phase, int step = -1, int link = -1);
 
+// What an in-order transport would do with the logs of one pass (logs[r] = rank r's transfers in
+// posting order). NCCL matches the messages of a (src, dst) pair in posting order, not by tag,
+// and the groups (batches) of one communicator run one after another on the device: a group ends
+// only when every message in it found its partner running. Returns "" when (1) the k-th send of
+// every pair meets the k-th receive with the same tag and size, as SimComm matched them, and
+// (2) replaying the groups in that model, every rank's groups all complete; else the first
+// problem, naming ranks, tensors, phases and steps. Spec §7.4.
+std::string in_order_problem(const std::vector<std::vector<Transfer>>& logs);
+
 class Request {
  public:
   virtual ~Request() = default;  // implementations cancel or finish the transfer here

@@ -109,17 +109,13 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
     const FlashStep& st = s.steps[r][t];
     std::vector<RequestPtr> in, out, res;  // after the buffers: destroyed (cancelled) first
     const int T_ = static_cast<int>(t);
-    comm.begin_batch();  // this step's fetches, hand-offs and result receives: one group
+    comm.begin_batch();  // this step's fetches and hand-offs: one group
     if (st.role == FlashRole::Owner && st.k != r) {
       in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
       in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
     }
     if (st.role == FlashRole::Helper) in.push_back(comm.irecv(Qr.data, B * Hq * f.nq(st.q) * d * eb, st.q, tag(T_, 2), "Q"));
-    if (st.q_dst >= 0) {
-      res.push_back(comm.irecv(Orv.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 3), "O"));
-      res.push_back(comm.irecv(Lrv.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 4), "LSE"));
-      out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
-    }
+    if (st.q_dst >= 0) out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
     if (st.kv_dst >= 0) {
       out.push_back(comm.isend(x.K.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 0), "K"));
       out.push_back(comm.isend(x.V.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 1), "V"));
@@ -139,9 +135,20 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
                       as_const(bhsd<T>(x.K.data, B, Hkv, x.n_k, d)), as_const(bhsd<T>(x.V.data, B, Hkv, x.n_k, d)),
                       bhsd<T>(Oh.data, B, Hq, n, d), view3<A>(Lh.data, B, Hq, n), false);
       e.synchronize();
+    }
+    {
+      // Results after the compute, on both sides: the helper's partial goes out, ours comes in
+      // (a receive in the first batch would pair with a later group of the helper, §7.4).
       Batch batch(comm);
-      out.push_back(comm.isend(Oh.data, B * Hq * n * d * eb, st.q, tag(T_, 3), "O"));
-      out.push_back(comm.isend(Lh.data, B * Hq * n * ab, st.q, tag(T_, 4), "LSE"));
+      if (st.role == FlashRole::Helper) {
+        const int64_t n = f.nq(st.q);
+        out.push_back(comm.isend(Oh.data, B * Hq * n * d * eb, st.q, tag(T_, 3), "O"));
+        out.push_back(comm.isend(Lh.data, B * Hq * n * ab, st.q, tag(T_, 4), "LSE"));
+      }
+      if (st.q_dst >= 0) {
+        res.push_back(comm.irecv(Orv.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 3), "O"));
+        res.push_back(comm.irecv(Lrv.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 4), "LSE"));
+      }
     }
     if (!res.empty()) {
       wait_all(res);  // the helper's partial of our queries: merged after our own block (4.5)
@@ -177,7 +184,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
     const FlashStep& st = s.steps[r][t];
     const int T_ = static_cast<int>(t);
     std::vector<RequestPtr> in, out, res;
-    comm.begin_batch();  // this step's fetches, hand-offs and result receives: one group
+    comm.begin_batch();  // this step's fetches and hand-offs: one group
     if (st.role == FlashRole::Owner && st.k != r) {
       in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
       in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
@@ -192,15 +199,12 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
     if (st.kv_dst >= 0) {
       out.push_back(comm.isend(x.K.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 0), "K"));
       out.push_back(comm.isend(x.V.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 1), "V"));
-      res.push_back(comm.irecv(dKin.data, B * Hkv * nkr * d * ab, st.kv_dst, tag(T_, 9), "dK"));
-      res.push_back(comm.irecv(dVin.data, B * Hkv * nkr * d * ab, st.kv_dst, tag(T_, 10), "dV"));
     }
     if (st.q_dst >= 0) {
       out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
       out.push_back(comm.isend(x.dO.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 5), "dO"));
       out.push_back(comm.isend(x.LSE.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 6), "LSE"));
       out.push_back(comm.isend(D.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 7), "D"));
-      res.push_back(comm.irecv(dQin.data, B * Hq * nqr * d * ab, st.q_dst, tag(T_, 8), "dQ"));
     }
     comm.end_batch();
     wait_all(in);
@@ -220,11 +224,6 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
                        as_const(view3<A>(D.data, B, Hq, nqr)), bhsd<A>(x.dQ.data, B, Hq, nqr, d),
                        bhsd<A>(dK, B, Hkv, n, d), bhsd<A>(dV, B, Hkv, n, d));  // §6.2
       e.synchronize();
-      if (!home) {
-        Batch batch(comm);
-        out.push_back(comm.isend(dKp.data, B * Hkv * n * d * ab, st.k, tag(T_, 9), "dK"));
-        out.push_back(comm.isend(dVp.data, B * Hkv * n * d * ab, st.k, tag(T_, 10), "dV"));
-      }
     } else if (st.role == FlashRole::Helper) {
       const int64_t n = f.nq(st.q);
       fill(e, dQp.data, B * Hq * n * d, 0.0);
@@ -234,8 +233,21 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
                        as_const(view3<A>(Dr.data, B, Hq, n)), bhsd<A>(dQp.data, B, Hq, n, d),
                        bhsd<A>(x.dK.data, B, Hkv, nkr, d), bhsd<A>(x.dV.data, B, Hkv, nkr, d));
       e.synchronize();
-      Batch batch(comm);
-      out.push_back(comm.isend(dQp.data, B * Hq * n * d * ab, st.q, tag(T_, 8), "dQ"));
+    }
+    {
+      Batch batch(comm);  // results after the compute, on both sides (as in the forward)
+      if (st.role == FlashRole::Owner && st.k != r) {
+        const int64_t n = f.nk(st.k);
+        out.push_back(comm.isend(dKp.data, B * Hkv * n * d * ab, st.k, tag(T_, 9), "dK"));
+        out.push_back(comm.isend(dVp.data, B * Hkv * n * d * ab, st.k, tag(T_, 10), "dV"));
+      }
+      if (st.role == FlashRole::Helper)
+        out.push_back(comm.isend(dQp.data, B * Hq * f.nq(st.q) * d * ab, st.q, tag(T_, 8), "dQ"));
+      if (st.kv_dst >= 0) {
+        res.push_back(comm.irecv(dKin.data, B * Hkv * nkr * d * ab, st.kv_dst, tag(T_, 9), "dK"));
+        res.push_back(comm.irecv(dVin.data, B * Hkv * nkr * d * ab, st.kv_dst, tag(T_, 10), "dV"));
+      }
+      if (st.q_dst >= 0) res.push_back(comm.irecv(dQin.data, B * Hq * nqr * d * ab, st.q_dst, tag(T_, 8), "dQ"));
     }
     wait_all(res);  // partials of our rows, added in a fixed order: dK, dV then dQ
     if (st.kv_dst >= 0) {

@@ -73,7 +73,7 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
         }
         const int incoming = last ? r : double_ring_shard(r, t + 1, G, K);
         st.sends.push_back(Message{it.name, i, travelling, next, t * 16 + i, elems(it, travelling), it.accumulated});
-        st.recvs.push_back(Message{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), false});
+        st.recvs.push_back(Message{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), it.accumulated});
       }
     }
   }

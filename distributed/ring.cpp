@@ -134,6 +134,7 @@ class RingRun {
       std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
       Batch batch(c_);  // this step's receives and read-only sends: one group
       for (const Message& m : st.recvs) {
+        if (m.after_compute) continue;  // posted with the sends that pair with it, below
         if (m.lands > 0) {  // into the inter-node slot not read this round
           const int k = next_islot[m.item]++ % 2;
           landed_[m.item][m.lands] = k;
@@ -141,9 +142,7 @@ class RingRun {
                                                    m.tensor.c_str()));
           continue;
         }
-        // The last hop of an accumulated tensor lands in the home output.
-        void* dst = (t == G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
-        reqs.push_back(c_.irecv(dst, bytes(m), m.peer, m.tag, m.tensor.c_str()));
+        recv(m, t, reqs);
       }
       auto prefetched = [&](int item) {
         for (const Message& m : st.sends)
@@ -166,6 +165,8 @@ class RingRun {
       for (const BlockTask& b : st.blocks) compute(st, b, t);
       e_.synchronize();
       c_.begin_batch();
+      for (const Message& m : st.recvs)
+        if (m.after_compute) recv(m, t, reqs);
       send(true);  // gradients, after the compute that produced them
       c_.end_batch();
       wait_all(reqs);
@@ -176,6 +177,13 @@ class RingRun {
         if (f.second && f.first <= t + 1) due.push_back(std::move(f.second));
       wait_all(due);
     }
+  }
+
+  // An ordinary hop lands in the slot of step t + 1; the last hop of an accumulated tensor in
+  // the home output.
+  void recv(const Message& m, int t, std::vector<RequestPtr>& reqs) {
+    void* dst = (t == s_.G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
+    reqs.push_back(c_.irecv(dst, m.elems * width(items_[m.item]), m.peer, m.tag, m.tensor.c_str()));
   }
 
   void compute(const RankStep& st, const BlockTask& b, int t) {

@@ -109,7 +109,7 @@ Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData&
         Message snd{it.name, i, travelling, next, t * 16 + i, elems(it, travelling), it.accumulated};
         // What r-1 sends at step t: shard (r-1-t), or at the last step its accumulated shard r.
         const int incoming = last ? r : mod(r - t - 1, G);
-        Message rcv{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), false};
+        Message rcv{it.name, i, incoming, prev, t * 16 + i, elems(it, incoming), it.accumulated};
         st.sends.push_back(snd);
         st.recvs.push_back(rcv);
       }

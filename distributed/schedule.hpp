@@ -60,7 +60,9 @@ struct Message {
   int peer = 0;              // destination (send) or source (recv)
   int tag = 0;               // step * 16 + item
   int64_t elems = 0;         // elements (bytes = elems * ElemBytes::of(item))
-  bool after_compute = false;  // sends only: posted after the step's compute (gradients)
+  // Posted after the step's compute (gradients). A receive carries its send's flag: both sides
+  // post a message in corresponding batches, which an in-order transport needs (§7.4).
+  bool after_compute = false;
   // 0: an ordinary hop (received for the next step, waited for at the end of this one).
   // > 0: the double ring's prefetched inter-node hop (spec §7.9): posted at the start of a node
   // round, in flight during the whole round, received into the separate inter-node slots and

@@ -357,6 +357,10 @@ void SimWorld::run(const std::function<void(Communicator&)>& fn) {
   }
   for (auto& t : threads) t.join();
   if (state.aborted) fail("SimComm world of ", G_, " ranks failed: ", state.failure);
+  if (options_.in_order) {
+    const std::string problem = in_order_problem(logs_);
+    if (!problem.empty()) fail("SimComm world of ", G_, " ranks (in_order check): ", problem);
+  }
 }
 
 }  // namespace burstlab::dist

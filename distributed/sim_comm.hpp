@@ -9,6 +9,8 @@
 //   fail_rank  that rank throws at its fail_at_op-th communicator call (0 = the first); every
 //              other rank then fails with an error naming the failed rank and its operation.
 //   timeout_s  bounds every wait; a timeout fails the whole world (nothing hangs).
+//   in_order   after every SimWorld::run, fail unless an in-order transport (NCCL) would match
+//              every message the same way and finish (in_order_problem, comm.hpp).
 //   gpus_per_node  link class: ranks r, s are on one node iff r / gpus_per_node == s / gpus_per_node
 //              (0 = one node).
 #pragma once
@@ -38,6 +40,7 @@ struct SimOptions {
   int fail_at_op = 0;
   double timeout_s = 60.0;
   int gpus_per_node = 0;
+  bool in_order = true;
   int workers = 2;           // transfer threads
   int threads_per_rank = 1;  // OpenMP threads each rank's engine may use
   SimMemory memory;          // empty: host memory

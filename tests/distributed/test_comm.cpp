@@ -37,8 +37,11 @@ TEST(SimComm, RingExchangeAndAccounting) {
         c.set_context(Phase::Forward, 3);
         if (G == 1) return;
         std::vector<RequestPtr> reqs;
-        reqs.push_back(c.irecv(got.data(), 8 * static_cast<int64_t>(got.size()), (r - 1 + G) % G, 1, "x"));
-        reqs.push_back(c.isend(mine.data(), 8 * n, (r + 1) % G, 1, "x"));
+        {
+          Batch batch(c);
+          reqs.push_back(c.irecv(got.data(), 8 * static_cast<int64_t>(got.size()), (r - 1 + G) % G, 1, "x"));
+          reqs.push_back(c.isend(mine.data(), 8 * n, (r + 1) % G, 1, "x"));
+        }
         wait_all(reqs);
         for (double v : got) EXPECT_EQ(v, (r - 1 + G) % G + 0.5);
       });
@@ -55,6 +58,7 @@ TEST(SimComm, ManyTagsMatchInAnyOrder) {
   SimOptions o;
   o.reorder = true;
   o.workers = 3;
+  o.in_order = false;  // matching by tag, which NCCL does not do (asserted below)
   SimWorld w(3, o);
   w.run([&](Communicator& c) {
     const int r = c.rank(), G = c.size();
@@ -95,7 +99,9 @@ TEST(SimComm, TransfersProgressWithoutTheRankWaiting) {
 }
 
 TEST(SimComm, BatchBoundary) {
-  SimWorld w(2);
+  SimOptions o;
+  o.in_order = false;  // the unbatched exchange below would deadlock NCCL (asserted below)
+  SimWorld w(2, o);
   w.run([&](Communicator& c) {
     const int peer = 1 - c.rank();
     double out = c.rank(), in = -1;
@@ -120,6 +126,46 @@ TEST(SimComm, BatchBoundary) {
     q->wait();
     EXPECT_EQ(c.log().back().batch, -1);
   });
+  const std::string problem = in_order_problem(w.logs());
+  EXPECT_NE(problem.find("deadlock"), std::string::npos) << problem;
+}
+
+// The in-order model (NCCL's): pairs match in posting order and groups run one after another.
+TEST(SimComm, InOrderProblemFindsWhatNcclWouldDo) {
+  auto t = [](int src, int dst, bool sent, int tag, int batch, int step = 0) {
+    Transfer x;
+    x.src = src;
+    x.dst = dst;
+    x.sent = sent;
+    x.tag = tag;
+    x.bytes = 8;
+    x.batch = batch;
+    x.step = step;
+    x.what = "x";
+    return x;
+  };
+  // A ring exchange in one batch per rank: fine.
+  EXPECT_EQ(in_order_problem({{t(0, 1, true, 0, 1), t(1, 0, false, 0, 1)}, {t(1, 0, true, 0, 1), t(0, 1, false, 0, 1)}}), "");
+  // Two messages of a pair received in the other order: NCCL pairs the first send with the first receive.
+  const std::string swapped = in_order_problem({{t(0, 1, true, 1, 1), t(0, 1, true, 2, 1)},
+                                                {t(0, 1, false, 2, 1), t(0, 1, false, 1, 1)}});
+  EXPECT_NE(swapped.find("would pair them"), std::string::npos) << swapped;
+  // A receive posted in the first batch for what the peer sends in its second, both ranks the
+  // same way (the gradient hop of a ring posted before the compute): each first group waits for
+  // the other's second.
+  const std::string ahead = in_order_problem({{t(1, 0, false, 5, 1), t(0, 1, true, 5, 2)},
+                                              {t(0, 1, false, 5, 1), t(1, 0, true, 5, 2)}});
+  EXPECT_NE(ahead.find("deadlock"), std::string::npos) << ahead;
+  // The same messages with each receive in the batch of its send: fine.
+  EXPECT_EQ(in_order_problem({{t(0, 1, true, 5, 2), t(1, 0, false, 5, 2)}, {t(1, 0, true, 5, 2), t(0, 1, false, 5, 2)}}), "");
+  // Groups need not line up by number, only by what they pair with: rank 1 has an extra group
+  // with rank 2 first.
+  EXPECT_EQ(in_order_problem({{t(0, 1, true, 0, 3), t(1, 0, false, 0, 3)},
+                              {t(1, 2, true, 0, 1), t(1, 0, true, 0, 2), t(0, 1, false, 0, 2)},
+                              {t(1, 2, false, 0, 1)}}),
+            "");
+  // A send nobody receives.
+  EXPECT_NE(in_order_problem({{t(0, 1, true, 0, 1)}, {}}).find("which receives 0"), std::string::npos);
 }
 
 TEST(SimComm, LinkClassesFollowNodes) {
@@ -131,8 +177,11 @@ TEST(SimComm, LinkClassesFollowNodes) {
     double x = r, y = -1;
     c.set_context(Phase::Backward, 0);
     std::vector<RequestPtr> reqs;
-    reqs.push_back(c.irecv(&y, 8, (r + 3) % 4, 0, "x"));
-    reqs.push_back(c.isend(&x, 8, (r + 1) % 4, 0, "x"));
+    {
+      Batch batch(c);
+      reqs.push_back(c.irecv(&y, 8, (r + 3) % 4, 0, "x"));
+      reqs.push_back(c.isend(&x, 8, (r + 1) % 4, 0, "x"));
+    }
     wait_all(reqs);
   });
   for (int r = 0; r < 4; ++r) {
