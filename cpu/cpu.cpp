@@ -11,7 +11,11 @@
 // pass 1 over (b, kv-head, key tile) producing dK, dV (looping over the group's q-heads and every
 // query tile) and pass 2 over (b, h, query tile) producing dQ. Same inputs, same tiles, same
 // thread count or not: the result is bitwise the same.
-#define EIGEN_DONT_PARALLELIZE  // parallelism is ours (OpenMP over tiles); GEMMs run serial
+//
+// Parallelism is ours (OpenMP over tiles); the tile GEMMs run serial: Eigen opens no team inside
+// an active one (omp_get_num_threads() > 1), and its thread count is the caller's
+// omp_get_max_threads() (nothing calls Eigen::setNbThreads), 1 in a team of one.
+// EIGEN_DONT_PARALLELIZE is not used: every translation unit would have to define it (ODR).
 #include "cpu.hpp"
 
 #include <Eigen/Core>

@@ -4,6 +4,7 @@
 #include "baselines.hpp"
 #include "burstlab/error.hpp"
 #include "double_ring.hpp"
+#include "traces.hpp"
 
 namespace burstlab::dist {
 
@@ -25,6 +26,15 @@ void ring_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const Pr
 int64_t ring_bytes(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return closed_form_bytes(pl.fwd.algo, ph, pl.p, pl.qp, pl.kp, r, sent, w);
 }
+const Schedule& schedule_of(const Plan& pl, Phase ph) {
+  if (!fwd(ph) && !pl.o.backward) fail("the plan of ", pl.o.algo, " has no backward (AlgoOptions::backward)");
+  return fwd(ph) ? pl.fwd : pl.bwd;
+}
+Prediction ring_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool overlap) {  // lockstep (7.18)
+  SimSpec spec;
+  spec.overlap = overlap;
+  return simulate_schedule(schedule_of(pl, ph), pl.p, pl.qp, pl.kp, c, eb, spec);
+}
 
 // ---- the double ring (§7.9): the same executor on a two-level schedule
 void prepare_double_ring(Plan& pl) {
@@ -37,6 +47,16 @@ void prepare_double_ring(Plan& pl) {
 int64_t double_ring_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int link) {
   return double_ring_bytes(pl.o.base, ph, pl.p, pl.qp, pl.kp, r, sent, w, gpn(pl.o), link, pl.o.prefetch_inter);
 }
+// Topology-aware (7.19); gradients overlapped with burst traffic (BurstEngine), serialized with
+// ring traffic (LoongTrain's DoubleRing), as BurstEngine Table 1 compares them.
+Prediction double_ring_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool overlap) {
+  SimSpec spec;
+  spec.model = CommModel::TopologyAware;
+  spec.double_ring = true;
+  spec.overlap_grads = pl.o.base == Algo::Burst;
+  spec.overlap = overlap;
+  return simulate_schedule(schedule_of(pl, ph), pl.p, pl.qp, pl.kp, c, eb, spec);
+}
 
 // ---- Ulysses (§7.7) and all-gather CP (§7.8)
 void prepare_ulysses(Plan& pl) { check_ulysses(pl.p, pl.o.world); }
@@ -48,6 +68,10 @@ void ulysses_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const
 int64_t ulysses_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return ulysses_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
 }
+Trace ulysses_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return collective_trace(pl, w, f, b, true); }
+Prediction ulysses_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
+  return simulate_ulysses(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb);
+}
 void prepare_nothing(Plan&) {}
 template <class T>
 void allgather_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
@@ -56,6 +80,10 @@ void allgather_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, con
 }
 int64_t allgather_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return allgather_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+Trace allgather_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return collective_trace(pl, w, f, b, false); }
+Prediction allgather_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
+  return simulate_allgather(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb);
 }
 
 // ---- Attention2D (§7.11) and its overlapped variant (§7.13)
@@ -79,6 +107,11 @@ int64_t attention2d_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes
 int64_t attention2d_o_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return attention2d_bytes(ph, pl.p, pl.grid, pl.qp, pl.kp, r, sent, w, true);
 }
+Trace attention2d_no_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return attention2d_trace(pl, w, f, b, false); }
+Trace attention2d_o_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return attention2d_trace(pl, w, f, b, true); }
+Prediction attention2d_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
+  return simulate_attention2d(ph, pl.p, pl.mask, pl.grid, pl.qp, pl.kp, c, eb);
+}
 
 // ---- DistFlashAttn (§7.12)
 void prepare_distflash(Plan& pl) {
@@ -92,6 +125,9 @@ void distflash_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, con
 }
 int64_t distflash_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return distflash_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+}
+Prediction distflash_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool overlap) {  // lockstep (7.18)
+  return simulate_distflash(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb, overlap);
 }
 
 // ---- USP, the head-context hybrid (§7.14): Ulysses in groups of u, a ring across groups
@@ -113,6 +149,9 @@ void usp_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const Pre
 int64_t usp_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return usp_bytes(pl.o.base, ph, pl.p, pl.qp, pl.kp, pl.o.ulysses_degree, r, sent, w);
 }
+Prediction usp_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool overlap) {
+  return simulate_usp(ph, pl.p, pl.o.ulysses_degree, schedule_of(pl, ph), pl.qp, pl.kp, c, eb, overlap);
+}
 
 #define BURSTLAB_PASSES(f) &f<double>, &f<float>, &f<bf16_t>, &f<f16_t>
 
@@ -121,23 +160,28 @@ int64_t usp_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int)
 const std::vector<Algorithm>& algorithms() {
   static const std::vector<Algorithm> table = {
       {"ring", "§7.2", "RingAttention: K, V travel; backward K, V, dK, dV",
-       [](Plan& pl) { prepare_ring(pl, Algo::Ring); }, BURSTLAB_PASSES(ring_pass), ring_bytes},
+       [](Plan& pl) { prepare_ring(pl, Algo::Ring); }, BURSTLAB_PASSES(ring_pass), ring_bytes, ring_trace,
+       ring_model, {}},
       {"burst", "§7.2", "BurstAttention (GAO): K, V travel; backward Q, dO, D, LSE, dQ",
-       [](Plan& pl) { prepare_ring(pl, Algo::Burst); }, BURSTLAB_PASSES(ring_pass), ring_bytes},
+       [](Plan& pl) { prepare_ring(pl, Algo::Burst); }, BURSTLAB_PASSES(ring_pass), ring_bytes, ring_trace,
+       ring_model, {}},
       {"double-ring", "§7.9", "topology-aware double ring (BurstEngine): intra-node rings inside an inter-node ring",
-       prepare_double_ring, BURSTLAB_PASSES(ring_pass), double_ring_closed},
+       prepare_double_ring, BURSTLAB_PASSES(ring_pass), double_ring_closed, double_ring_trace, double_ring_model, {}},
       {"distflash", "§7.12", "DistFlashAttn: causal load balance, idle ranks help their owners",
-       prepare_distflash, BURSTLAB_PASSES(distflash_pass), distflash_closed},
+       prepare_distflash, BURSTLAB_PASSES(distflash_pass), distflash_closed, distflash_trace, distflash_model,
+       PartitionKind::Contiguous},
       {"attention2d", "§7.11", "Attention2D-NO: Q gathered in grid rows, K, V in columns; (O, LSE) reduce-scattered",
-       prepare_attention2d, BURSTLAB_PASSES(attention2d_pass), attention2d_closed},
+       prepare_attention2d, BURSTLAB_PASSES(attention2d_pass), attention2d_closed, attention2d_no_trace,
+       attention2d_model, PartitionKind::Striped},
       {"attention2d-o", "§7.13", "Attention2D-O: the same grid as rings that overlap transfers with compute",
-       prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed},
+       prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed, attention2d_o_trace, nullptr,
+       PartitionKind::Striped},
       {"ulysses", "§7.7", "DeepSpeed-Ulysses: all-to-all sequence -> heads and back",
-       prepare_ulysses, BURSTLAB_PASSES(ulysses_pass), ulysses_closed},
+       prepare_ulysses, BURSTLAB_PASSES(ulysses_pass), ulysses_closed, ulysses_trace, ulysses_model, {}},
       {"allgather", "§7.8", "all-gather CP (Megatron-CP): gather K, V; reduce-scatter dK, dV",
-       prepare_nothing, BURSTLAB_PASSES(allgather_pass), allgather_closed},
+       prepare_nothing, BURSTLAB_PASSES(allgather_pass), allgather_closed, allgather_trace, allgather_model, {}},
       {"usp", "§7.14", "head-context hybrid (LoongTrain USP): Ulysses in groups of u ranks, a ring across groups",
-       prepare_usp, BURSTLAB_PASSES(usp_pass), usp_closed},
+       prepare_usp, BURSTLAB_PASSES(usp_pass), usp_closed, usp_trace, usp_model, {}},
   };
   return table;
 }

@@ -1,11 +1,13 @@
 // distributed/algorithm.hpp — one descriptor per algorithm (spec §7), in one table, like
 // nccl-tests' one descriptor per collective: its name, spec section, requirement check and plan,
-// the per-rank pass for each storage type, and its closed-form bytes. A `Session` (session.hpp),
-// `burstlab run --algo`, `conform` and the tests all iterate this table; adding an algorithm is
-// adding its file and one entry in algorithm.cpp.
+// the per-rank pass for each storage type, its closed-form bytes, its teaching trace and its
+// simulator model. A `Session` (session.hpp), `burstlab run --algo`, `schedule`, `simulate`,
+// `conform` and the tests all iterate this table; adding an algorithm is adding its file and one
+// entry in algorithm.cpp.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "ring.hpp"
 #include "schedule.hpp"
 #include "sim_comm.hpp"
+#include "simulate.hpp"
 #include "usp.hpp"
 
 namespace burstlab::dist {
@@ -53,6 +56,12 @@ template <class T>
 using PassFn = void (*)(Phase phase, const Plan& plan, Communicator& comm, Engine<T>& engine,
                         const PreparedMask& mask, Shard<T>& shard);
 
+// A teaching trace: the text, and whether every traced byte count equals its closed form.
+struct Trace {
+  std::string text;
+  bool ok = true;
+};
+
 struct Algorithm {
   const char* name;     // what --algo takes
   const char* spec;     // its section of docs/spec.md
@@ -66,6 +75,16 @@ struct Algorithm {
   // The closed form of the bytes rank r sends (sent) or receives in one phase; link -1: both
   // classes, 0: intra-node, 1: inter-node (only the double ring distinguishes them).
   int64_t (*bytes)(const Plan& plan, Phase phase, int r, bool sent, ElemBytes w, int link);
+  // The step-by-step text of the phases asked for (traces.hpp): what each rank holds, computes
+  // and sends, then its bytes next to the closed forms.
+  Trace (*trace)(const Plan& plan, ElemBytes w, bool fwd, bool bwd);
+  // The alpha-beta model of one phase (spec §7.10) on cluster c (nodes x gpus_per_node = world),
+  // elem_bytes per element; overlap: compute and communication overlap where the model lets them.
+  // Null: no model of its own (attention2d-o: §7.13).
+  Prediction (*simulate)(const Plan& plan, Phase phase, const Cluster& c, int64_t elem_bytes, bool overlap);
+  // The partition it requires, if any (attention2d: striped, distflash: contiguous); the
+  // simulator uses it in place of --partition.
+  std::optional<PartitionKind> partition;
 };
 
 const std::vector<Algorithm>& algorithms();

@@ -32,7 +32,7 @@ struct Op {
   std::string what, ctx;  // payload name, "forward step 2"
   OpState state = OpState::Posted;
   std::string error;      // set with Done when the transfer failed
-  std::shared_ptr<Op> partner;
+  std::weak_ptr<Op> partner;  // weak: two matched ops owning each other would never be freed
   std::string describe() const {
     std::string s = is_send ? "send of " + what + " (tag " + std::to_string(tag) + ") to rank " + std::to_string(dst)
                             : "recv of " + what + " (tag " + std::to_string(tag) + ") from rank " + std::to_string(src);
@@ -179,12 +179,12 @@ struct SimState {
   // A matched but not yet copied op is withdrawn (its rank is unwinding): its partner goes back
   // to waiting, so it reports the world's failure (or a timeout), never a half-explained error.
   void unmatch(const OpPtr& op) {  // lock held
+    OpPtr other = op->partner.lock();  // before the work queue drops its reference
     for (auto it = work.begin(); it != work.end(); ++it)
       if (it->first == op || it->second == op) {
         work.erase(it);
         break;
       }
-    OpPtr other = op->partner;
     op->state = OpState::Cancelled;
     op->partner.reset();
     if (other) {

@@ -331,6 +331,75 @@ Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mas
   return out;
 }
 
+Prediction simulate_usp(Phase phase, const Problem& p, int u, const Schedule& ring, const Partition& qp,
+                        const Partition& kp, const Cluster& c, int64_t eb, bool overlap) {
+  const int G = qp.G, K = c.gpus_per_node;
+  check_cluster(c, G);
+  check_usp(p, G, u);
+  if (ring.G != G / u) fail("usp: the ring's schedule has ", ring.G, " ranks, not G/u = ", G / u);
+  // The ring's cluster: ring rank g is world rank g u + i for every i, so ring hops cross nodes as
+  // the world's do when groups sit inside nodes (K/u ring ranks per node) or span whole ones.
+  Cluster rc = c;
+  if (K % u == 0) {
+    rc.gpus_per_node = K / u;
+  } else if (u % K == 0) {
+    rc.gpus_per_node = 1;
+    rc.nodes = G / u;
+  } else {
+    fail("usp: the ulysses degree u (", u, ") and gpus_per_node (", K, ") must divide one another");
+  }
+  const bool bwd = phase == Phase::Backward;
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  std::vector<std::vector<Round>> in(G, std::vector<Round>(1)), back(G, std::vector<Round>(1));
+  for (int r = 0; r < G; ++r)
+    for (int j = 0; j < u; ++j) {
+      const int s = r / u * u + j;
+      if (s == r) continue;
+      const int64_t nq = qp.local_size(r), nk = kp.local_size(r), nqs = qp.local_size(s), nks = kp.local_size(s);
+      auto& out = in[r][0].msgs;  // seq -> heads inside the group, one message per tensor and member
+      auto& home = back[r][0].msgs;
+      out.push_back({s, B * Hu * nq * d * eb});    // Q
+      out.push_back({s, B * Hkvu * nk * d * eb});  // K
+      out.push_back({s, B * Hkvu * nk * d * eb});  // V
+      if (!bwd) {
+        home.push_back({s, B * Hu * nqs * d * eb});  // O
+        home.push_back({s, B * Hu * nqs * eb});      // LSE
+      } else {
+        out.push_back({s, B * Hu * nq * d * eb});      // dO
+        out.push_back({s, B * Hu * nq * eb});          // LSE
+        out.push_back({s, B * Hu * nq * eb});          // D
+        home.push_back({s, B * Hu * nqs * d * eb});    // dQ
+        home.push_back({s, B * Hkvu * nks * d * eb});  // dK
+        home.push_back({s, B * Hkvu * nks * d * eb});  // dV
+      }
+    }
+  const std::vector<double> none(G, 0.0);
+  const Prediction a = collective(in, none, c), b = collective(back, none, c);
+  SimSpec spec;
+  spec.overlap = overlap;
+  const Prediction x = simulate_schedule(ring, usp_head_problem(p, u), usp_group_partition(qp, u),
+                                         usp_group_partition(kp, u), rc, eb, spec);
+  Prediction out;
+  out.step_s.push_back(a.comm_s);
+  out.step_s.insert(out.step_s.end(), x.step_s.begin(), x.step_s.end());
+  out.step_s.push_back(b.comm_s);
+  out.compute_s = x.compute_s;
+  out.comm_s = a.comm_s + x.comm_s + b.comm_s;
+  out.total_s = a.comm_s + x.total_s + b.comm_s;
+  out.exposed_comm_s = std::max(0.0, out.total_s - out.compute_s);
+  // Bytes per world rank and link class: its all-to-all messages and its ring rank's sends.
+  for (int r = 0; r < G; ++r) {
+    int64_t bi = 0, bo = 0;
+    for (const auto* rounds : {&in, &back})
+      for (const auto& [peer, bytes] : (*rounds)[r][0].msgs) (inter(c, r, peer) ? bo : bi) += bytes;
+    for (const RankStep& st : ring.steps[r / u])
+      for (const Message& m : st.sends) (inter(c, r, m.peer * u + r % u) ? bo : bi) += m.elems * eb;
+    out.bytes_intra = std::max(out.bytes_intra, bi);
+    out.bytes_inter = std::max(out.bytes_inter, bo);
+  }
+  return out;
+}
+
 double table1_ring(int N, double Ti, double Te) { return 6 * std::max(N * Ti, N * Te); }
 double table1_double_ring(int N, int Ni, double Ti, double Te) {
   return 4 * std::max((N - Ni) * Ti, Ni * Te) + 2 * ((N - Ni) * Ti + Ni * Te);

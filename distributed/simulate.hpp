@@ -14,6 +14,8 @@
 //                                 sum intra + sum inter unless overlap_grads (BurstEngine Fig. 5).
 //                  collective     (ulysses, all-gather): per rank max(sum intra, sum inter) over
 //                                 its messages, never overlapped with compute (it must finish first).
+//                  usp            the all-to-all inside each group (collective), the ring across
+//                                 groups (lockstep), the all-to-all back, one after the other.
 //   overlap        with: a step costs max(compute, comm); without: compute + comm.
 // table1 = true replays with BurstEngine Table 1's accounting: every travelling tensor moves
 // G times (the read-only ones' useless last hop included, on the link the return hop uses) and
@@ -30,6 +32,7 @@
 #include "distflash.hpp"
 #include "partition.hpp"
 #include "schedule.hpp"
+#include "usp.hpp"
 
 namespace burstlab::dist {
 
@@ -92,6 +95,14 @@ Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& m
                                 const Partition& qp, const Partition& kp, const Cluster& c, int64_t elem_bytes);
 Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mask, const Partition& qp,
                               const Partition& kp, const Cluster& c, int64_t elem_bytes, bool overlap = true);
+
+// USP (§7.14): the all-to-all in each group of u consecutive ranks (the collective model 7.20, on
+// the slowest rank), then the ring across the G/u groups (lockstep 7.18: `ring` is its schedule of
+// the phase, on usp_head_problem(p, u) and the group partitions; ring rank g = world ranks g u + i),
+// then the all-to-all back: total = a2a_in + ring total + a2a_back; step_s = (a2a_in, the ring's
+// steps, a2a_back). Needs u | gpus_per_node (groups inside nodes) or gpus_per_node | u.
+Prediction simulate_usp(Phase phase, const Problem& p, int u, const Schedule& ring, const Partition& qp,
+                        const Partition& kp, const Cluster& c, int64_t elem_bytes, bool overlap = true);
 
 // BurstEngine Table 1 (forward + backward communication time), written from the paper:
 // N rounds, N_inter nodes, T = Lat + P / B per link class.

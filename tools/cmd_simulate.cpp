@@ -15,6 +15,7 @@
 #include "burstlab/error.hpp"
 #include "common.hpp"
 #include "cpu_engine.hpp"
+#include "algorithm.hpp"
 #include "double_ring.hpp"
 #include "schedule.hpp"
 #include "simulate.hpp"
@@ -22,33 +23,10 @@
 
 namespace burstlab::tools {
 
-void print_double_ring(const Problem& p, const MaskData& md, const dist::Partition& qp, const dist::Partition& kp,
-                       int64_t eb, int K, bool fwd, bool bwd) {
-  const int G = qp.G;
-  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
-    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
-    const dist::Schedule s = dist::make_double_ring_schedule(dist::Algo::Burst, ph, p, md, qp, kp, K);
-    std::printf("\ndouble ring (%d nodes x %d GPUs per node), BurstAttention traffic; the (closed form) columns "
-                "below are the flat ring's §7.5, see the per-link lines after\n%s",
-                G / K, K, dist::trace(s, p, qp, kp, eb).c_str());
-    std::printf("bytes per link class (spec §7.9):\n");
-    for (int r = 0; r < G; ++r) {
-      int64_t si[2] = {0, 0};  // the schedule's sends by link class (intra, inter)
-      for (const dist::RankStep& st : s.steps[r])
-        for (const dist::Message& m : st.sends) si[m.peer / K != r / K] += m.elems * eb;
-      std::printf("  rank %d: sent %lld B = intra %lld + inter %lld (closed form %lld + %lld)\n", r,
-                  static_cast<long long>(dist::schedule_bytes(s, r, true, eb)), static_cast<long long>(si[0]),
-                  static_cast<long long>(si[1]),
-                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 0)),
-                  static_cast<long long>(dist::double_ring_bytes(dist::Algo::Burst, ph, p, qp, kp, r, true, eb, K, 1)));
-    }
-  }
-}
-
 namespace {
 
 struct SimFlags {
-  std::string algos = "ring,burst,double-ring,burst-double-ring,ulysses,allgather,attention2d,distflash";
+  std::string algos = "ring,burst,double-ring,burst-double-ring,ulysses,allgather,attention2d,distflash,usp";
   std::string preset = "a800-32";
   int nodes = 0, gpus_per_node = 0;  // 0: the preset's
   int64_t seq = 65536, B = 1, H_q = 32, H_kv = 32, d = 128;
@@ -116,6 +94,34 @@ MeasuredRate measure_cpu_rate(int64_t d) {
   return m;
 }
 
+// The simulator's rows: every algorithm of the table with a model, under its name; the double
+// ring twice, as the two systems BurstEngine Table 1 compares: `double-ring` is LoongTrain's
+// DoubleRing (ring traffic, gradients not overlapped), `burst-double-ring` BurstEngine's (burst
+// traffic, gradients overlapped).
+struct SimAlgo {
+  std::string name;
+  const dist::Algorithm* algo;
+  dist::Algo base;
+};
+std::vector<SimAlgo> sim_algos() {
+  std::vector<SimAlgo> out;
+  for (const dist::Algorithm& a : dist::algorithms()) {
+    if (!a.simulate) continue;
+    const bool two_level = std::string(a.name) == "double-ring";
+    out.push_back({a.name, &a, two_level ? dist::Algo::Ring : dist::Algo::Burst});
+    if (two_level) out.push_back({std::string("burst-") + a.name, &a, dist::Algo::Burst});
+  }
+  return out;
+}
+const SimAlgo& find_sim_algo(const std::vector<SimAlgo>& all, const std::string& name) {
+  std::string names;
+  for (const SimAlgo& a : all) {
+    if (a.name == name) return a;
+    names += (names.empty() ? "" : ", ") + a.name;
+  }
+  fail("algo (", name, ") must be one of ", names);
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -157,59 +163,47 @@ int run_simulate(const SimFlags& f) {
                {"comm_ms", "comm(ms)"},        {"total_ms", "total(ms)"},  {"exposed_ms", "exposed(ms)"},
                {"serial_ms", "no-overlap(ms)"}, {"intra_MB", "intra(MB)"}, {"inter_MB", "inter(MB)"}};
   std::vector<std::string> step_lines;  // --steps
+  std::vector<std::string> not_run;     // algorithms whose requirements the problem misses
+  const std::vector<SimAlgo> all = sim_algos();
   for (const std::string& a : split(f.algos)) {
-    for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
-      dist::Prediction with, without;
-      if (a == "ulysses") {
-        if (p.H_q % G || p.H_kv % G) {
-          t.add({text(a), text(dist::to_string(ph)), text("H % G != 0"), missing(), missing(), missing(), missing(),
-                 missing(), missing()});
-          continue;
-        }
-        with = without = dist::simulate_ulysses(ph, p, md, part, part, c, eb);
-      } else if (a == "allgather") {
-        with = without = dist::simulate_allgather(ph, p, md, part, part, c, eb);
-      } else if (a == "attention2d") {  // the cyclic partition and the most square grid
-        const dist::Partition cyc = dist::make_partition(dist::PartitionKind::Striped, f.seq, G, "seq");
-        with = without = dist::simulate_attention2d(ph, p, md, dist::default_grid(G), cyc, cyc, c, eb);
-      } else if (a == "distflash") {  // the contiguous partition; causal-type masks only
-        const dist::Partition con = dist::make_partition(dist::PartitionKind::Contiguous, f.seq, G, "seq");
-        with = dist::simulate_distflash(ph, p, md, con, con, c, eb, true);
-        without = dist::simulate_distflash(ph, p, md, con, con, c, eb, false);
-      } else {
-        dist::SimSpec spec;
-        dist::Schedule s;
-        if (a == "ring" || a == "burst") {
-          s = dist::make_schedule(dist::parse_algo(a), ph, p, md, part, part);
-        } else if (a == "double-ring" || a == "burst-double-ring") {
-          // double-ring: LoongTrain's DoubleRing (ring traffic, gradients not overlapped);
-          // burst-double-ring: BurstEngine (burst traffic, gradients overlapped).
-          const bool burst = a == "burst-double-ring";
-          s = dist::make_double_ring_schedule(burst ? dist::Algo::Burst : dist::Algo::Ring, ph, p, md, part, part, K);
-          spec.model = dist::CommModel::TopologyAware;
-          spec.double_ring = true;
-          spec.overlap_grads = burst;
-        } else {
-          fail("algo (", a, ") must be one of ring, burst, double-ring, burst-double-ring, ulysses, allgather, ",
-               "attention2d, distflash");
-        }
-        with = dist::simulate_schedule(s, p, part, part, c, eb, spec);
-        spec.overlap = false;
-        without = dist::simulate_schedule(s, p, part, part, c, eb, spec);
+    const SimAlgo& sa = find_sim_algo(all, a);
+    dist::AlgoOptions o;
+    o.algo = sa.algo->name;
+    o.partition = sa.algo->partition.value_or(part.kind);
+    o.world = G;
+    o.gpus_per_node = K;
+    o.base = sa.base;
+    const dist::Phase phases[2] = {dist::Phase::Forward, dist::Phase::Backward};
+    dist::Prediction with[2], without[2];  // per phase: with and without overlap
+    try {
+      const dist::Plan plan = dist::make_plan(p, o);
+      for (int k = 0; k < 2; ++k) {
+        with[k] = sa.algo->simulate(plan, phases[k], c, eb, true);
+        without[k] = sa.algo->simulate(plan, phases[k], c, eb, false);
       }
+    } catch (const Error& e) {  // requirements the problem or the cluster misses
+      not_run.push_back(a + ": " + e.what());
+      for (dist::Phase ph : phases)
+        t.add({text(a), text(dist::to_string(ph)), text("not run"), missing(), missing(), missing(), missing(),
+               missing(), missing()});
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      const dist::Phase ph = phases[k];
       if (f.steps) {
-        std::string line = a + " " + dist::to_string(ph) + " (" + std::to_string(with.step_s.size()) + " steps, ms):";
+        std::string line = a + " " + dist::to_string(ph) + " (" + std::to_string(with[k].step_s.size()) + " steps, ms):";
         char buf[32];
-        for (double x : with.step_s) {
+        for (double x : with[k].step_s) {
           std::snprintf(buf, sizeof buf, " %.3f", x * 1e3);
           line += buf;
         }
         step_lines.push_back(line);
       }
-      t.add({text(a), text(dist::to_string(ph)), number(with.compute_s * 1e3, "%.3f"),
-             number(with.comm_s * 1e3, "%.3f"), number(with.total_s * 1e3, "%.3f"),
-             number(with.exposed_comm_s * 1e3, "%.3f"), number(without.total_s * 1e3, "%.3f"),
-             number(double(with.bytes_intra) / 1e6, "%.2f"), number(double(with.bytes_inter) / 1e6, "%.2f")});
+      const dist::Prediction& x = with[k];
+      t.add({text(a), text(dist::to_string(ph)), number(x.compute_s * 1e3, "%.3f"), number(x.comm_s * 1e3, "%.3f"),
+             number(x.total_s * 1e3, "%.3f"), number(x.exposed_comm_s * 1e3, "%.3f"),
+             number(without[k].total_s * 1e3, "%.3f"), number(double(x.bytes_intra) / 1e6, "%.2f"),
+             number(double(x.bytes_inter) / 1e6, "%.2f")});
     }
   }
   // BurstEngine Table 1 (fwd + bwd communication time) next to the schedules' replay with the
@@ -259,6 +253,7 @@ int run_simulate(const SimFlags& f) {
     if (f.flops == "measured")
       j["measured_flops_per_s"] = {{"forward", c.flops_per_s}, {"backward", c.flops_per_s_backward}};
     if (one_p) j["table1"] = t1.json();
+    if (!not_run.empty()) j["not_run"] = not_run;
     std::printf("%s\n", j.dump(2).c_str());
     return all_match ? kExitPass : kExitFail;
   }
@@ -272,12 +267,15 @@ int run_simulate(const SimFlags& f) {
               shape_string(p).c_str(),
               describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
+  for (const std::string& l : not_run) std::printf("not run: %s\n", l.c_str());
   std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"
               "intra/inter = bytes sent per link class (max over ranks). Model: spec §7.10.\n");
   if (f.steps) {
+    const std::vector<std::string> step_names = split(f.algos);
     std::printf("\npredicted time per step, spec §7.10 (ring, burst, distflash: the slowest rank's step with overlap;\n"
                 "double rings: compute per step, their communication is priced per tensor over the whole phase;\n"
-                "ulysses, allgather, attention2d: one entry, the phase):\n");
+                "ulysses, allgather, attention2d: one entry, the phase%s):\n",
+                std::count(step_names.begin(), step_names.end(), "usp") ? ";\nusp: the all-to-all in, the ring's steps, the all-to-all back" : "");
     for (const std::string& l : step_lines) std::printf("  %s\n", l.c_str());
   }
   if (one_p) {
@@ -298,8 +296,11 @@ void add_simulate_command(CLI::App& app) {
   auto f = std::make_shared<SimFlags>();
   CLI::App* sub = app.add_subcommand(
       "simulate", "Predict the time of each distributed schedule on a cluster (alpha-beta model, spec §7.10)");
-  sub->add_option("--algo", f->algos, "comma-separated: ring, burst, double-ring, burst-double-ring, ulysses, allgather, attention2d, "
-                  "distflash")
+  std::string algos;
+  for (const SimAlgo& a : sim_algos()) algos += (algos.empty() ? "" : ", ") + a.name;
+  sub->add_option("--algo", f->algos,
+                  "comma-separated: " + algos + " (usp: Ulysses groups of --gpus-per-node ranks; attention2d: the "
+                  "striped partition and the most square grid; distflash: the contiguous partition)")
       ->capture_default_str();
   sub->add_option("--preset", f->preset, "a100-pcie | a100-roce | a800-32 | a800-64")->capture_default_str();
   sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str();

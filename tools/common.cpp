@@ -10,7 +10,6 @@
 #include <new>
 #include <stdexcept>
 
-#include <Eigen/Core>
 #include <omp.h>
 
 #include "burstlab/error.hpp"
@@ -95,8 +94,9 @@ int max_threads() { return omp_get_max_threads(); }
 void apply_threads(int threads) {
   if (threads < 0) fail("threads (", threads, ") must be >= 1, or 0 for all");
   if (threads == 0) return;
+  // Eigen's GEMMs follow it too (Eigen::setNbThreads would pin a count for every thread, SimComm
+  // ranks included; cpu/cpu.cpp relies on it not being set).
   omp_set_num_threads(threads);
-  Eigen::setNbThreads(threads);
 }
 
 // ---------------------------------------------------------------- checking

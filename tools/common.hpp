@@ -63,7 +63,7 @@ struct Passes {
   bool fwd = true, bwd = true;
 };
 Passes parse_pass(const std::string& s);  // fwd | bwd | both
-void apply_threads(int threads);          // >= 0 (0 = leave the default); OpenMP and Eigen
+void apply_threads(int threads);          // >= 0 (0 = leave the default); OpenMP (Eigen follows it)
 int max_threads();
 
 // One checked problem: seeded inputs in `dtype`, the oracle, then each implementation

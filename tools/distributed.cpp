@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
-#include "algos.hpp"  // double-ring, ulysses, allgather (spec §7.7-7.9)
+#include "algorithm.hpp"
 #include "cmd_simulate.hpp"
 #include "common.hpp"
 #include "partition.hpp"
@@ -241,237 +241,6 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
   return ok;
 }
 
-// Step-by-step trace of the two collective baselines (spec §7.7 Ulysses, §7.8 all-gather CP):
-// what each rank holds before and after each collective, what it sends to each peer, and its
-// bytes per phase next to the closed forms (7.10)-(7.13). The per-message sizes below are
-// derived from the data movement (rows x row width), independently of the closed-form formulas,
-// so a mismatch prints "NO" and the command fails (exit 1).
-std::string rows_of(const dist::Partition& part, int r) {
-  std::string s;
-  for (int c : part.rank_chunks[r]) s += (s.empty() ? "" : " ") + dist::chunk_name(part.chunks[c]);
-  return s + " (" + std::to_string(part.local_size(r)) + " rows)";
-}
-std::string heads(int64_t lo, int64_t n) { return "[" + std::to_string(lo) + "," + std::to_string(lo + n) + ")"; }
-
-bool print_collective_trace(const std::string& algo, const Problem& p, const MaskData& md, const dist::Partition& qp,
-                            const dist::Partition& kp, int64_t eb, bool fwd, bool bwd) {
-  const int G = qp.G;
-  const bool uly = algo == "ulysses";
-  if (uly) dist::check_ulysses(p, G);  // H_q % G == 0, H_kv % G == 0
-  const MaskParams m = md.params();
-  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
-  bool ok = true;
-  auto cell = [&](int64_t elems) { return std::to_string(elems * eb) + " B"; };
-  // Rank r's visible pairs of its queries against all keys (one (b, h)).
-  auto pairs_of = [&](int r) {
-    int64_t n = 0;
-    for (int qc : qp.rank_chunks[r])
-      for (const dist::Chunk& kc : kp.chunks) n += dist::visible_in(m, qp.chunks[qc], kc);
-    return n;
-  };
-  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
-    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
-    const bool bw = ph == dist::Phase::Backward;
-    std::vector<int64_t> sent(G, 0), recv(G, 0);  // elements per rank
-    std::printf("\n%s %s: G=%d, N_q=%lld, N_k=%lld, %lld-byte elements (collectives: every rank, every peer, at once)\n",
-                algo.c_str(), dist::to_string(ph).c_str(), G, static_cast<long long>(p.N_q),
-                static_cast<long long>(p.N_k), static_cast<long long>(eb));
-    if (uly) {
-      // Row widths: Q, dO (d) + LSE, D (1) in the backward; K, V (2d per kv head).
-      const int64_t wq = bw ? 2 * d + 2 : d, wkv = 2 * d;
-      const char* qname = bw ? "Q,dO,LSE,D" : "Q";
-      std::printf("before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
-                  static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
-                  bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
-      for (int r = 0; r < G; ++r)
-        std::printf("  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
-      std::printf("collective 1: all-to-all sequence -> heads of %s,K,V (rank r sends peer s its rows of head group s)\n",
-                  qname);
-      for (int r = 0; r < G; ++r) {
-        std::printf("  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv);
-          sent[r] += e;
-          recv[s] += e;
-          std::printf(" -> %d %s (q heads %s, kv heads %s);", s, cell(e).c_str(), heads(s * Hg, Hg).c_str(),
-                      heads(s * Hkvg, Hkvg).c_str());
-        }
-        std::printf("\n");
-      }
-      std::printf("after: rank r holds all N_q=%lld q rows of q heads [r Hg, (r+1) Hg) and all N_k=%lld kv rows of kv "
-                  "heads [r Hkvg, (r+1) Hkvg) (Hg=%lld, Hkvg=%lld), shards end to end in rank order\n",
-                  static_cast<long long>(p.N_q), static_cast<long long>(p.N_k), static_cast<long long>(Hg),
-                  static_cast<long long>(Hkvg));
-      for (int r = 0; r < G; ++r)
-        std::printf("  rank %d: q heads %s, kv heads %s; compute one %s over %lld visible pairs per head\n", r,
-                    heads(r * Hg, Hg).c_str(), heads(r * Hkvg, Hkvg).c_str(),
-                    bw ? "backward_block (6.2) into dQ, dK, dV of its heads" : "forward_block (6.1)",
-                    static_cast<long long>(visible_pairs(p)));
-      const char* back = bw ? "dQ,dK,dV" : "O,LSE";
-      std::printf("collective 2: all-to-all heads -> sequence of %s (rank r sends peer s the rows of shard s of head "
-                  "group r)\n",
-                  back);
-      for (int r = 0; r < G; ++r) {
-        std::printf("  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
-                               : B * Hg * qp.local_size(s) * (d + 1);
-          sent[r] += e;
-          recv[s] += e;
-          std::printf(" -> %d %s;", s, cell(e).c_str());
-        }
-        std::printf("\n");
-      }
-      std::printf("after: rank r holds %s of its own sequence rows of every head (no reduction: one producer per "
-                  "row)\n",
-                  back);
-    } else {
-      const int64_t wkv = 2 * p.H_kv * d;  // K, V of every kv head, per row
-      std::printf("before: rank r holds its q rows and kv rows of every head\n");
-      for (int r = 0; r < G; ++r)
-        std::printf("  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
-      std::printf("collective 1: all-gather K,V%s (rank r sends its kv rows to every peer)\n",
-                  bw ? " (again: nothing is kept between passes)" : "");
-      for (int r = 0; r < G; ++r) {
-        std::printf("  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = B * kp.local_size(r) * wkv;
-          sent[r] += e;
-          recv[s] += e;
-          std::printf(" -> %d %s;", s, cell(e).c_str());
-        }
-        std::printf("\n");
-      }
-      std::printf("after: every rank holds all N_k=%lld kv rows (shards end to end in rank order)\n",
-                  static_cast<long long>(p.N_k));
-      for (int r = 0; r < G; ++r)
-        std::printf("  rank %d: compute one %s of its q rows against all keys: %lld visible pairs per head\n", r,
-                    bw ? "backward_block (6.2): dQ at home, partial dK, dV of all N_k rows" : "forward_block (6.1)",
-                    static_cast<long long>(pairs_of(r)));
-      if (bw) {
-        std::printf("collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s sums "
-                    "them in rank order 0..G-1)\n");
-        for (int r = 0; r < G; ++r) {
-          std::printf("  rank %d:", r);
-          for (int s = 0; s < G; ++s) {
-            if (s == r) continue;
-            const int64_t e = B * kp.local_size(s) * wkv;
-            sent[r] += e;
-            recv[s] += e;
-            std::printf(" -> %d %s;", s, cell(e).c_str());
-          }
-          std::printf("\n");
-        }
-        std::printf("after: rank r holds dQ of its q rows and the summed dK, dV of its kv rows\n");
-      }
-    }
-    std::printf("bytes per rank (spec %s):\n", uly ? (bw ? "7.11" : "7.10") : (bw ? "7.13" : "7.12"));
-    for (int r = 0; r < G; ++r) {
-      const int64_t cs = uly ? dist::ulysses_bytes(ph, p, qp, kp, r, true, eb) : dist::allgather_bytes(ph, p, qp, kp, r, true, eb);
-      const int64_t cr = uly ? dist::ulysses_bytes(ph, p, qp, kp, r, false, eb) : dist::allgather_bytes(ph, p, qp, kp, r, false, eb);
-      const bool match = sent[r] * eb == cs && recv[r] * eb == cr;
-      ok = ok && match;
-      std::printf("  rank %d: sent %lld B (closed form %lld), received %lld B (closed form %lld)%s\n", r,
-                  static_cast<long long>(sent[r] * eb), static_cast<long long>(cs),
-                  static_cast<long long>(recv[r] * eb), static_cast<long long>(cr), match ? "" : "  NO");
-    }
-  }
-  if (!ok) std::printf("FAIL: traced bytes differ from the closed forms of spec §7.7-7.8\n");
-  return ok;
-}
-
-// spec §7.12: DistFlashAttn's balanced causal schedule as data: per step, who owns or helps
-// which block, what travels, and the bytes next to the closed forms (7.24)-(7.25).
-bool print_distflash_trace(const Problem& p, const MaskData& md, const dist::Partition& qp,
-                           const dist::Partition& kp, int64_t eb, bool fwd, bool bwd) {
-  dist::check_distflash(md, qp, kp);
-  const int P = qp.G;
-  const dist::FlashSchedule fs = dist::make_distflash_schedule(P);
-  const MaskParams m = md.params();
-  auto pairs = [&](int a, int b) {  // rank a's queries x rank b's keys (one (b, h))
-    int64_t n = 0;
-    for (int qc : qp.rank_chunks[a])
-      for (int kc : kp.rank_chunks[b]) n += dist::visible_in(m, qp.chunks[qc], kp.chunks[kc]);
-    return n;
-  };
-  std::printf("\ndistflash: P=%d, contiguous, %zu steps; idle fraction (eq. 7.24, over P^2 worker-steps) = %.4f\n", P,
-              fs.steps.empty() ? size_t(0) : fs.steps[0].size(), dist::distflash_idle_fraction(fs));
-  const size_t T = fs.steps.empty() ? 0 : fs.steps[0].size();
-  for (size_t t = 0; t < T; ++t) {
-    std::printf("step %zu\n", t);
-    for (int r = 0; r < P; ++r) {
-      const dist::FlashStep& st = fs.steps[r][t];
-      std::printf("  rank %d: ", r);
-      if (st.role == dist::FlashRole::Idle) {
-        std::printf("idle");
-      } else {
-        std::printf("%s block Q[rank %d] x K[rank %d] (%lld pairs)", st.role == dist::FlashRole::Owner ? "owner " : "helper",
-                    st.q, st.k, static_cast<long long>(pairs(st.q, st.k)));
-        if (st.role == dist::FlashRole::Helper)
-          std::printf(" with its own K,V and Q fetched from rank %d; partial %s back to rank %d", st.q,
-                      bwd && !fwd ? "dQ" : "(O, LSE) [fwd] / dQ [bwd]", st.q);
-        if (st.role == dist::FlashRole::Owner && st.k != r) std::printf(" with K,V fetched from rank %d", st.k);
-      }
-      if (st.kv_dst >= 0) std::printf("; sends K,V -> %d", st.kv_dst);
-      if (st.q_dst >= 0) std::printf("; sends Q -> %d", st.q_dst);
-      std::printf("\n");
-    }
-  }
-  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
-    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
-    std::printf("%s bytes per rank (closed form 7.25):", dist::to_string(ph).c_str());
-    for (int r = 0; r < P; ++r)
-      std::printf(" r%d sent %lld recv %lld;", r, static_cast<long long>(dist::distflash_bytes(ph, p, qp, kp, r, true, eb)),
-                  static_cast<long long>(dist::distflash_bytes(ph, p, qp, kp, r, false, eb)));
-    std::printf("\n");
-  }
-  return true;
-}
-
-// spec §7.11: Attention2D's grid: where each rank sits, what it gathers in its row and column,
-// the one block it computes, and the bytes of (7.22)-(7.23) (overlapped: 7.26).
-bool print_attention2d_trace(const Problem& p, const MaskData& md, const dist::Partition& qp,
-                             const dist::Partition& kp, const std::string& grid, bool overlap, int64_t eb, bool fwd,
-                             bool bwd) {
-  const int P = qp.G;
-  const dist::Grid g = grid.empty() ? dist::default_grid(P) : dist::parse_grid(grid);
-  dist::check_attention2d(g, P, qp, kp);
-  const MaskParams m = md.params();
-  std::printf("\nattention2d%s: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n",
-              overlap ? " (overlapped: ring gather-compute-scatter)" : "", g.p_r, g.p_c);
-  for (int r = 0; r < P; ++r) {
-    const int i = g.row(r), j = g.col(r);
-    int64_t pairs = 0;
-    std::string qfrom, kvfrom;
-    for (int jj = 0; jj < g.p_c; ++jj) qfrom += (qfrom.empty() ? "" : ",") + std::to_string(g.rank(i, jj));
-    for (int ii = 0; ii < g.p_r; ++ii) kvfrom += (kvfrom.empty() ? "" : ",") + std::to_string(g.rank(ii, j));
-    for (int jj = 0; jj < g.p_c; ++jj)
-      for (int ii = 0; ii < g.p_r; ++ii) {
-        const int q_owner = g.rank(i, jj), kv_shard = g.row_major(g.rank(ii, j));
-        for (int qc : qp.rank_chunks[q_owner])
-          for (int kc : kp.rank_chunks[kv_shard]) pairs += dist::visible_in(m, qp.chunks[qc], kp.chunks[kc]);
-      }
-    std::printf("  rank %d (row %d, col %d): K,V transposed to shard %d; gathers Q of row {%s} (tokens = %d mod %d), "
-                "K,V of column {%s} (tokens = %d mod %d); computes 1 block (%lld pairs); reduce-scatters (O, LSE) "
-                "in its row with the merge (4.5)\n",
-                r, i, j, g.row_major(r), qfrom.c_str(), i, g.p_r, kvfrom.c_str(), j, g.p_c,
-                static_cast<long long>(pairs));
-  }
-  for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
-    if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
-    std::printf("%s bytes per rank (closed form %s):", dist::to_string(ph).c_str(), overlap ? "7.26" : "7.22-7.23");
-    for (int r = 0; r < P; ++r)
-      std::printf(" r%d sent %lld recv %lld;", r,
-                  static_cast<long long>(dist::attention2d_bytes(ph, p, g, qp, kp, r, true, eb, overlap)),
-                  static_cast<long long>(dist::attention2d_bytes(ph, p, g, qp, kp, r, false, eb, overlap)));
-    std::printf("\n");
-  }
-  return true;
-}
-
 void add_schedule_command(CLI::App& app) {
   struct State {
     ShapeFlags shape;
@@ -491,13 +260,17 @@ void add_schedule_command(CLI::App& app) {
   add_shape_flags(sub, s->shape, false);
   add_dtype_flag(sub, s->run);
   add_pass_flag(sub, s->run);
-  sub->add_option("--algo", s->dist.algo, "ring | burst | double-ring | ulysses | allgather | distflash | attention2d")
-      ->capture_default_str();
+  std::string algos;
+  for (const dist::Algorithm& a : dist::algorithms()) algos += std::string(algos.empty() ? "" : " | ") + a.name;
+  sub->add_option("--algo", s->dist.algo, algos)->capture_default_str();
   sub->add_option("--grid", s->dist.grid,
                   "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world R*C");
   sub->add_flag("--overlap", s->dist.overlap, "attention2d: the overlapped variant");
   sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
       ->capture_default_str();
+  sub->add_option("--ulysses-degree", s->dist.ulysses_degree,
+                  "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
+  sub->add_option("--ring", s->dist.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
   sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str()->each([s](const std::string&) {
     s->dist.world_given = true;
   });
@@ -511,7 +284,8 @@ void add_schedule_command(CLI::App& app) {
       "  burstlab schedule --algo ring --world 4 --partition zigzag --mask causal --nq 16 --nk 16\n"
       "  burstlab schedule --algo burst --world 3 --partition striped --pass bwd --hq 4 --hkv 1\n"
       "  burstlab schedule --algo ulysses --world 4 --hq 8 --hkv 4 --nq 16 --nk 16 -d 8   (collectives:\n"
-      "  what each rank holds before/after each all-to-all, bytes per peer, spec 7.10-7.13)");
+      "  what each rank holds before/after each all-to-all, bytes per peer, spec 7.10-7.13)\n"
+      "  burstlab schedule --algo usp --world 4 --ulysses-degree 2 --hq 4 --hkv 2 --nq 16 --nk 16 -d 8");
   sub->callback([s] {
     try {
       const ShapeFlags& f = s->shape;
@@ -520,10 +294,10 @@ void add_schedule_command(CLI::App& app) {
       const Passes pass = parse_pass(s->run.pass);
       const Dtype dt = parse_dtype(s->run.dtype);
       if (dt != Dtype::F64 && dt != Dtype::F32) fail("dtype (", s->run.dtype, ") must be fp64 or fp32 here");
-      const dist::AlgoOptions o = options_of(s->dist);  // names every algorithm when --algo is unknown
+      dist::AlgoOptions o = options_of(s->dist);  // names every algorithm when --algo is unknown
+      o.backward = true;
       const dist::Partition qp = dist::make_partition(o.partition, p.N_q, o.world, "N_q");
       const dist::Partition kp = dist::make_partition(o.partition, p.N_k, o.world, "N_k");
-      const MaskData md = compile_mask(p);
       const int64_t eb = dt == Dtype::F64 ? 8 : 4;
       std::printf("burstlab schedule: %s mask=%s\n", shape_string(p).c_str(), describe(p.mask).c_str());
       for (int r = 0; r < o.world; ++r) {
@@ -533,28 +307,11 @@ void add_schedule_command(CLI::App& app) {
         for (int c : kp.rank_chunks[r]) std::printf(" %s", dist::chunk_name(kp.chunks[c]).c_str());
         std::printf("\n");
       }
-      if (s->dist.algo == "double-ring") {  // spec §7.9: BurstAttention traffic on the two-level ring
-        print_double_ring(p, md, qp, kp, eb, s->dist.gpus_per_node > 0 ? s->dist.gpus_per_node : o.world, pass.fwd,
-                          pass.bwd);
-        return;
-      }
-      if (s->dist.algo == "ulysses" || s->dist.algo == "allgather") {  // spec §7.7-7.8: collectives
-        if (!print_collective_trace(s->dist.algo, p, md, qp, kp, eb, pass.fwd, pass.bwd)) std::exit(1);
-        return;
-      }
-      if (s->dist.algo == "distflash") {
-        print_distflash_trace(p, md, qp, kp, eb, pass.fwd, pass.bwd);
-        return;
-      }
-      if (s->dist.algo == "attention2d") {
-        print_attention2d_trace(p, md, qp, kp, s->dist.grid, s->dist.overlap, eb, pass.fwd, pass.bwd);
-        return;
-      }
-      const dist::Algo ring = dist::parse_algo(s->dist.algo);  // ring or burst: every other algorithm returned above
-      if (pass.fwd)
-        std::printf("\n%s", dist::trace(dist::make_schedule(ring, dist::Phase::Forward, p, md, qp, kp), p, qp, kp, eb).c_str());
-      if (pass.bwd)
-        std::printf("\n%s", dist::trace(dist::make_schedule(ring, dist::Phase::Backward, p, md, qp, kp), p, qp, kp, eb).c_str());
+      // make_plan runs the algorithm's requirement checks (an Error: exit 2).
+      const dist::Plan plan = dist::make_plan(p, o);
+      const dist::Trace t = dist::find_algorithm(o.algo).trace(plan, eb, pass.fwd, pass.bwd);
+      std::fputs(t.text.c_str(), stdout);
+      if (!t.ok) std::exit(1);
     } catch (const Error& e) {
       throw CLI::ValidationError(e.what());  // main() prints it and exits 2
     }

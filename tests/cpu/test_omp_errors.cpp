@@ -15,6 +15,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "burstlab/parallel.hpp"
 #include "cpu.hpp"
@@ -88,6 +89,10 @@ TEST(FirstError, KeepsTheFirstExceptionAndRethrowsItAfterTheRegion) {
   for (int i = 0; i < 1000; ++i) err.run([&] {
     ++ran;
     if (i == 37) throw std::runtime_error("item 37");
+    // Later items wait for the failure: a thread descheduled inside item 37 must not let the
+    // other one run every item before it is recorded. Item 37 was handed out before them.
+    if (i > 37)
+      while (!err.failed()) std::this_thread::yield();
   });
   EXPECT_TRUE(err.failed());
   try {

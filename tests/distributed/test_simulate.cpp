@@ -203,3 +203,100 @@ TEST(Simulator, BackwardRatePricesOnlyTheBackward) {
   c.flops_per_s_backward = -1;
   EXPECT_THROW(simulate_ulysses(Phase::Forward, s.p, s.mask, s.part, s.part, c, 2), Error);
 }
+
+// USP (§7.14): the all-to-all in each group, the ring across groups, the all-to-all back. Its
+// replay moves exactly the executed bytes: the busiest rank's bytes equal (7.27) (one element
+// width); on one node every byte is intra; with the groups on 2 nodes the inter-node bytes are
+// the ring's alone, on H/u heads.
+TEST(Simulator, UspReplaysTheClosedFormBytes) {
+  const Problem p = testutil::make_problem(1, 8, 4, 10 * 4 + 3, 10 * 4 + 3, 8, "causal", 1);
+  const MaskData md = compile_mask(p);
+  const int G = 4;
+  const Partition part = make_partition(PartitionKind::Zigzag, p.N_q, G);
+  for (int u : {1, 2, 4})
+    for (Algo base : {Algo::Ring, Algo::Burst})
+      for (Phase ph : {Phase::Forward, Phase::Backward}) {
+        const std::string what = "u=" + std::to_string(u) + " " + to_string(base) + " " + to_string(ph);
+        const Problem hp = usp_head_problem(p, u);
+        const Partition gq = usp_group_partition(part, u);
+        const Schedule ring = make_schedule(base, ph, hp, md, gq, gq);
+        int64_t closed = 0, ring_closed = 0, a2a_closed = 0;
+        for (int r = 0; r < G; ++r) {
+          const int64_t all = usp_bytes(base, ph, p, part, part, u, r, true, 2);
+          const int64_t ring_part = closed_form_bytes(base, ph, hp, gq, gq, r / u, true, 2);
+          closed = std::max(closed, all);
+          ring_closed = std::max(ring_closed, ring_part);
+          a2a_closed = std::max(a2a_closed, all - ring_part);
+        }
+        Cluster one = cluster_preset("a100-pcie");
+        one.nodes = 1;
+        one.gpus_per_node = G;
+        const Prediction x = simulate_usp(ph, p, u, ring, part, part, one, 2);
+        EXPECT_EQ(x.bytes_intra, closed) << what;
+        EXPECT_EQ(x.bytes_inter, 0) << what;
+        EXPECT_EQ(x.step_s.size(), ring.steps[0].size() + 2) << what;
+        EXPECT_GE(x.total_s, x.compute_s) << what;
+        if (u == 2) {  // groups = nodes: only the ring crosses them
+          Cluster two = cluster_preset("a800-32");
+          two.nodes = 2;
+          two.gpus_per_node = 2;
+          const Prediction y = simulate_usp(ph, p, u, ring, part, part, two, 2);
+          EXPECT_EQ(y.bytes_inter, ring_closed) << what;
+          EXPECT_EQ(y.bytes_intra, a2a_closed) << what;
+        }
+      }
+}
+
+// u = 1 is the flat ring (no all-to-all: the same prediction); u = G is Ulysses (a ring of one:
+// the same compute and bytes, and the same time up to the order of its sums).
+TEST(Simulator, UspOfDegreeOneIsTheRingAndOfDegreeGIsUlysses) {
+  const int G = 4;
+  const SimCase s = setup(G, 6, "causal");
+  Cluster c = cluster_preset("a800-32");
+  c.nodes = 2;
+  c.gpus_per_node = 2;
+  for (Phase ph : {Phase::Forward, Phase::Backward})
+    for (bool overlap : {true, false}) {
+      const std::string what = to_string(ph) + (overlap ? " overlap" : " no overlap");
+      const Schedule ring = make_schedule(Algo::Burst, ph, s.p, s.mask, s.part, s.part);
+      SimSpec spec;
+      spec.overlap = overlap;
+      const Prediction r = simulate_schedule(ring, s.p, s.part, s.part, c, 2, spec);
+      const Prediction u1 = simulate_usp(ph, s.p, 1, ring, s.part, s.part, c, 2, overlap);
+      EXPECT_EQ(u1.total_s, r.total_s) << what;  // 0 + x + 0 is exact
+      EXPECT_EQ(u1.comm_s, r.comm_s) << what;
+      EXPECT_EQ(u1.compute_s, r.compute_s) << what;
+      EXPECT_EQ(u1.bytes_intra, r.bytes_intra) << what;
+      EXPECT_EQ(u1.bytes_inter, r.bytes_inter) << what;
+
+      const Problem hp = usp_head_problem(s.p, G);
+      const Partition gp = usp_group_partition(s.part, G);
+      const Schedule one = make_schedule(Algo::Burst, ph, hp, s.mask, gp, gp);
+      const Prediction uG = simulate_usp(ph, s.p, G, one, s.part, s.part, c, 2, overlap);
+      const Prediction uly = simulate_ulysses(ph, s.p, s.mask, s.part, s.part, c, 2);
+      EXPECT_EQ(uG.bytes_intra, uly.bytes_intra) << what;
+      EXPECT_EQ(uG.bytes_inter, uly.bytes_inter) << what;
+      // Sums of the same per-message times and pair counts in other orders: 2 G + 8 roundings each.
+      expect_close(uG.compute_s, uly.compute_s, 24, what + " compute");
+      expect_close(uG.total_s, uly.total_s, 48, what + " total");
+    }
+}
+
+// USP's model needs its groups inside nodes or spanning whole nodes (then every ring hop is
+// inter-node).
+TEST(Simulator, UspGroupsMustFitTheNodes) {
+  const int G = 6;
+  const SimCase s = setup(G, 4, "causal", 6);
+  Cluster c = cluster_preset("a800-32");
+  c.nodes = 2;
+  c.gpus_per_node = 3;
+  const Problem hp = usp_head_problem(s.p, 2);
+  const Partition gp = usp_group_partition(s.part, 2);
+  const Schedule ring = make_schedule(Algo::Burst, Phase::Forward, hp, s.mask, gp, gp);
+  EXPECT_THROW(simulate_usp(Phase::Forward, s.p, 2, ring, s.part, s.part, c, 2), Error);
+  const Problem h6 = usp_head_problem(s.p, 6);
+  const Partition g6 = usp_group_partition(s.part, 6);
+  const Prediction x = simulate_usp(Phase::Forward, s.p, 6, make_schedule(Algo::Burst, Phase::Forward, h6, s.mask, g6, g6),
+                                    s.part, s.part, c, 2);
+  EXPECT_GT(x.bytes_inter, 0);  // the all-to-all spans both nodes
+}

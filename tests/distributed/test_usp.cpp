@@ -1,7 +1,7 @@
 // tests/distributed/test_usp.cpp — the head-context hybrid (spec §7.14) through the algorithm
 // table: every rank against the oracle's slice (§9 rule) and its bytes against (7.27), for group
 // sizes u dividing G and the heads, every partition and mask kind, GQA, ragged lengths, both ring
-// traffics; u = 1 is the plain ring, bitwise.
+// traffics; u = 1 is the plain ring, bitwise. Its teaching trace; every entry's trace and model.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -111,6 +111,64 @@ TEST(Usp, RequirementsAreClearErrors) {
   o.gpus_per_node = 2;  // u defaults to the node size
   o.ulysses_degree = 0;
   EXPECT_NO_THROW(make_plan(p, o));
+}
+
+// The teaching trace (Algorithm::trace, `burstlab schedule --algo usp`): the all-to-all inside
+// each group, the ring across groups, the all-to-all back; every rank's traced bytes (from the
+// messages and the ring's schedule) equal (7.27), at fp32 and with 2-byte elements and 4-byte
+// accumulators, for every u dividing G and the heads.
+TEST(Usp, TraceShowsBothCollectivesAndTheRingAndItsBytesEqualTheClosedForm) {
+  const Problem p = testutil::make_problem(2, 4, 2, 29, 23, 4, "causal", 1);
+  const Algorithm& a = find_algorithm("usp");
+  for (int G : {2, 4, 6})
+    for (int u : {1, 2})
+      for (Algo base : {Algo::Ring, Algo::Burst})
+        for (ElemBytes w : {ElemBytes(4), ElemBytes(2, 4)}) {
+          if (G % u) continue;
+          AlgoOptions o;
+          o.algo = "usp";
+          o.world = G;
+          o.ulysses_degree = u;
+          o.base = base;
+          o.partition = PartitionKind::Zigzag;
+          const Plan pl = make_plan(p, o);
+          const Trace t = a.trace(pl, w, true, true);
+          const std::string what = "G=" + std::to_string(G) + " u=" + std::to_string(u) + " " + to_string(base) +
+                                   " t=" + std::to_string(w.t) + " a=" + std::to_string(w.a);
+          EXPECT_TRUE(t.ok) << what << "\n" << t.text;
+          EXPECT_EQ(t.text.find(" NO"), std::string::npos) << what;
+          for (const char* s : {"usp forward", "usp backward", "all-to-all 1, inside each group: sequence -> heads of Q,K,V",
+                                "all-to-all 2, inside each group: heads -> sequence of dQ,dK,dV", "ring across the",
+                                "bytes per rank (spec 7.27)"})
+            EXPECT_NE(t.text.find(s), std::string::npos) << what << ": no '" << s << "'";
+        }
+  // Only the phases asked for.
+  AlgoOptions o;
+  o.algo = "usp";
+  o.world = 4;
+  o.ulysses_degree = 2;
+  const Trace fwd_only = find_algorithm("usp").trace(make_plan(p, o), 4, true, false);
+  EXPECT_NE(fwd_only.text.find("usp forward"), std::string::npos);
+  EXPECT_EQ(fwd_only.text.find("usp backward"), std::string::npos);
+}
+
+// Every algorithm of the table has a trace whose traced bytes equal its closed forms, and a
+// simulator model (but attention2d-o, priced by none of its own: spec §7.13).
+TEST(AlgorithmTable, EveryAlgorithmHasATraceAndAModel) {
+  const Problem p = testutil::make_problem(1, 8, 4, 24, 24, 4, "causal", 1);  // ulysses: G | H
+  for (const Algorithm& a : algorithms()) {
+    ASSERT_NE(a.trace, nullptr) << a.name;
+    EXPECT_EQ(a.simulate == nullptr, std::string(a.name) == "attention2d-o") << a.name;
+    AlgoOptions o;
+    o.algo = a.name;
+    o.world = 4;
+    o.gpus_per_node = 2;
+    o.partition = a.partition.value_or(PartitionKind::Zigzag);
+    const Plan pl = make_plan(p, o);
+    const Trace t = a.trace(pl, 4, true, true);
+    EXPECT_TRUE(t.ok) << a.name << "\n" << t.text;
+    EXPECT_FALSE(t.text.empty()) << a.name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,413 @@
+// distributed/traces.cpp — the teaching traces of the algorithm table (spec §7): what each rank
+// holds, computes and sends, step by step or collective by collective, and its bytes next to the
+// closed forms. Sizes are derived from the data movement (rows x row width) or the schedule,
+// independently of the closed-form formulas, so a mismatch shows ("NO") and `ok` is false.
+#include "traces.hpp"
+
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "algos.hpp"
+#include "double_ring.hpp"
+
+namespace burstlab::dist {
+
+namespace {
+
+void appendf(std::string& out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void appendf(std::string& out, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  va_list ap2;
+  va_copy(ap2, ap);
+  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) {
+    std::vector<char> buf(static_cast<size_t>(n) + 1);
+    std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  va_end(ap2);
+}
+
+std::string rows_of(const Partition& part, int r) {
+  std::string s;
+  for (int c : part.rank_chunks[r]) s += (s.empty() ? "" : " ") + chunk_name(part.chunks[c]);
+  return s + " (" + std::to_string(part.local_size(r)) + " rows)";
+}
+std::string heads(int64_t lo, int64_t n) { return "[" + std::to_string(lo) + "," + std::to_string(lo + n) + ")"; }
+
+
+}  // namespace
+
+// spec §7.2, §7.5: the ring executor's schedule, step by step (schedule.hpp's trace).
+Trace ring_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
+  std::string out;
+  bool ok = true;
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    const Schedule& s = ph == Phase::Forward ? pl.fwd : pl.bwd;
+    out += "\n" + trace(s, pl.p, pl.qp, pl.kp, w);
+    for (int r = 0; r < s.G; ++r)
+      for (bool sent : {true, false})
+        ok = ok && schedule_bytes(s, r, sent, w) == closed_form_bytes(s.algo, ph, pl.p, pl.qp, pl.kp, r, sent, w);
+  }
+  return {out, ok};
+}
+
+// spec §7.9: the two-level ring, its bytes per link class next to (7.14)-(7.15).
+Trace double_ring_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
+  const Problem& p = pl.p;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const Algo base = pl.o.base;
+  const int64_t eb = w.t;
+  const int G = qp.G, K = pl.o.gpus_per_node > 0 ? pl.o.gpus_per_node : G;
+  std::string out;
+  bool ok = true;
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    const Schedule& s = ph == Phase::Forward ? pl.fwd : pl.bwd;
+    appendf(out, "\ndouble ring (%d nodes x %d GPUs per node), %s traffic; the (closed form) columns "
+                "below are the flat ring's §7.5, see the per-link lines after\n%s",
+                G / K, K, base == Algo::Burst ? "BurstAttention" : "RingAttention", trace(s, p, qp, kp, eb).c_str());
+    appendf(out, "bytes per link class (spec §7.9):\n");
+    for (int r = 0; r < G; ++r) {
+      int64_t si[2] = {0, 0};  // the schedule's sends by link class (intra, inter)
+      for (const RankStep& st : s.steps[r])
+        for (const Message& m : st.sends) si[m.peer / K != r / K] += m.elems * eb;
+      const int64_t ci = double_ring_bytes(base, ph, p, qp, kp, r, true, eb, K, 0, pl.o.prefetch_inter);
+      const int64_t ce = double_ring_bytes(base, ph, p, qp, kp, r, true, eb, K, 1, pl.o.prefetch_inter);
+      ok = ok && si[0] == ci && si[1] == ce;
+      appendf(out, "  rank %d: sent %lld B = intra %lld + inter %lld (closed form %lld + %lld)%s\n", r,
+                  static_cast<long long>(schedule_bytes(s, r, true, eb)), static_cast<long long>(si[0]),
+                  static_cast<long long>(si[1]), static_cast<long long>(ci), static_cast<long long>(ce),
+                  si[0] == ci && si[1] == ce ? "" : "  NO");
+    }
+  }
+  return {out, ok};
+}
+
+
+// Step-by-step trace of the two collective baselines (spec §7.7 Ulysses, §7.8 all-gather CP):
+// what each rank holds before and after each collective, what it sends to each peer, and its
+// bytes per phase next to the closed forms (7.10)-(7.13). The per-message sizes below are
+// derived from the data movement (rows x row width), independently of the closed-form formulas,
+// so a mismatch prints "NO" and the command fails (exit 1).
+Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly) {
+  const Problem& p = pl.p;
+  const MaskData& md = pl.mask;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const int64_t eb = w.t;  // one width: the sizes below count elements of either kind alike
+  const std::string algo = uly ? "ulysses" : "allgather";
+  std::string out;
+  const int G = qp.G;
+  const MaskParams m = md.params();
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
+  bool ok = true;
+  auto cell = [&](int64_t elems) { return std::to_string(elems * eb) + " B"; };
+  // Rank r's visible pairs of its queries against all keys (one (b, h)).
+  auto pairs_of = [&](int r) {
+    int64_t n = 0;
+    for (int qc : qp.rank_chunks[r])
+      for (const Chunk& kc : kp.chunks) n += visible_in(m, qp.chunks[qc], kc);
+    return n;
+  };
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    const bool bw = ph == Phase::Backward;
+    std::vector<int64_t> sent(G, 0), recv(G, 0);  // elements per rank
+    appendf(out, "\n%s %s: G=%d, N_q=%lld, N_k=%lld, %lld-byte elements (collectives: every rank, every peer, at once)\n",
+                algo.c_str(), to_string(ph).c_str(), G, static_cast<long long>(p.N_q),
+                static_cast<long long>(p.N_k), static_cast<long long>(eb));
+    if (uly) {
+      // Row widths: Q, dO (d) + LSE, D (1) in the backward; K, V (2d per kv head).
+      const int64_t wq = bw ? 2 * d + 2 : d, wkv = 2 * d;
+      const char* qname = bw ? "Q,dO,LSE,D" : "Q";
+      appendf(out, "before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
+                  static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
+                  bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
+      for (int r = 0; r < G; ++r)
+        appendf(out, "  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
+      appendf(out, "collective 1: all-to-all sequence -> heads of %s,K,V (rank r sends peer s its rows of head group s)\n",
+                  qname);
+      for (int r = 0; r < G; ++r) {
+        appendf(out, "  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv);
+          sent[r] += e;
+          recv[s] += e;
+          appendf(out, " -> %d %s (q heads %s, kv heads %s);", s, cell(e).c_str(), heads(s * Hg, Hg).c_str(),
+                      heads(s * Hkvg, Hkvg).c_str());
+        }
+        appendf(out, "\n");
+      }
+      appendf(out, "after: rank r holds all N_q=%lld q rows of q heads [r Hg, (r+1) Hg) and all N_k=%lld kv rows of kv "
+                  "heads [r Hkvg, (r+1) Hkvg) (Hg=%lld, Hkvg=%lld), shards end to end in rank order\n",
+                  static_cast<long long>(p.N_q), static_cast<long long>(p.N_k), static_cast<long long>(Hg),
+                  static_cast<long long>(Hkvg));
+      for (int r = 0; r < G; ++r)
+        appendf(out, "  rank %d: q heads %s, kv heads %s; compute one %s over %lld visible pairs per head\n", r,
+                    heads(r * Hg, Hg).c_str(), heads(r * Hkvg, Hkvg).c_str(),
+                    bw ? "backward_block (6.2) into dQ, dK, dV of its heads" : "forward_block (6.1)",
+                    static_cast<long long>(visible_pairs(p)));
+      const char* back = bw ? "dQ,dK,dV" : "O,LSE";
+      appendf(out, "collective 2: all-to-all heads -> sequence of %s (rank r sends peer s the rows of shard s of head "
+                  "group r)\n",
+                  back);
+      for (int r = 0; r < G; ++r) {
+        appendf(out, "  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
+                               : B * Hg * qp.local_size(s) * (d + 1);
+          sent[r] += e;
+          recv[s] += e;
+          appendf(out, " -> %d %s;", s, cell(e).c_str());
+        }
+        appendf(out, "\n");
+      }
+      appendf(out, "after: rank r holds %s of its own sequence rows of every head (no reduction: one producer per "
+                  "row)\n",
+                  back);
+    } else {
+      const int64_t wkv = 2 * p.H_kv * d;  // K, V of every kv head, per row
+      appendf(out, "before: rank r holds its q rows and kv rows of every head\n");
+      for (int r = 0; r < G; ++r)
+        appendf(out, "  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
+      appendf(out, "collective 1: all-gather K,V%s (rank r sends its kv rows to every peer)\n",
+                  bw ? " (again: nothing is kept between passes)" : "");
+      for (int r = 0; r < G; ++r) {
+        appendf(out, "  rank %d:", r);
+        for (int s = 0; s < G; ++s) {
+          if (s == r) continue;
+          const int64_t e = B * kp.local_size(r) * wkv;
+          sent[r] += e;
+          recv[s] += e;
+          appendf(out, " -> %d %s;", s, cell(e).c_str());
+        }
+        appendf(out, "\n");
+      }
+      appendf(out, "after: every rank holds all N_k=%lld kv rows (shards end to end in rank order)\n",
+                  static_cast<long long>(p.N_k));
+      for (int r = 0; r < G; ++r)
+        appendf(out, "  rank %d: compute one %s of its q rows against all keys: %lld visible pairs per head\n", r,
+                    bw ? "backward_block (6.2): dQ at home, partial dK, dV of all N_k rows" : "forward_block (6.1)",
+                    static_cast<long long>(pairs_of(r)));
+      if (bw) {
+        appendf(out, "collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s sums "
+                    "them in rank order 0..G-1)\n");
+        for (int r = 0; r < G; ++r) {
+          appendf(out, "  rank %d:", r);
+          for (int s = 0; s < G; ++s) {
+            if (s == r) continue;
+            const int64_t e = B * kp.local_size(s) * wkv;
+            sent[r] += e;
+            recv[s] += e;
+            appendf(out, " -> %d %s;", s, cell(e).c_str());
+          }
+          appendf(out, "\n");
+        }
+        appendf(out, "after: rank r holds dQ of its q rows and the summed dK, dV of its kv rows\n");
+      }
+    }
+    appendf(out, "bytes per rank (spec %s):\n", uly ? (bw ? "7.11" : "7.10") : (bw ? "7.13" : "7.12"));
+    for (int r = 0; r < G; ++r) {
+      const int64_t cs = uly ? ulysses_bytes(ph, p, qp, kp, r, true, eb) : allgather_bytes(ph, p, qp, kp, r, true, eb);
+      const int64_t cr = uly ? ulysses_bytes(ph, p, qp, kp, r, false, eb) : allgather_bytes(ph, p, qp, kp, r, false, eb);
+      const bool match = sent[r] * eb == cs && recv[r] * eb == cr;
+      ok = ok && match;
+      appendf(out, "  rank %d: sent %lld B (closed form %lld), received %lld B (closed form %lld)%s\n", r,
+                  static_cast<long long>(sent[r] * eb), static_cast<long long>(cs),
+                  static_cast<long long>(recv[r] * eb), static_cast<long long>(cr), match ? "" : "  NO");
+    }
+  }
+  if (!ok) appendf(out, "FAIL: traced bytes differ from the closed forms of spec §7.7-7.8\n");
+  return {out, ok};
+}
+
+// spec §7.12: DistFlashAttn's balanced causal schedule as data: per step, who owns or helps
+// which block, what travels, and the bytes next to the closed forms (7.24)-(7.25).
+Trace distflash_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
+  const Problem& p = pl.p;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const MaskData& md = pl.mask;
+  const int64_t eb = w.t;
+  std::string out;
+  const int P = qp.G;
+  const FlashSchedule& fs = pl.flash;
+  const MaskParams m = md.params();
+  auto pairs = [&](int a, int b) {  // rank a's queries x rank b's keys (one (b, h))
+    int64_t n = 0;
+    for (int qc : qp.rank_chunks[a])
+      for (int kc : kp.rank_chunks[b]) n += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+    return n;
+  };
+  appendf(out, "\ndistflash: P=%d, contiguous, %zu steps; idle fraction (eq. 7.24, over P^2 worker-steps) = %.4f\n", P,
+              fs.steps.empty() ? size_t(0) : fs.steps[0].size(), distflash_idle_fraction(fs));
+  const size_t T = fs.steps.empty() ? 0 : fs.steps[0].size();
+  for (size_t t = 0; t < T; ++t) {
+    appendf(out, "step %zu\n", t);
+    for (int r = 0; r < P; ++r) {
+      const FlashStep& st = fs.steps[r][t];
+      appendf(out, "  rank %d: ", r);
+      if (st.role == FlashRole::Idle) {
+        appendf(out, "idle");
+      } else {
+        appendf(out, "%s block Q[rank %d] x K[rank %d] (%lld pairs)", st.role == FlashRole::Owner ? "owner " : "helper",
+                    st.q, st.k, static_cast<long long>(pairs(st.q, st.k)));
+        if (st.role == FlashRole::Helper)
+          appendf(out, " with its own K,V and Q fetched from rank %d; partial %s back to rank %d", st.q,
+                      bwd && !fwd ? "dQ" : "(O, LSE) [fwd] / dQ [bwd]", st.q);
+        if (st.role == FlashRole::Owner && st.k != r) appendf(out, " with K,V fetched from rank %d", st.k);
+      }
+      if (st.kv_dst >= 0) appendf(out, "; sends K,V -> %d", st.kv_dst);
+      if (st.q_dst >= 0) appendf(out, "; sends Q -> %d", st.q_dst);
+      appendf(out, "\n");
+    }
+  }
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    appendf(out, "%s bytes per rank (closed form 7.25):", to_string(ph).c_str());
+    for (int r = 0; r < P; ++r)
+      appendf(out, " r%d sent %lld recv %lld;", r, static_cast<long long>(distflash_bytes(ph, p, qp, kp, r, true, eb)),
+                  static_cast<long long>(distflash_bytes(ph, p, qp, kp, r, false, eb)));
+    appendf(out, "\n");
+  }
+  return {out, true};
+}
+
+// spec §7.11: Attention2D's grid: where each rank sits, what it gathers in its row and column,
+// the one block it computes, and the bytes of (7.22)-(7.23) (overlapped: 7.26).
+Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool overlap) {
+  const Problem& p = pl.p;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const MaskData& md = pl.mask;
+  const int64_t eb = w.t;
+  std::string out;
+  const int P = qp.G;
+  const Grid& g = pl.grid;
+  const MaskParams m = md.params();
+  appendf(out, "\nattention2d%s: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n",
+              overlap ? " (overlapped: ring gather-compute-scatter)" : "", g.p_r, g.p_c);
+  for (int r = 0; r < P; ++r) {
+    const int i = g.row(r), j = g.col(r);
+    int64_t pairs = 0;
+    std::string qfrom, kvfrom;
+    for (int jj = 0; jj < g.p_c; ++jj) qfrom += (qfrom.empty() ? "" : ",") + std::to_string(g.rank(i, jj));
+    for (int ii = 0; ii < g.p_r; ++ii) kvfrom += (kvfrom.empty() ? "" : ",") + std::to_string(g.rank(ii, j));
+    for (int jj = 0; jj < g.p_c; ++jj)
+      for (int ii = 0; ii < g.p_r; ++ii) {
+        const int q_owner = g.rank(i, jj), kv_shard = g.row_major(g.rank(ii, j));
+        for (int qc : qp.rank_chunks[q_owner])
+          for (int kc : kp.rank_chunks[kv_shard]) pairs += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+      }
+    appendf(out, "  rank %d (row %d, col %d): K,V transposed to shard %d; gathers Q of row {%s} (tokens = %d mod %d), "
+                "K,V of column {%s} (tokens = %d mod %d); computes 1 block (%lld pairs); reduce-scatters (O, LSE) "
+                "in its row with the merge (4.5)\n",
+                r, i, j, g.row_major(r), qfrom.c_str(), i, g.p_r, kvfrom.c_str(), j, g.p_c,
+                static_cast<long long>(pairs));
+  }
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    appendf(out, "%s bytes per rank (closed form %s):", to_string(ph).c_str(), overlap ? "7.26" : "7.22-7.23");
+    for (int r = 0; r < P; ++r)
+      appendf(out, " r%d sent %lld recv %lld;", r,
+                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, true, eb, overlap)),
+                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, false, eb, overlap)));
+    appendf(out, "\n");
+  }
+  return {out, true};
+}
+
+// spec §7.14: the all-to-all inside each group of u ranks, the ring across the G/u groups (on H/u
+// heads and the group shards; ring rank g is group g, run by its members i = 0..u-1 at once), the
+// all-to-all back; bytes per rank next to (7.27).
+Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
+  const Problem& p = pl.p;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const int G = qp.G, u = pl.o.ulysses_degree, Gg = G / u;
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u, t = w.t, a = w.a;
+  const Problem hp = usp_head_problem(p, u);
+  const Partition gq = usp_group_partition(qp, u), gk = usp_group_partition(kp, u);
+  std::string out;
+  bool ok = true;
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    const bool bw = ph == Phase::Backward;
+    const Schedule& ring = bw ? pl.bwd : pl.fwd;
+    // Bytes per row and head: in Q (, dO, LSE, D) and K, V; back (O, LSE) or dQ, and dK, dV.
+    const int64_t in_q = bw ? 2 * d * t + 2 * a : d * t, in_kv = 2 * d * t;
+    const int64_t out_q = bw ? d * a : d * t + a, out_kv = bw ? 2 * d * a : 0;
+    std::vector<int64_t> sent(G, 0), recv(G, 0);
+    appendf(out, "\nusp %s: G=%d = %d groups x u=%d (rank r = g u + i: member i of group g), N_q=%lld, N_k=%lld, "
+            "%lld-byte elements (%lld-byte accumulators)\n",
+            to_string(ph).c_str(), G, Gg, u, static_cast<long long>(p.N_q), static_cast<long long>(p.N_k),
+            static_cast<long long>(t), static_cast<long long>(a));
+    appendf(out, "before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
+            static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
+            bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
+    for (int r = 0; r < G; ++r)
+      appendf(out, "  rank %d (group %d, member %d): q rows %s, kv rows %s\n", r, r / u, r % u, rows_of(qp, r).c_str(),
+              rows_of(kp, r).c_str());
+    appendf(out, "all-to-all 1, inside each group: sequence -> heads of %s,K,V (rank r sends member j its rows of "
+            "head block j)\n", bw ? "Q,dO,LSE,D" : "Q");
+    for (int r = 0; r < G; ++r) {
+      appendf(out, "  rank %d:", r);
+      for (int j = 0; j < u; ++j) {
+        const int s = r / u * u + j;
+        if (s == r) continue;
+        const int64_t e = B * (Hu * qp.local_size(r) * in_q + Hkvu * kp.local_size(r) * in_kv);
+        sent[r] += e;
+        recv[s] += e;
+        appendf(out, " -> %d %lld B (q heads %s, kv heads %s);", s, static_cast<long long>(e), heads(j * Hu, Hu).c_str(),
+                heads(j * Hkvu, Hkvu).c_str());
+      }
+      appendf(out, "\n");
+    }
+    appendf(out, "after: member i of group g holds the group's rows (its members' shards end to end) of q heads "
+            "[i Hu, (i+1) Hu) and kv heads [i Hkvu, (i+1) Hkvu) (Hu=%lld, Hkvu=%lld)\n",
+            static_cast<long long>(Hu), static_cast<long long>(Hkvu));
+    for (int g = 0; g < Gg; ++g)
+      appendf(out, "  group %d (ranks %d..%d): q rows %s, kv rows %s\n", g, g * u, g * u + u - 1, rows_of(gq, g).c_str(),
+              rows_of(gk, g).c_str());
+    appendf(out, "ring across the %d groups: ranks with the same member index i run it on their head block; ring rank "
+            "g = group g, its peers g +- 1 are world ranks (g +- 1) u + i\n", Gg);
+    out += trace(ring, hp, gq, gk, w);
+    for (int r = 0; r < G; ++r) {
+      sent[r] += schedule_bytes(ring, r / u, true, w);
+      recv[r] += schedule_bytes(ring, r / u, false, w);
+    }
+    appendf(out, "all-to-all 2, inside each group: heads -> sequence of %s (rank r sends member j the rows of j's "
+            "shard of head block i)\n", bw ? "dQ,dK,dV" : "O,LSE");
+    for (int r = 0; r < G; ++r) {
+      appendf(out, "  rank %d:", r);
+      for (int j = 0; j < u; ++j) {
+        const int s = r / u * u + j;
+        if (s == r) continue;
+        const int64_t e = B * (Hu * qp.local_size(s) * out_q + Hkvu * kp.local_size(s) * out_kv);
+        sent[r] += e;
+        recv[s] += e;
+        appendf(out, " -> %d %lld B;", s, static_cast<long long>(e));
+      }
+      appendf(out, "\n");
+    }
+    appendf(out, "after: rank r holds %s of its own sequence rows of every head\n", bw ? "dQ, dK, dV" : "O, LSE");
+    appendf(out, "bytes per rank (spec 7.27):\n");
+    for (int r = 0; r < G; ++r) {
+      const int64_t cs = usp_bytes(pl.o.base, ph, p, qp, kp, u, r, true, w);
+      const int64_t cr = usp_bytes(pl.o.base, ph, p, qp, kp, u, r, false, w);
+      const bool match = sent[r] == cs && recv[r] == cr;
+      ok = ok && match;
+      appendf(out, "  rank %d: sent %lld B (closed form %lld), received %lld B (closed form %lld)%s\n", r,
+              static_cast<long long>(sent[r]), static_cast<long long>(cs), static_cast<long long>(recv[r]),
+              static_cast<long long>(cr), match ? "" : "  NO");
+    }
+  }
+  if (!ok) appendf(out, "FAIL: traced bytes differ from the closed forms of spec §7.14\n");
+  return {out, ok};
+}
+
+}  // namespace burstlab::dist
