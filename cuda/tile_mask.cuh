@@ -215,14 +215,16 @@ __device__ __forceinline__ void stage_row_stats(float* l, const BwdArgs<T, G>& a
   }
 }
 
-// dK/dV pass: does query tile qt (BQ rows) see any of the keys [j0, jend) (global = local), and
-// do all its rows see all ROWS keys [j0, j0 + ROWS) with no block mask? Warp-uniform: each warp
-// computes it alike from the rows' intervals (eq. 3.4), no barrier.
+// dK/dV pass: does query tile qt (BQ rows) see any of the keys [j0, jend) (local; contiguous
+// keys, global kp.start + j), and do all its rows see all ROWS keys [j0, j0 + ROWS), every one
+// of them in the block, with no block mask? Warp-uniform: each warp computes it alike from the
+// rows' intervals (eq. 3.4), no barrier.
 template <int BQ, int ROWS, class T, class G>
 __device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64_t j0, int64_t jend,
                                            bool has_block, bool* full) {
   const int lane = threadIdx.x % 32;
-  bool any = false, all = !has_block;
+  bool any = false, all = !has_block && jend - j0 == ROWS;
+  const int64_t g0 = a.kp.start + j0, g1 = a.kp.start + jend;  // global
 #pragma unroll
   for (int u = 0; u < BQ / 32; ++u) {
     const int64_t i = int64_t(qt) * BQ + u * 32 + lane;
@@ -230,8 +232,8 @@ __device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64
     if (i < a.nq) {
       int64_t lo, hi;
       row_range(a.mask, a.qp[i], &lo, &hi);
-      a_ = lo < jend && hi > j0 && lo < hi;
-      l_ = lo <= j0 && hi >= j0 + ROWS;
+      a_ = lo < g1 && hi > g0 && lo < hi;
+      l_ = lo <= g0 && hi >= g0 + ROWS;
     }
     any = any || __any_sync(0xffffffffu, a_);
     all = all && __all_sync(0xffffffffu, l_);
