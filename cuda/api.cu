@@ -290,14 +290,16 @@ template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
                                View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
                                View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
-                               std::string* why_not_v4) {
+                               bool deterministic, std::string* why_not_v4) {
   std::string why;
   const char* w = nullptr;
   const void* ptrs[7] = {Q.data, K.data, V.data, dO.data, dQ.data, dK.data, dV.data};
   const int64_t* strides[7] = {Q.stride, K.stride, V.stride, dO.stride, dQ.stride, dK.stride, dV.stride};
   if (!(std::is_same<T, bf16>::value || std::is_same<T, f16>::value)) why = "v4 is bf16/fp16 only";
-  else if (q_pos.n >= (int64_t(1) << 31) || k_pos.n >= (int64_t(1) << 31)) why = "v4 needs q_pos.n, k_pos.n < 2^31";
-  else if (k_pos.index) why = "v4's backward_block needs contiguous key positions";
+  else if (p.N_q >= (int64_t(1) << 31) || p.N_k >= (int64_t(1) << 31) || q_pos.n >= (int64_t(1) << 31) ||
+           k_pos.n >= (int64_t(1) << 31))
+    why = "v4 needs N_q, N_k, q_pos.n, k_pos.n < 2^31";
+  else if (k_pos.index && deterministic) why = "v4's deterministic backward_block needs contiguous key positions";
   else if (!detail::v2_forward_ok_common(p.d, ptrs, strides, 7, &w)) why = w;  // the fp32 gradients too
   else if (!detail::v3_device_ok(&w)) why = w;
   if (why_not_v4) *why_not_v4 = why;
@@ -410,7 +412,8 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_backward_views(p, q_pos.n, k_pos.n, Q, K, V, dO, LSE, D, dQ, dK, dV);
-  const Variant run = backward_block_variant<T>(p, q_pos, k_pos, Q, K, V, dO, dQ, dK, dV, opt.variant);
+  const Variant run =
+      backward_block_variant<T>(p, q_pos, k_pos, Q, K, V, dO, dQ, dK, dV, opt.variant, opt.deterministic);
   const BwdArgs<T, A> a = bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true);
   if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
     if (run == Variant::V4) {
@@ -436,7 +439,7 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   template Variant backward_block_variant<T>(const Problem&, Positions, Positions, View4<const T>, \
                                              View4<const T>, View4<const T>, View4<const T>,     \
                                              View4<lse_t<T>>, View4<lse_t<T>>, View4<lse_t<T>>,  \
-                                             Variant, std::string*);                             \
+                                             Variant, bool, std::string*);                       \
   template void forward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,       \
                            View4<T>, View3<lse_t<T>>, const Options&);                           \
   template void forward_block<T>(const Problem&, const MaskParams&, Positions, Positions,        \

@@ -142,9 +142,10 @@ Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, V
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
                          Variant requested, std::string* why_not_v2 = nullptr);
 
-// The same for `backward_block`: v4 (its backward kernels, accumulating into the fp32 gradients)
-// on a compute capability 9.0 device for bf16/fp16, d in {64, 128}, contiguous k_pos (q_pos may
-// be indexed) and v2's alignment rules on Q, K, V, dO and the fp32 dQ, dK, dV; otherwise v1.
+// The same for `backward_block` (with Options::deterministic): v4 (its backward kernels,
+// accumulating into the fp32 gradients) on a compute capability 9.0 device for bf16/fp16, d in
+// {64, 128}, N_q, N_k < 2^31 and v2's alignment rules on Q, K, V, dO and the fp32 dQ, dK, dV;
+// positions contiguous or indexed, except indexed keys in the deterministic mode; otherwise v1.
 // why_not_v4 says why not v4 (empty when it can). Throws Error for v2 and v3 (no block
 // backward) and for v4 when it cannot run the call. An auto v4 call whose views the copy engine
 // cannot describe runs v1; an explicit one throws.
@@ -152,7 +153,7 @@ template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
                                View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
                                View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
-                               std::string* why_not_v4 = nullptr);
+                               bool deterministic, std::string* why_not_v4 = nullptr);
 
 // ---------------------------------------------------------------- forward
 // Whole problem, eq. (4.1)-(4.4). Q (B, H_q, N_q, d); K, V (B, H_kv, N_k, d) -> O (B, H_q, N_q, d),

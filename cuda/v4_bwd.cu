@@ -18,17 +18,17 @@
 // Deterministic mode: the two passes write every output element from one thread in a fixed
 // order, no atomics: bitwise repeatable. One-pass mode: dQ's sums arrive in a varying order.
 // G: the gradients' type. G = T (backward): dQ, dK, dV written in the storage dtype. G = float
-// (backward_block, §6.2): the same kernels over a block of rows at q_pos (contiguous or
-// indexed) against contiguous keys at k_pos, with the caller's global LSE and D, ADD their
-// contributions into fp32 dQ, dK, dV (each element read and written by one thread; dQ's
-// one-pass sums go through the scratch as above, then dQ += scale sum).
+// (backward_block, §6.2): the same kernels over a block of rows at q_pos against keys at k_pos
+// (contiguous or indexed; indexed keys in the one-pass mode only), with the caller's global LSE
+// and D, ADD their contributions into fp32 dQ, dK, dV (each element read and written by one
+// thread; dQ's one-pass sums go through the scratch as above, then dQ += scale sum).
 // P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
 // BLOCK: the mask has a block-sparse part, whose bit joins the per-element predicate of partial
 // tiles (kept out of the common kernels, where its code would spill the accumulators).
 // Limits: v3's (bf16/fp16, d in {64, 128}, 16-byte aligned views with strides in multiples of 8
-// elements, compute capability 9.0), views the copy engine can describe, and for blocks
-// contiguous key positions; v4_backward returns false (nothing launched) otherwise and the
-// dispatcher runs v3 (backward) or v1 (backward_block).
+// elements, compute capability 9.0), views the copy engine can describe, and for blocks in the
+// deterministic mode contiguous key positions; v4_backward returns false (nothing launched)
+// otherwise and the dispatcher runs v3 (backward) or v1 (backward_block).
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -223,8 +223,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ------------------------------------------------------------------ dK, dV
 // One stage's facts, staged by producer warp 1: the visited (q-head, query tile) index `it` (-1:
 // the sequence has ended), whether every pair of the tile and the CTA's keys is visible, and per
-// query row LSE log2(e) (+inf past nq: P = 0), D and the visible local key interval [lo, hi)
-// (empty past nq).
+// query row LSE log2(e) (+inf past nq: P = 0), D and the visible key interval [lo, hi) (eq. 3.4;
+// empty past nq): local key indices, or with indexed keys (KIDX) global positions, which the
+// consumers compare with their keys' positions.
 template <int BQ>
 struct RowStats {
   float L2[BQ], D[BQ];
@@ -232,7 +233,10 @@ struct RowStats {
   int it, full;
 };
 
-// The dK/dV pass: query tiles of BQ rows. FUSED (the non-deterministic mode): the pass also forms dQ's partial
+// The dK/dV pass: query tiles of BQ rows. KIDX: indexed key positions (a block's keys; the
+// one-pass mode only), in their own instantiation so that the contiguous kernels keep their
+// registers: the producer bounds the CTA's keys by their global hull and stages global row
+// intervals, each consumer thread tests its keys' global positions. FUSED (the non-deterministic mode): the pass also forms dQ's partial
 // sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
 // consumer warpgroup writes its dS^T to shared memory (the M-major A of that product), then
 // takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both warpgroups' dS^T,
@@ -247,7 +251,7 @@ constexpr size_t dkdv_smem(size_t elem) {
          (FUSED ? 2 * kRows * BQ * elem + 2 * 32 * D * sizeof(float) : 0) + 1024;
 }
 
-template <class T, class G, int D, bool BLOCK, int BQ, bool FUSED>
+template <class T, class G, int D, bool BLOCK, int BQ, bool FUSED, bool KIDX>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                        const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t nkb = (a.nk + kRows - 1) / kRows, pair = blockIdx.x / nkb;
   const int64_t hk = pair % a.Hkv, b = pair / a.Hkv, j0 = (blockIdx.x % nkb) * kRows;
   const int64_t nq = a.nq, nk = a.nk, group = a.group;
-  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // local keys [j0, jend), global + kp.start
+  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // local keys [j0, jend), global kp[j]
   const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
   const int n_it = static_cast<int>(group) * nqt;  // (q-head of the group, query tile)
   if (tid == 0) {
@@ -295,14 +299,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
       load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
     }
-    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile is
+    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile_hull is
     // warp-uniform and needs no barrier); warp 1 hands each tile's index on with its row facts,
     // then a last stage with it = -1, so the consumers never evaluate the masks per tile.
+    int kg0 = 0, kg1 = 0;  // KIDX: the global hull of the CTA's keys (positions < 2^31)
+    if constexpr (KIDX) {
+      int64_t g0, g1;
+      tiles::key_hull_warp(a, j0, jend, &g0, &g1);
+      kg0 = static_cast<int>(g0);
+      kg1 = static_cast<int>(g1);
+    }
     int st = 0;
     uint32_t ph = 0;
     bool full = false;
     for (int it = 0;; ++it) {
-      while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
+      if constexpr (KIDX)
+        while (it < n_it && !tiles::bwd_q_tile_hull<BQ>(a, it % nqt, kg0, kg1, jend - j0 == kRows, BLOCK, &full)) ++it;
+      else
+        while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
       const bool end = it >= n_it;
       const int64_t h = hk * group + it / nqt, i0 = int64_t(it % nqt) * BQ;
       tma::wait(&bars.empty[st], ph ^ 1);
@@ -328,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           int64_t lo = 0, hi = 0;
           float L2 = INFINITY, Dv = 0.f;
           if (r < nq) {
-            local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
+            if constexpr (KIDX) row_range(a.mask, a.qp[r], &lo, &hi);
+            else local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
             L2 = static_cast<float>(a.LSE(b, h, r)) * kLog2e;
             Dv = static_cast<float>(a.D(b, h, r));
           }
@@ -382,12 +397,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (full) {
 #pragma unroll
       for (int e = 0; e < BQ / 2; ++e) s[e] = ex2(fmaf(s[e], sl2, -R.L2[(e >> 2) * 8 + 2 * t4 + (e & 1)]));
+    } else if constexpr (KIDX) {
+      int jg[2];  // my keys' global positions; -1 past nk (never visible)
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int64_t j = j0 + krow + g + 8 * ri;
+        jg[ri] = j < nk ? static_cast<int>(a.kp.index[j]) : -1;
+      }
+#pragma unroll
+      for (int e = 0; e < BQ / 2; ++e) {
+        const int il = (e >> 2) * 8 + 2 * t4 + (e & 1), jk = jg[(e >> 1) & 1];
+        bool vis = (jk >= R.lo[il]) & (jk < R.hi[il]);  // global; empty past nq
+        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], jk);
+        s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < BQ / 2; ++e) {
         const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
         const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
-        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // empty past nq; hi <= nk
+        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // local; empty past nq; hi <= nk
         if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
         s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
       }
@@ -515,14 +544,25 @@ bool launch_bwd(const BwdArgs<T, G>& a, cudaStream_t s, float* dq_acc, const cha
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
   };
   if (fused) {
-    if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
+    constexpr size_t smem = dkdv_smem<D, 64, true>(sizeof(T));
+    bool done = false;
+    if constexpr (kAcc<T, G>) {  // only blocks have indexed keys
+      if (a.kp.index) {
+        if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true, true>, smem);
+        else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true, true>, smem);
+        done = true;
+      }
+    }
+    if (!done) {
+      if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true, false>, smem);
+      else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true, false>, smem);
+    }
     const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64);
     v4_dq_convert<T, G, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   } else {
-    if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, G, D, false, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
+    if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, G, D, false, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
   }
   return true;
 }
@@ -536,7 +576,8 @@ size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d) {
 template <class T, class G>
 bool v4_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why) {
   if (a.d != 64 && a.d != 128) { *why = "v4 needs d in {64, 128}"; return false; }
-  if (kAcc<T, G> && a.kp.index) { *why = "v4's backward_block needs contiguous key positions"; return false; }
+  // The dQ pass (two-pass mode) finds each row's keys as a local interval: contiguous keys only.
+  if (a.kp.index && !dq_acc) { *why = "v4's deterministic backward_block needs contiguous key positions"; return false; }
   if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1)
     if constexpr (!kAcc<T, G>) v3_backward<T>(a, s);  // v3 writes the zeros; a block adds nothing
     return true;

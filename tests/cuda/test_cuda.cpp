@@ -520,10 +520,10 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
 
 // backward_block on the tensor cores (v4; auto runs it on compute capability 9.0 for bf16/fp16,
-// d in {64, 128}, contiguous keys): every mask kind, GQA/MQA, ragged pieces, query and key
-// blocks at different global offsets (contiguous pieces, and zigzag-indexed queries), onto zero
-// and non-zero gradients, the one-pass and the deterministic mode; the forward blocks run auto.
-// Indexed keys run v1 (auto) and make v4 by name throw (see Validation).
+// d in {64, 128}): every mask kind, GQA/MQA, ragged pieces, query and key blocks at different
+// global offsets (contiguous pieces, zigzag-indexed queries, striped keys), onto zero and non-zero
+// gradients, the one-pass and the deterministic mode; the forward blocks run auto. Indexed keys
+// in the deterministic mode run v1 (auto) and make v4 by name throw (see Validation).
 std::vector<BlockCase> bwd_block_cases() {
   std::vector<BlockCase> out;
   const Shape shapes[] = {{2, 4, 2, 300, 257, 128}, {1, 3, 1, 203, 300, 64}, {1, 2, 2, 3, 130, 64},
@@ -538,9 +538,17 @@ std::vector<BlockCase> bwd_block_cases() {
           const bc::Variant v = i % 4 == 3 ? bc::Variant::Auto : bc::Variant::V4;
           out.push_back({dt, bc::Variant::Auto, sh, m, qidx, false, false, 2 + (i / 3) % 3, v, det, init});
         }
-  // Auto with striped (indexed) keys falls back to v1, onto non-zero gradients.
+  // Striped (indexed) keys, one-pass mode, every mask kind; deterministic: auto runs v1.
+  int j = 0;
+  for (const std::string& m : kMasks) {
+    out.push_back({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, m, j % 2 == 1, true, false, 2 + j % 2,
+                   bc::Variant::V4, false, j % 2 == 0});
+    out.push_back({"f16", bc::Variant::Auto, {1, 3, 1, 203, 300, 64}, m, j % 2 == 0, true, false, 3,
+                   j % 3 == 2 ? bc::Variant::Auto : bc::Variant::V4, false, j % 2 == 1});
+    ++j;
+  }
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 1, 203, 300, 64}, "causal", true, true, false, 3,
-                 bc::Variant::Auto, false, true});
+                 bc::Variant::Auto, true, true});
   // A longer causal block pair (several 128-key CTAs per block, full and partial tiles).
   out.push_back({"bf16", bc::Variant::Auto, {1, 4, 2, 1023, 1023, 128}, "causal", false, false, false, 4,
                  bc::Variant::V4, false, true});
@@ -695,30 +703,26 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   auto gv = [&](int64_t d) { return view4<float>(gbuf, Layout::BHSD, 1, 2, 8, d); };
   int64_t kidx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   const Positions q8 = contiguous(0, 8), k8 = contiguous(0, 8), k8i{0, 8, kidx};
-  EXPECT_EQ(bc::backward_block_variant<bc::bf16>(p, q8, k8, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                 bc::Variant::Auto),
-            hopper ? bc::Variant::V4 : bc::Variant::V1);
-  EXPECT_EQ(bc::backward_block_variant<bc::bf16>(pb, q8, k8, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                 bc::Variant::Auto),
-            hopper ? bc::Variant::V4 : bc::Variant::V1);
+  const auto bbv = [&](const Problem& pp, Positions k, bc::Variant r, bool det, std::string* why = nullptr) {
+    return bc::backward_block_variant<bc::bf16>(pp, q8, k, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64), r,
+                                                det, why);
+  };
+  const bc::Variant v4_or_v1 = hopper ? bc::Variant::V4 : bc::Variant::V1;
+  EXPECT_EQ(bbv(p, k8, bc::Variant::Auto, false), v4_or_v1);
+  EXPECT_EQ(bbv(p, k8, bc::Variant::Auto, true), v4_or_v1);
+  EXPECT_EQ(bbv(pb, k8, bc::Variant::Auto, false), v4_or_v1);
+  EXPECT_EQ(bbv(p, k8i, bc::Variant::Auto, false), v4_or_v1);  // indexed keys: the one-pass mode
   std::string why_b;
-  EXPECT_EQ(bc::backward_block_variant<bc::bf16>(p, q8, k8i, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                 bc::Variant::Auto, &why_b),
-            bc::Variant::V1);
+  EXPECT_EQ(bbv(p, k8i, bc::Variant::Auto, true, &why_b), bc::Variant::V1);
   EXPECT_NE(why_b.find("contiguous key positions"), std::string::npos) << why_b;
-  EXPECT_THROW(bc::backward_block_variant<bc::bf16>(p, q8, k8i, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                    bc::Variant::V4),
-               Error);
-  EXPECT_THROW(bc::backward_block_variant<bc::bf16>(p, q8, k8, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                    bc::Variant::V3),
-               Error);
-  EXPECT_EQ(bc::backward_block_variant<bc::bf16>(p, q8, k8, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64),
-                                                 bc::Variant::V1),
-            bc::Variant::V1);
+  EXPECT_THROW(bbv(p, k8i, bc::Variant::V4, true), Error);
+  EXPECT_THROW(bbv(p, k8, bc::Variant::V3, false), Error);
+  EXPECT_EQ(bbv(p, k8, bc::Variant::V1, false), bc::Variant::V1);
   {
     alignas(16) static float fbuf[2 * 8 * 64];
     const View4<const float> f = view4<const float>(fbuf, Layout::BHSD, 1, 2, 8, 64);
-    EXPECT_EQ(bc::backward_block_variant<float>(p, q8, k8, f, f, f, f, gv(64), gv(64), gv(64), bc::Variant::Auto),
+    EXPECT_EQ(bc::backward_block_variant<float>(p, q8, k8, f, f, f, f, gv(64), gv(64), gv(64), bc::Variant::Auto,
+                                                false),
               bc::Variant::V1);
   }
   Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
