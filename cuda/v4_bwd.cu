@@ -79,12 +79,13 @@ __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t 
   return (((b * a.Hq + h) * nqt + qt) * 2 + w) * (32 * a.d);
 }
 
-// dQ = scale dq_acc (G = T), or dQ += scale dq_acc (G = float: a block's contribution), back
-// from the block order above into the dQ view. Grid (blocks, 1, 1) over (b, h, qt); 256 threads. A tile's two column halves are contiguous in dq_acc (64 d floats,
-// read with coalesced 16-byte loads); they are put back in row order in shared memory, and each
-// thread writes 8 consecutive elements of a row with one 16-byte store (the tensor-core
-// backward's views are 16-byte aligned). Storing straight from the fragment order (4-byte stores
-// of 8 rows per warp instruction) moved 32% of the DRAM bandwidth on H200 (ncu, d = 64).
+// dQ = scale dq_acc (G = T), or dQ += scale dq_acc (G = float: a block's contribution), back from
+// the block order above into the dQ view. Grid (blocks, 1, 1) over (b, h, qt); 256 threads. A
+// tile's two column halves are contiguous in dq_acc (64 d floats, read with coalesced 16-byte
+// loads); they are put back in row order in shared memory, and each thread writes 8 consecutive
+// elements of a row with one 16-byte store (the tensor-core backward's views are 16-byte aligned).
+// Storing straight from the fragment order (4-byte stores of 8 rows per warp instruction) moved 32%
+// of the DRAM bandwidth on H200 (ncu, d = 64).
 template <class T, class G, int D>
 __global__ void __launch_bounds__(256) v4_dq_convert(BwdArgs<T, G> a, const float* dq_acc) {
   __shared__ float tile[64][D + 4];  // (64 rows, d); +4: row starts on different banks
@@ -233,18 +234,18 @@ struct RowStats {
   int it, full;
 };
 
-// The dK/dV pass: query tiles of BQ rows. KIDX: indexed key positions (a block's keys; the
-// one-pass mode only), in their own instantiation so that the contiguous kernels keep their
-// registers: the producer bounds the CTA's keys by their global hull and stages global row
-// intervals, each consumer thread tests its keys' global positions. FUSED (the non-deterministic mode): the pass also forms dQ's partial
-// sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
-// consumer warpgroup writes its dS^T to shared memory (the M-major A of that product), then
-// takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both warpgroups' dS^T,
-// hence a barrier across them per tile). The block goes through shared memory to dq_acc by the
-// copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert writes dQ. The
-// order of those adds varies from run to run, hence not bitwise repeatable. (Measured and
-// dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no barrier but
-// twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
+// The dK/dV pass: query tiles of BQ rows. KIDX: indexed key positions (a block's keys; the one-pass
+// mode only), in their own instantiation so that the contiguous kernels keep their registers: the
+// producer bounds the CTA's keys by their global hull and stages global row intervals, each
+// consumer thread tests its keys' global positions. FUSED (the non-deterministic mode): the pass
+// also forms dQ's partial sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass
+// recomputes S and dP. Each consumer warpgroup writes its dS^T to shared memory (the M-major A of
+// that product), then takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both
+// warpgroups' dS^T, hence a barrier across them per tile). The block goes through shared memory to
+// dq_acc by the copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert
+// writes dQ. The order of those adds varies from run to run, hence not bitwise repeatable.
+// (Measured and dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no
+// barrier but twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
 template <int D, int BQ, bool FUSED>
 constexpr size_t dkdv_smem(size_t elem) {
   return size_t(2 * kRows + 2 * kStages * BQ) * D * elem + kStages * sizeof(RowStats<BQ>) +
@@ -299,9 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
       load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
     }
-    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile_hull is
-    // warp-uniform and needs no barrier); warp 1 hands each tile's index on with its row facts,
-    // then a last stage with it = -1, so the consumers never evaluate the masks per tile.
+    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile and
+    // bwd_q_tile_hull are warp-uniform and need no barrier); warp 1 hands each tile's index on
+    // with its row facts, then a last stage with it = -1, so the consumers never evaluate the
+    // masks per tile.
     int kg0 = 0, kg1 = 0;  // KIDX: the global hull of the CTA's keys (positions < 2^31)
     if constexpr (KIDX) {
       int64_t g0, g1;
