@@ -287,6 +287,30 @@ Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, V
 }
 
 template <class T>
+Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
+                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
+                               View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
+                               bool deterministic, std::string* why_not_v4) {
+  std::string why;
+  const char* w = nullptr;
+  const void* ptrs[7] = {Q.data, K.data, V.data, dO.data, dQ.data, dK.data, dV.data};
+  const int64_t* strides[7] = {Q.stride, K.stride, V.stride, dO.stride, dQ.stride, dK.stride, dV.stride};
+  if (!(std::is_same<T, bf16>::value || std::is_same<T, f16>::value)) why = "v4 is bf16/fp16 only";
+  else if (p.N_q >= (int64_t(1) << 31) || p.N_k >= (int64_t(1) << 31) || q_pos.n >= (int64_t(1) << 31) ||
+           k_pos.n >= (int64_t(1) << 31))
+    why = "v4 needs N_q, N_k, q_pos.n, k_pos.n < 2^31";
+  else if (k_pos.index && deterministic) why = "v4's deterministic backward_block needs contiguous key positions";
+  else if (!detail::v2_forward_ok_common(p.d, ptrs, strides, 7, &w)) why = w;  // the fp32 gradients too
+  else if (!detail::v3_device_ok(&w)) why = w;
+  if (why_not_v4) *why_not_v4 = why;
+  if (requested == Variant::V2 || requested == Variant::V3)
+    fail("variant (", to_string(requested), ") has no backward_block; use auto, v1 or v4");
+  if (requested == Variant::V1) return Variant::V1;
+  if (requested == Variant::V4 && !why.empty()) fail("variant (v4) cannot run this backward_block: ", why);
+  return why.empty() ? Variant::V4 : Variant::V1;
+}
+
+template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
              View3<lse_t<T>> LSE, const Options& opt) {
   validate_forward_views(p, Q, K, V, O, LSE);
@@ -361,7 +385,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
     switch (run) {
       case Variant::V4: {
         const char* why4 = nullptr;
-        if (detail::v4_backward<T>(a, dq_acc.data(), opt.stream, &why4)) break;
+        if (detail::v4_backward<T, T>(a, dq_acc.data(), opt.stream, &why4)) break;
         if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward: ", why4);
         detail::v3_backward<T>(a, opt.stream);  // auto: v3 runs views the copy engine cannot describe
         break;
@@ -388,10 +412,22 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_backward_views(p, q_pos.n, k_pos.n, Q, K, V, dO, LSE, D, dQ, dK, dV);
-  if (opt.variant == Variant::V2 || opt.variant == Variant::V3 || opt.variant == Variant::V4)
-    fail("variant (", to_string(opt.variant), ") has no backward_block; use auto or v1 (v1 runs)");
-  detail::v1_backward<T, A>(bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true),
-                            opt.stream);
+  const Variant run =
+      backward_block_variant<T>(p, q_pos, k_pos, Q, K, V, dO, dQ, dK, dV, opt.variant, opt.deterministic);
+  const BwdArgs<T, A> a = bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true);
+  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
+    if (run == Variant::V4) {
+      // The one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch, then
+      // dQ += scale sum; the deterministic mode runs the two passes, no scratch.
+      const bool one_pass = !opt.deterministic && q_pos.n > 0 && k_pos.n > 0;
+      StreamScratch<float> dq_acc(one_pass ? detail::v4_dq_acc_floats(p.B, p.H_q, q_pos.n, p.d) : 0, opt.stream);
+      const char* why4 = nullptr;
+      if (detail::v4_backward<T, A>(a, dq_acc.data(), opt.stream, &why4)) return;
+      if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward_block: ", why4);
+      // auto: v1 runs the views the copy engine cannot describe
+    }
+  }
+  detail::v1_backward<T, A>(a, opt.stream);
 }
 
 #define BURSTLAB_API(T)                                                                          \
@@ -400,6 +436,10 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   template Variant backward_variant<T>(const Problem&, View4<const T>, View4<const T>,           \
                                        View4<const T>, View4<const T>, View4<const T>, View4<T>, \
                                        View4<T>, View4<T>, Variant, std::string*);               \
+  template Variant backward_block_variant<T>(const Problem&, Positions, Positions, View4<const T>, \
+                                             View4<const T>, View4<const T>, View4<const T>,     \
+                                             View4<lse_t<T>>, View4<lse_t<T>>, View4<lse_t<T>>,  \
+                                             Variant, bool, std::string*);                       \
   template void forward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,       \
                            View4<T>, View3<lse_t<T>>, const Options&);                           \
   template void forward_block<T>(const Problem&, const MaskParams&, Positions, Positions,        \

@@ -7,7 +7,7 @@
 //       and backward
 //   v3  v2's limits on Hopper warpgroup MMA (wgmma, sm_90a), forward and backward
 //   v4  v3's math warp-specialized (TMA producer warp, mbarrier ring, setmaxnreg), forward
-//       (no block-sparse masks: v3 runs those) and backward
+//       (no block-sparse masks: v3 runs those), backward and backward_block
 // Storage dtypes: double, float, bf16, fp16. Accumulation (and LSE / D storage) is fp64 for
 // double and fp32 for every other dtype (spec §9.1): see lse_t<T>.
 // Every entry point validates on the host before launch and throws burstlab::Error naming the
@@ -142,6 +142,19 @@ Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, V
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
                          Variant requested, std::string* why_not_v2 = nullptr);
 
+// The same for `backward_block` (with Options::deterministic): v4 (its backward kernels,
+// accumulating into the fp32 gradients) on a compute capability 9.0 device for bf16/fp16, d in
+// {64, 128}, N_q, N_k < 2^31 and v2's alignment rules on Q, K, V, dO and the fp32 dQ, dK, dV;
+// positions contiguous or indexed, except indexed keys in the deterministic mode; otherwise v1.
+// why_not_v4 says why not v4 (empty when it can). Throws Error for v2 and v3 (no block
+// backward) and for v4 when it cannot run the call. An auto v4 call whose views the copy engine
+// cannot describe runs v1; an explicit one throws.
+template <class T>
+Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
+                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
+                               View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
+                               bool deterministic, std::string* why_not_v4 = nullptr);
+
 // ---------------------------------------------------------------- forward
 // Whole problem, eq. (4.1)-(4.4). Q (B, H_q, N_q, d); K, V (B, H_kv, N_k, d) -> O (B, H_q, N_q, d),
 // LSE (B, H_q, N_q). Empty rows: O = 0, LSE = -inf. The mask is compiled and copied to the
@@ -181,7 +194,8 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
 
 // One block of the backward (§6.2): rows at q_pos against keys at k_pos, with the GLOBAL LSE and
 // D of the rows. ACCUMULATES into accumulator-precision gradients: dQ += ..., dK += ...,
-// dV += ... (dK, dV group-summed), so blocks compose by addition.
+// dV += ... (dK, dV group-summed), so blocks compose by addition. Runs backward_block_variant's
+// choice; opt.deterministic as for backward (v4's two passes; v1 always is).
 template <class T>
 void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                     View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,

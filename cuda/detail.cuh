@@ -101,8 +101,11 @@ template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // launched) when a call does not qualify.
 template <class T> bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
 // v4's backward runs two deterministic passes, or with dq_acc (fp32 scratch of v4_dq_acc_floats
-// elements) one pass that adds dQ's partial sums atomically (not bitwise repeatable).
-template <class T> bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
+// elements) one pass that adds dQ's partial sums atomically (not bitwise repeatable). G = T: the
+// whole backward (gradients written); G = float: backward_block (gradients accumulated, contiguous
+// key positions only).
+template <class T, class G>
+bool v4_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
 size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d);
 
 // A tuning knob's value: the integer in environment variable `name`, 0 when unset (read once

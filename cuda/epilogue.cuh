@@ -19,6 +19,20 @@ __device__ __forceinline__ void store_row(T* row, const float* acc, int ri, int 
         v2::Mma<T>::pack(s * acc[4 * i + 2 * ri], s * acc[4 * i + 2 * ri + 1]);
 }
 
+// row[8 i + 2 t4 + e] += s acc[4 i + 2 ri + e] in fp32 (a backward block's contribution, §6.2),
+// one 8-byte read-modify-write per pair (the tensor-core paths ask 16-byte aligned rows).
+template <int D>
+__device__ __forceinline__ void accumulate_row(float* row, const float* acc, int ri, int t4, float s) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    float2* p = reinterpret_cast<float2*>(row + i * 8 + 2 * t4);
+    float2 v = *p;
+    v.x += s * acc[4 * i + 2 * ri];
+    v.y += s * acc[4 * i + 2 * ri + 1];
+    *p = v;
+  }
+}
+
 // Forward epilogue of one m16 row tile (eq. 4.4): O = O~ / l, LSE = m ln 2 + ln l (base-2 running
 // max m, thread-partial sums l summed over the quad here); empty rows (0, -inf). With
 // a.accumulate, the merge (4.5)-(4.7) into the running (O, LSE) instead. r0: global-local row
@@ -73,6 +87,20 @@ __device__ __forceinline__ void store_dkdv(const A& a, int64_t b, int64_t hk, in
     if (j >= a.nk) continue;
     store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
     store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
+  }
+}
+
+// store_dkdv for fp32 gradients that accumulate (backward_block, §6.2): dK += scale dk,
+// dV += dv; keys j0, j0 + 8 LOCAL to the block.
+template <int D, class A>
+__device__ __forceinline__ void accumulate_dkdv(const A& a, int64_t b, int64_t hk, int64_t j0, const float* dk,
+                                         const float* dv, int t4) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int64_t j = j0 + 8 * ri;
+    if (j >= a.nk) continue;
+    accumulate_row<D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
+    accumulate_row<D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
   }
 }
 

@@ -215,14 +215,17 @@ __device__ __forceinline__ void stage_row_stats(float* l, const BwdArgs<T, G>& a
   }
 }
 
-// dK/dV pass: does query tile qt (BQ rows) see any of the keys [j0, jend) (global = local), and
-// do all its rows see all ROWS keys [j0, j0 + ROWS) with no block mask? Warp-uniform: each warp
-// computes it alike from the rows' intervals (eq. 3.4), no barrier.
-template <int BQ, int ROWS, class T, class G>
-__device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64_t j0, int64_t jend,
-                                           bool has_block, bool* full) {
+// dK/dV pass: does query tile qt (BQ rows) see any key of the CTA, whose keys' global positions
+// lie in [kg0, kg1), and, when `whole` (the CTA holds all its ROWS keys) and there is no block
+// mask, does every row's interval (eq. 3.4) cover [kg0, kg1), so that it sees every key of the
+// CTA? With indexed keys the hull may hold positions that are not keys: `any` is then an upper
+// bound (the per-element predicate decides), `full` stays exact. Warp-uniform: each warp computes
+// it alike, no barrier.
+template <int BQ, class T, class G>
+__device__ __forceinline__ bool bwd_q_tile_hull(const BwdArgs<T, G>& a, int qt, int64_t kg0, int64_t kg1,
+                                                bool whole, bool has_block, bool* full) {
   const int lane = threadIdx.x % 32;
-  bool any = false, all = !has_block;
+  bool any = false, all = !has_block && whole;
 #pragma unroll
   for (int u = 0; u < BQ / 32; ++u) {
     const int64_t i = int64_t(qt) * BQ + u * 32 + lane;
@@ -230,14 +233,48 @@ __device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64
     if (i < a.nq) {
       int64_t lo, hi;
       row_range(a.mask, a.qp[i], &lo, &hi);
-      a_ = lo < jend && hi > j0 && lo < hi;
-      l_ = lo <= j0 && hi >= j0 + ROWS;
+      a_ = lo < kg1 && hi > kg0 && lo < hi;
+      l_ = lo <= kg0 && hi >= kg1;
     }
     any = any || __any_sync(0xffffffffu, a_);
     all = all && __all_sync(0xffffffffu, l_);
   }
   *full = all && any;
   return any;
+}
+
+// The same for the local keys [j0, jend) of contiguous key positions (global kp.start + j) in a
+// CTA of ROWS keys.
+template <int BQ, int ROWS, class T, class G>
+__device__ __forceinline__ bool bwd_q_tile(const BwdArgs<T, G>& a, int qt, int64_t j0, int64_t jend,
+                                           bool has_block, bool* full) {
+  return bwd_q_tile_hull<BQ>(a, qt, a.kp.start + j0, a.kp.start + jend, jend - j0 == ROWS, has_block, full);
+}
+
+// The global hull [*kg0, *kg1) of the positions of local keys [j0, jend) (jend > j0), reduced
+// over one warp (indexed keys: min and max of kp; contiguous: kp.start + [j0, jend)).
+template <class T, class G>
+__device__ __forceinline__ void key_hull_warp(const BwdArgs<T, G>& a, int64_t j0, int64_t jend, int64_t* kg0,
+                                              int64_t* kg1) {
+  if (!a.kp.index) {
+    *kg0 = a.kp.start + j0;
+    *kg1 = a.kp.start + jend;
+    return;
+  }
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (int64_t j = j0 + threadIdx.x % 32; j < jend; j += 32) {
+    const int64_t x = a.kp.index[j];
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const int64_t l2 = __shfl_xor_sync(0xffffffffu, lo, o), h2 = __shfl_xor_sync(0xffffffffu, hi, o);
+    lo = l2 < lo ? l2 : lo;
+    hi = h2 > hi ? h2 : hi;
+  }
+  *kg0 = lo;
+  *kg1 = hi + 1;
 }
 
 }  // namespace burstlab::cuda::detail::tiles

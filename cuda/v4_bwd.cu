@@ -17,12 +17,18 @@
 //          v4_bwd_dkdv_kernel's FUSED), added atomically into fp32 scratch, then converted.
 // Deterministic mode: the two passes write every output element from one thread in a fixed
 // order, no atomics: bitwise repeatable. One-pass mode: dQ's sums arrive in a varying order.
+// G: the gradients' type. G = T (backward): dQ, dK, dV written in the storage dtype. G = float
+// (backward_block, §6.2): the same kernels over a block of rows at q_pos against keys at k_pos
+// (contiguous or indexed; indexed keys in the one-pass mode only), with the caller's global LSE
+// and D, ADD their contributions into fp32 dQ, dK, dV (each element read and written by one
+// thread; dQ's one-pass sums go through the scratch as above, then dQ += scale sum).
 // P and dS are rounded to the storage dtype before their products (u_P, spec §9.1).
 // BLOCK: the mask has a block-sparse part, whose bit joins the per-element predicate of partial
 // tiles (kept out of the common kernels, where its code would spill the accumulators).
-// Limits: v3's (whole-problem backward, bf16/fp16, d in {64, 128}, 16-byte aligned views with
-// strides in multiples of 8 elements, compute capability 9.0) and views the copy engine can
-// describe; v4_backward returns false (nothing launched) otherwise and the dispatcher runs v3.
+// Limits: v3's (bf16/fp16, d in {64, 128}, 16-byte aligned views with strides in multiples of 8
+// elements, compute capability 9.0), views the copy engine can describe, and for blocks in the
+// deterministic mode contiguous key positions; v4_backward returns false (nothing launched)
+// otherwise and the dispatcher runs v3 (backward) or v1 (backward_block).
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -52,6 +58,10 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
   return p + ((1024u - (v2::smem_u32(p) & 1023u)) & 1023u);
 }
 
+// Gradients of type G: storage T, written (backward); or fp32, accumulated (backward_block).
+template <class T, class G>
+constexpr bool kAcc = !std::is_same<G, T>::value;
+
 // Copies a (ROWS, D) tile: D/64 boxes of (64, ROWS), one per sw128 panel.
 template <int ROWS, int D, class T>
 __device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row, int h, int b, uint64_t* bar) {
@@ -69,14 +79,15 @@ __device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t 
   return (((b * a.Hq + h) * nqt + qt) * 2 + w) * (32 * a.d);
 }
 
-// dQ = scale dq_acc, back from the block order above into the dQ view. Grid (blocks, 1, 1) over
-// (b, h, qt); 256 threads. A tile's two column halves are contiguous in dq_acc (64 d floats,
-// read with coalesced 16-byte loads); they are put back in row order in shared memory, and each
-// thread writes 8 consecutive elements of a row with one 16-byte store (the tensor-core
-// backward's views are 16-byte aligned). Storing straight from the fragment order (4-byte stores
-// of 8 rows per warp instruction) moved 32% of the DRAM bandwidth on H200 (ncu, d = 64).
-template <class T, int D>
-__global__ void __launch_bounds__(256) v4_dq_convert(BwdArgs<T, T> a, const float* dq_acc) {
+// dQ = scale dq_acc (G = T), or dQ += scale dq_acc (G = float: a block's contribution), back from
+// the block order above into the dQ view. Grid (blocks, 1, 1) over (b, h, qt); 256 threads. A
+// tile's two column halves are contiguous in dq_acc (64 d floats, read with coalesced 16-byte
+// loads); they are put back in row order in shared memory, and each thread writes 8 consecutive
+// elements of a row with one 16-byte store (the tensor-core backward's views are 16-byte aligned).
+// Storing straight from the fragment order (4-byte stores of 8 rows per warp instruction) moved 32%
+// of the DRAM bandwidth on H200 (ncu, d = 64).
+template <class T, class G, int D>
+__global__ void __launch_bounds__(256) v4_dq_convert(BwdArgs<T, G> a, const float* dq_acc) {
   __shared__ float tile[64][D + 4];  // (64 rows, d); +4: row starts on different banks
   const int tid = threadIdx.x;
   const int64_t nqt = (a.nq + 63) / 64;
@@ -98,12 +109,21 @@ __global__ void __launch_bounds__(256) v4_dq_convert(BwdArgs<T, T> a, const floa
     const int64_t r = qt * 64 + row;
     if (r >= a.nq) continue;
     const float* x = &tile[row][c8];
-    uint4 o;
-    o.x = v2::Mma<T>::pack(sc * x[0], sc * x[1]);
-    o.y = v2::Mma<T>::pack(sc * x[2], sc * x[3]);
-    o.z = v2::Mma<T>::pack(sc * x[4], sc * x[5]);
-    o.w = v2::Mma<T>::pack(sc * x[6], sc * x[7]);
-    *reinterpret_cast<uint4*>(a.dQ.row(b, h, r) + c8) = o;
+    if constexpr (std::is_same<G, float>::value) {  // fp32 rows: 32-byte aligned (8-element strides)
+      float4* y = reinterpret_cast<float4*>(a.dQ.row(b, h, r) + c8);
+      float4 u = y[0], w = y[1];
+      u.x += sc * x[0]; u.y += sc * x[1]; u.z += sc * x[2]; u.w += sc * x[3];
+      w.x += sc * x[4]; w.y += sc * x[5]; w.z += sc * x[6]; w.w += sc * x[7];
+      y[0] = u;
+      y[1] = w;
+    } else {
+      uint4 o;
+      o.x = v2::Mma<T>::pack(sc * x[0], sc * x[1]);
+      o.y = v2::Mma<T>::pack(sc * x[2], sc * x[3]);
+      o.z = v2::Mma<T>::pack(sc * x[4], sc * x[5]);
+      o.w = v2::Mma<T>::pack(sc * x[6], sc * x[7]);
+      *reinterpret_cast<uint4*>(a.dQ.row(b, h, r) + c8) = o;
+    }
   }
 }
 
@@ -114,11 +134,11 @@ struct RingBars {
 };
 
 // ------------------------------------------------------------------ dQ
-template <class T, int D, int BC, bool BLOCK>
+template <class T, class G, int D, int BC, bool BLOCK>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dq_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
                      const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
-                     BwdArgs<T, T> a) {
+                     BwdArgs<T, G> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr uint32_t kTile = BC * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -146,6 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const tiles::Hull hull = tiles::bwd_rows<kWarps>(a, b, h, wg >= 0 ? q0 + wrow + g : nq, red, &rows);
   const int t_begin = hull.lo < hull.hi ? hull.lo / BC : 0;
   const int t_end = hull.lo < hull.hi ? (hull.hi + BC - 1) / BC : 0;
+  if (kAcc<T, G> && t_begin == t_end) return;  // a block whose rows see none of its keys adds 0
 
   if (wg < 0) {  // ---------------------------------------------------------------- producer
     tma::regs_dec<kRegP>();
@@ -191,7 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t r = q0 + wrow + g + 8 * ri;
-    if (r < nq) epilogue::store_row<T, D>(a.dQ.row(b, h, r), acc, ri, t4, static_cast<float>(a.scale));
+    if (r >= nq) continue;
+    if constexpr (kAcc<T, G>) epilogue::accumulate_row<D>(a.dQ.row(b, h, r), acc, ri, t4, static_cast<float>(a.scale));
+    else epilogue::store_row<T, D>(a.dQ.row(b, h, r), acc, ri, t4, static_cast<float>(a.scale));
   }
 #else
   __trap();
@@ -201,8 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ------------------------------------------------------------------ dK, dV
 // One stage's facts, staged by producer warp 1: the visited (q-head, query tile) index `it` (-1:
 // the sequence has ended), whether every pair of the tile and the CTA's keys is visible, and per
-// query row LSE log2(e) (+inf past nq: P = 0), D and the visible local key interval [lo, hi)
-// (empty past nq).
+// query row LSE log2(e) (+inf past nq: P = 0), D and the visible key interval [lo, hi) (eq. 3.4;
+// empty past nq): local key indices, or with indexed keys (KIDX) global positions, which the
+// consumers compare with their keys' positions.
 template <int BQ>
 struct RowStats {
   float L2[BQ], D[BQ];
@@ -210,26 +234,29 @@ struct RowStats {
   int it, full;
 };
 
-// The dK/dV pass: query tiles of BQ rows. FUSED (the non-deterministic mode): the pass also forms dQ's partial
-// sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass recomputes S and dP. Each
-// consumer warpgroup writes its dS^T to shared memory (the M-major A of that product), then
-// takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both warpgroups' dS^T,
-// hence a barrier across them per tile). The block goes through shared memory to dq_acc by the
-// copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert writes dQ. The
-// order of those adds varies from run to run, hence not bitwise repeatable. (Measured and
-// dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no barrier but
-// twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
+// The dK/dV pass: query tiles of BQ rows. KIDX: indexed key positions (a block's keys; the one-pass
+// mode only), in their own instantiation so that the contiguous kernels keep their registers: the
+// producer bounds the CTA's keys by their global hull and stages global row intervals, each
+// consumer thread tests its keys' global positions. FUSED (the non-deterministic mode): the pass
+// also forms dQ's partial sums over the CTA's keys, dQ_part = dS K (5.6), so that no dQ pass
+// recomputes S and dP. Each consumer warpgroup writes its dS^T to shared memory (the M-major A of
+// that product), then takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both
+// warpgroups' dS^T, hence a barrier across them per tile). The block goes through shared memory to
+// dq_acc by the copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert
+// writes dQ. The order of those adds varies from run to run, hence not bitwise repeatable.
+// (Measured and dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no
+// barrier but twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
 template <int D, int BQ, bool FUSED>
 constexpr size_t dkdv_smem(size_t elem) {
   return size_t(2 * kRows + 2 * kStages * BQ) * D * elem + kStages * sizeof(RowStats<BQ>) +
          (FUSED ? 2 * kRows * BQ * elem + 2 * 32 * D * sizeof(float) : 0) + 1024;
 }
 
-template <class T, int D, bool BLOCK, int BQ, bool FUSED>
+template <class T, class G, int D, bool BLOCK, int BQ, bool FUSED, bool KIDX>
 __global__ void __launch_bounds__(kThreads, 1)
     v4_bwd_dkdv_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                        const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO,
-                       BwdArgs<T, T> a, float* dq_acc) {
+                       BwdArgs<T, G> a, float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int S = kStages;
   static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
@@ -249,10 +276,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // more in L2 than it gained, docs/performance-gpu.md).
   const int64_t nkb = (a.nk + kRows - 1) / kRows, pair = blockIdx.x / nkb;
   const int64_t hk = pair % a.Hkv, b = pair / a.Hkv, j0 = (blockIdx.x % nkb) * kRows;
-  const int64_t nq = a.nq, nk = a.nk, G = a.group;
-  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // keys [j0, jend) (global = local)
+  const int64_t nq = a.nq, nk = a.nk, group = a.group;
+  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // local keys [j0, jend), global kp[j]
   const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
-  const int n_it = static_cast<int>(G) * nqt;  // (q-head of the group, query tile)
+  const int n_it = static_cast<int>(group) * nqt;  // (q-head of the group, query tile)
   if (tid == 0) {
     tma::init(&bars.once, 1);
     for (int s = 0; s < S; ++s) {
@@ -273,16 +300,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
       load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
     }
-    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile is
-    // warp-uniform and needs no barrier); warp 1 hands each tile's index on with its row facts,
-    // then a last stage with it = -1, so the consumers never evaluate the masks per tile.
+    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile and
+    // bwd_q_tile_hull are warp-uniform and need no barrier); warp 1 hands each tile's index on
+    // with its row facts, then a last stage with it = -1, so the consumers never evaluate the
+    // masks per tile.
+    int kg0 = 0, kg1 = 0;  // KIDX: the global hull of the CTA's keys (positions < 2^31)
+    if constexpr (KIDX) {
+      int64_t g0, g1;
+      tiles::key_hull_warp(a, j0, jend, &g0, &g1);
+      kg0 = static_cast<int>(g0);
+      kg1 = static_cast<int>(g1);
+    }
     int st = 0;
     uint32_t ph = 0;
     bool full = false;
     for (int it = 0;; ++it) {
-      while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
+      if constexpr (KIDX)
+        while (it < n_it && !tiles::bwd_q_tile_hull<BQ>(a, it % nqt, kg0, kg1, jend - j0 == kRows, BLOCK, &full)) ++it;
+      else
+        while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
       const bool end = it >= n_it;
-      const int64_t h = hk * G + it / nqt, i0 = int64_t(it % nqt) * BQ;
+      const int64_t h = hk * group + it / nqt, i0 = int64_t(it % nqt) * BQ;
       tma::wait(&bars.empty[st], ph ^ 1);
       if (warp == 0) {
         if (lane == 0) {
@@ -306,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           int64_t lo = 0, hi = 0;
           float L2 = INFINITY, Dv = 0.f;
           if (r < nq) {
-            local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
+            if constexpr (KIDX) row_range(a.mask, a.qp[r], &lo, &hi);
+            else local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
             L2 = static_cast<float>(a.LSE(b, h, r)) * kLog2e;
             Dv = static_cast<float>(a.D(b, h, r));
           }
@@ -329,6 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int krow = (warp - 4) * 16;  // my warp's first key in the CTA
   const int wtid = tid - 128 * (wg + 1);  // my thread in the warpgroup
   int dsb = 0;                             // FUSED: dS^T buffer
+  bool seen = false;                       // some query tile visited (G = float: else nothing to add)
   float dk[D / 2], dv[D / 2];        // my 2 keys x D/4 columns (wgmma accumulators)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -341,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::wait(&bars.full[st], ph);
     const int it = R.it;
     if (it < 0) break;
+    seen = true;
     const bool full = R.full;
     const int64_t i0 = int64_t(it % nqt) * BQ;
     const T* cQ = sQO + st * (2 * BQ * D);
@@ -358,12 +399,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (full) {
 #pragma unroll
       for (int e = 0; e < BQ / 2; ++e) s[e] = ex2(fmaf(s[e], sl2, -R.L2[(e >> 2) * 8 + 2 * t4 + (e & 1)]));
+    } else if constexpr (KIDX) {
+      int jg[2];  // my keys' global positions; -1 past nk (never visible)
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int64_t j = j0 + krow + g + 8 * ri;
+        jg[ri] = j < nk ? static_cast<int>(a.kp.index[j]) : -1;
+      }
+#pragma unroll
+      for (int e = 0; e < BQ / 2; ++e) {
+        const int il = (e >> 2) * 8 + 2 * t4 + (e & 1), jk = jg[(e >> 1) & 1];
+        bool vis = (jk >= R.lo[il]) & (jk < R.hi[il]);  // global; empty past nq
+        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], jk);
+        s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < BQ / 2; ++e) {
         const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
         const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
-        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // empty past nq; hi <= nk
+        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // local; empty past nq; hi <= nk
         if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
         s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
       }
@@ -422,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       v3::fence_proxy_async();
       tma::bar_sync(2 + wg, 128);
       if (wtid == 0) {
-        const int64_t h = hk * G + it / nqt, qt = it % nqt;
+        const int64_t h = hk * group + it / nqt, qt = it % nqt;
         tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, wg), qs, kN * 64 * sizeof(float));
         tma::bulk_commit();
       }
@@ -438,7 +493,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (++st == S) { st = 0; ph ^= 1; }
   }
   if (FUSED && wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
-  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  if constexpr (kAcc<T, G>) {
+    if (seen) epilogue::accumulate_dkdv<D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  } else {
+    epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  }
 #else
   __trap();
 #endif
@@ -451,8 +510,8 @@ int v4_bwd_cfg() {
   return v;
 }
 
-template <class T, int D, int BC, int BQ>
-bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const char** why) {
+template <class T, class G, int D, int BC, int BQ>
+bool launch_bwd(const BwdArgs<T, G>& a, cudaStream_t s, float* dq_acc, const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   const bool block = a.mask.block != nullptr, fused = dq_acc != nullptr;
   CUtensorMap mQ, mdO, mK, mV;  // the dQ pass's boxes: 128 query rows, BC keys
@@ -470,7 +529,7 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
     return false;
   if (!fused) {
     const size_t smem = size_t(2 * kRows + 2 * kStages * BC) * D * sizeof(T) + 1024;
-    auto k = block ? &v4_bwd_dq_kernel<T, D, BC, true> : &v4_bwd_dq_kernel<T, D, BC, false>;
+    auto k = block ? &v4_bwd_dq_kernel<T, G, D, BC, true> : &v4_bwd_dq_kernel<T, G, D, BC, false>;
     allow_smem(reinterpret_cast<const void*>(k), smem);
     const dim3 grid(static_cast<unsigned>((a.nq + kRows - 1) / kRows), static_cast<unsigned>(a.Hq),
                     static_cast<unsigned>(a.B));
@@ -487,14 +546,25 @@ bool launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s, float* dq_acc, const cha
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_bwd_dkdv_kernel");
   };
   if (fused) {
-    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, D, false, 64, true>, dkdv_smem<D, 64, true>(sizeof(T)));
+    constexpr size_t smem = dkdv_smem<D, 64, true>(sizeof(T));
+    bool done = false;
+    if constexpr (kAcc<T, G>) {  // only blocks have indexed keys
+      if (a.kp.index) {
+        if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true, true>, smem);
+        else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true, true>, smem);
+        done = true;
+      }
+    }
+    if (!done) {
+      if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true, false>, smem);
+      else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true, false>, smem);
+    }
     const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64);
-    v4_dq_convert<T, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
+    v4_dq_convert<T, G, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
     BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
   } else {
-    if (block) go(&v4_bwd_dkdv_kernel<T, D, true, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
-    else go(&v4_bwd_dkdv_kernel<T, D, false, BQ, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
+    if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
+    else go(&v4_bwd_dkdv_kernel<T, G, D, false, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
   }
   return true;
 }
@@ -505,25 +575,31 @@ size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d) {
   return size_t(B * Hq * ((nq + 63) / 64) * 64 * d);
 }
 
-template <class T>
-bool v4_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why) {
+template <class T, class G>
+bool v4_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why) {
   if (a.d != 64 && a.d != 128) { *why = "v4 needs d in {64, 128}"; return false; }
-  if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1): v3 writes the zeros
-    v3_backward<T>(a, s);
+  // The dQ pass (two-pass mode) finds each row's keys as a local interval: contiguous keys only.
+  if (a.kp.index && !dq_acc) { *why = "v4's deterministic backward_block needs contiguous key positions"; return false; }
+  if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1)
+    if constexpr (!kAcc<T, G>) v3_backward<T>(a, s);  // v3 writes the zeros; a block adds nothing
     return true;
   }
   // Fused (dq_acc given): the dK/dV pass's query tiles are 64 rows (one dQ block); the tuning
-  // configuration changes the two-pass shapes only.
-  const int cfg = std::is_same<T, bf16>::value ? v4_bwd_cfg() : 0;  // tuning: bf16 only
+  // configuration changes the two-pass shapes of the whole backward only.
+  const int cfg = std::is_same<T, bf16>::value && !kAcc<T, G> ? v4_bwd_cfg() : 0;  // tuning: bf16 only
   if (a.d == 64) {
-    if (cfg == 1) return launch_bwd<T, 64, 128, 128>(a, s, dq_acc, why);
-    return launch_bwd<T, 64, 64, 64>(a, s, dq_acc, why);
+    if constexpr (!kAcc<T, G>)
+      if (cfg == 1) return launch_bwd<T, G, 64, 128, 128>(a, s, dq_acc, why);
+    return launch_bwd<T, G, 64, 64, 64>(a, s, dq_acc, why);
   }
-  if (cfg == 1) return launch_bwd<T, 128, 128, 64>(a, s, dq_acc, why);
-  return launch_bwd<T, 128, 64, 64>(a, s, dq_acc, why);
+  if constexpr (!kAcc<T, G>)
+    if (cfg == 1) return launch_bwd<T, G, 128, 128, 64>(a, s, dq_acc, why);
+  return launch_bwd<T, G, 128, 64, 64>(a, s, dq_acc, why);
 }
 
-template bool v4_backward<bf16>(const BwdArgs<bf16, bf16>&, float*, cudaStream_t, const char**);
-template bool v4_backward<f16>(const BwdArgs<f16, f16>&, float*, cudaStream_t, const char**);
+template bool v4_backward<bf16, bf16>(const BwdArgs<bf16, bf16>&, float*, cudaStream_t, const char**);
+template bool v4_backward<f16, f16>(const BwdArgs<f16, f16>&, float*, cudaStream_t, const char**);
+template bool v4_backward<bf16, float>(const BwdArgs<bf16, float>&, float*, cudaStream_t, const char**);
+template bool v4_backward<f16, float>(const BwdArgs<f16, float>&, float*, cudaStream_t, const char**);
 
 }  // namespace burstlab::cuda::detail

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -347,6 +348,9 @@ struct BlockCase {
   bool q_indexed, k_indexed;  // zigzag-like query order / striped keys
   bool use_merge_kernel;      // partials + merge kernel instead of the fold
   int parts;
+  bc::Variant bwd_variant = bc::Variant::Auto;  // backward_block's
+  bool deterministic = false;
+  bool nonzero_init = false;  // the gradients start from X0 != 0 (accumulate, not overwrite)
 };
 std::string name_of(const BlockCase& c) {
   std::string m = c.mask;
@@ -354,7 +358,23 @@ std::string name_of(const BlockCase& c) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return c.dtype + "_" + bc::to_string(c.variant) + "_" + str(c.shape) + "_" + m +
          (c.q_indexed ? "_qidx" : "_qcont") + (c.k_indexed ? "_kidx" : "_kcont") +
-         (c.use_merge_kernel ? "_merge" : "_fold") + "_P" + std::to_string(c.parts);
+         (c.use_merge_kernel ? "_merge" : "_fold") + "_P" + std::to_string(c.parts) +
+         (c.bwd_variant != bc::Variant::Auto ? "_bwd" + bc::to_string(c.bwd_variant) : "") +
+         (c.deterministic ? "_det" : "") + (c.nonzero_init ? "_init" : "");
+}
+
+// Initial gradients for backward_block to accumulate onto: X0 = 3/4 of the oracle's gradient,
+// rounded to fp32, where that is non-zero, else 1.5. The fp32 sum X0 + c then rounds by at most
+// u_a (|X0| + |c|) <= 2 u_a sum |dS||K| (or the dV analogue), inside the §9 bound, while a
+// kernel that overwrote instead of adding would be off by |X0| = 3/4 |grad|; where the gradient
+// is 0 (rows or keys that see nothing) X0 + 0 = X0 exactly.
+Tensor4<double> initial_grad(const Tensor4<double>& want) {
+  Tensor4<double> x = want;
+  for (double& v : x.data) v = v != 0 ? double(float(0.75 * v)) : 1.5;
+  return x;
+}
+void subtract(Tensor4<double>& x, const Tensor4<double>& x0) {
+  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] -= x0.data[i];
 }
 
 // Partition [0, N) into `parts` pieces: contiguous ranges, or striped (j % parts) / zigzag.
@@ -400,10 +420,14 @@ void run_block_case(const BlockCase& c) {
     kidx.emplace_back(kp.size());
     kidx.back().upload(kp.data(), kp.size());
   }
+  // Gradients start from 0, or from X0 (subtracted on the host at the end).
+  const Tensor4<double> dQ0 = c.nonzero_init ? initial_grad(want.dQ) : make_tensor4<double>(layout, s.B, s.Hq, s.Nq, s.d);
+  const Tensor4<double> dK0 = c.nonzero_init ? initial_grad(want.dK) : make_tensor4<double>(layout, s.B, s.Hkv, s.Nk, s.d);
+  const Tensor4<double> dV0 = c.nonzero_init ? initial_grad(want.dV) : make_tensor4<double>(layout, s.B, s.Hkv, s.Nk, s.d);
   std::vector<DT4<A>> dKb, dVb;  // accumulated over query blocks
   for (const auto& kp : kparts) {
-    dKb.push_back(to_device<A>(make_tensor4<double>(layout, s.B, s.Hkv, int64_t(kp.size()), s.d)));
-    dVb.push_back(to_device<A>(make_tensor4<double>(layout, s.B, s.Hkv, int64_t(kp.size()), s.d)));
+    dKb.push_back(to_device<A>(gather(dK0, kp)));
+    dVb.push_back(to_device<A>(gather(dV0, kp)));
   }
   bc::Options opt;
   opt.variant = c.variant;
@@ -433,8 +457,10 @@ void run_block_case(const BlockCase& c) {
     // Backward blocks with the global row statistics.
     DT3<A> D = dev_rows<A>(s.B, s.Hq, nq);
     bc::compute_D<T>(O.cview(), dO.cview(), D.view(), opt);
-    DT4<A> dQ = to_device<A>(make_tensor4<double>(layout, s.B, s.Hq, nq, s.d));
+    DT4<A> dQ = to_device<A>(gather(dQ0, qp));
     bc::Options bopt;
+    bopt.variant = c.bwd_variant;
+    bopt.deterministic = c.deterministic;
     for (size_t kb = 0; kb < kparts.size(); ++kb) {
       const int64_t nk = int64_t(kparts[kb].size());
       const Positions kpos = c.k_indexed ? Positions{0, nk, kidx[kb].data()} : contiguous(kparts[kb].empty() ? 0 : kparts[kb][0], nk);
@@ -451,6 +477,9 @@ void run_block_case(const BlockCase& c) {
     scatter(dK_all, to_host(dKb[kb]), kparts[kb]);
     scatter(dV_all, to_host(dVb[kb]), kparts[kb]);
   }
+  subtract(dQ_all, dQ0);
+  subtract(dK_all, dK0);
+  subtract(dV_all, dV0);
   const std::string ctx = name_of(c) + " " + shape_string(p) + " mask=" + describe(p.mask);
   testutil::expect_pass(check_forward<double>(want, O_all, L_all), ctx + " (forward_block)");
   testutil::expect_pass(check_backward<double>(want, dQ_all, dK_all, dV_all), ctx + " (backward_block)");
@@ -489,6 +518,100 @@ TEST_P(CudaBlocks, ComposeToTheWhole) {
 }
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
+
+// backward_block on the tensor cores (v4; auto runs it on compute capability 9.0 for bf16/fp16,
+// d in {64, 128}): every mask kind, GQA/MQA, ragged pieces, query and key blocks at different
+// global offsets (contiguous pieces, zigzag-indexed queries, striped keys), onto zero and non-zero
+// gradients, the one-pass and the deterministic mode; the forward blocks run auto. Indexed keys
+// in the deterministic mode run v1 (auto) and make v4 by name throw (see Validation).
+std::vector<BlockCase> bwd_block_cases() {
+  std::vector<BlockCase> out;
+  const Shape shapes[] = {{2, 4, 2, 300, 257, 128}, {1, 3, 1, 203, 300, 64}, {1, 2, 2, 3, 130, 64},
+                          {1, 2, 1, 129, 200, 128}};
+  int k = 0;
+  for (const char* dt : {"bf16", "f16"})
+    for (const Shape& sh : shapes)
+      for (const std::string& m : kMasks)
+        for (bool det : {false, true}) {
+          const int i = k++ / 2;  // both modes of each (dtype, shape, mask) get the same pieces
+          const bool qidx = i % 3 == 1, init = i % 2 == 0;
+          const bc::Variant v = i % 4 == 3 ? bc::Variant::Auto : bc::Variant::V4;
+          out.push_back({dt, bc::Variant::Auto, sh, m, qidx, false, false, 2 + (i / 3) % 3, v, det, init});
+        }
+  // Striped (indexed) keys, one-pass mode, every mask kind; deterministic: auto runs v1.
+  int j = 0;
+  for (const std::string& m : kMasks) {
+    out.push_back({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, m, j % 2 == 1, true, false, 2 + j % 2,
+                   bc::Variant::V4, false, j % 2 == 0});
+    out.push_back({"f16", bc::Variant::Auto, {1, 3, 1, 203, 300, 64}, m, j % 2 == 0, true, false, 3,
+                   j % 3 == 2 ? bc::Variant::Auto : bc::Variant::V4, false, j % 2 == 1});
+    ++j;
+  }
+  out.push_back({"bf16", bc::Variant::Auto, {1, 2, 1, 203, 300, 64}, "causal", true, true, false, 3,
+                 bc::Variant::Auto, true, true});
+  // A longer causal block pair (several 128-key CTAs per block, full and partial tiles).
+  out.push_back({"bf16", bc::Variant::Auto, {1, 4, 2, 1023, 1023, 128}, "causal", false, false, false, 4,
+                 bc::Variant::V4, false, true});
+  out.push_back({"f16", bc::Variant::Auto, {1, 2, 2, 1000, 1100, 64}, "window:300,0+document:3", true, false,
+                 false, 3, bc::Variant::V4, true, true});
+  return out;
+}
+
+class CudaBackwardBlock : public ::testing::TestWithParam<BlockCase> {};
+TEST_P(CudaBackwardBlock, AccumulatesToTheWhole) {
+  REQUIRE_GPU();
+  const BlockCase& c = GetParam();
+  REQUIRE_VARIANT(c.bwd_variant);
+  if (c.dtype == "bf16") run_block_case<bc::bf16>(c);
+  else run_block_case<bc::f16>(c);
+}
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block_cases()),
+                         [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
+
+// Deterministic backward_block: two runs onto the same gradients are bitwise the same.
+TEST(CudaBackwardBlock, DeterministicBitwiseRepeatable) {
+  REQUIRE_GPU();
+  REQUIRE_VARIANT(bc::Variant::V4);
+  using A = float;
+  const Problem p = make_problem(1, 4, 2, 300, 500, 128, "causal", 17);
+  const Inputs in = make_inputs(p, Layout::BSHD, Dtype::BF16, 17, Values::Normal);
+  const MaskData md = compile_mask(p);
+  const bc::DeviceMask dm(md);
+  // Rows [100, 300) against keys [128, 450): offsets on both sides; LSE and D arbitrary finite.
+  std::vector<int64_t> qi(200), ki(322);
+  std::iota(qi.begin(), qi.end(), int64_t(100));
+  std::iota(ki.begin(), ki.end(), int64_t(128));
+  DT4<bc::bf16> Q = to_device<bc::bf16>(gather(in.Q, qi)), dO = to_device<bc::bf16>(gather(in.dO, qi));
+  DT4<bc::bf16> K = to_device<bc::bf16>(gather(in.K, ki)), V = to_device<bc::bf16>(gather(in.V, ki));
+  Tensor3<double> lse = make_tensor3<double>(1, 4, 200), dd = make_tensor3<double>(1, 4, 200);
+  for (size_t i = 0; i < lse.data.size(); ++i) { lse.data[i] = 3.0 + 0.01 * double(i % 50); dd.data[i] = 0.1 * double(i % 7); }
+  auto rows = [](const Tensor3<double>& x) {
+    DT3<A> t = dev_rows<A>(x.B, x.H, x.N);
+    std::vector<A> h(x.data.begin(), x.data.end());
+    t.buf.upload(h.data(), h.size());
+    return t;
+  };
+  const DT3<A> L = rows(lse), D = rows(dd);
+  bc::Options opt;
+  opt.variant = bc::Variant::V4;
+  opt.deterministic = true;
+  std::vector<std::vector<A>> got;
+  for (int rep = 0; rep < 2; ++rep) {
+    DT4<A> dQ = to_device<A>(initial_grad(gather(in.Q, qi))), dK = to_device<A>(initial_grad(gather(in.K, ki))),
+           dV = to_device<A>(initial_grad(gather(in.V, ki)));
+    bc::backward_block<bc::bf16>(p, dm.params(), contiguous(100, 200), contiguous(128, 322), Q.cview(), K.cview(),
+                                 V.cview(), dO.cview(), L.cview(), D.cview(), dQ.view(), dK.view(), dV.view(), opt);
+    BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<A> all;
+    for (const DT4<A>* t : {&dQ, &dK, &dV}) {
+      std::vector<A> h(t->buf.size());
+      t->buf.download(h.data(), h.size());
+      all.insert(all.end(), h.begin(), h.end());
+    }
+    got.push_back(all);
+  }
+  EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(A))) << "not bitwise repeatable";
+}
 
 // ---------------------------------------------------------------- validation (no GPU needed)
 TEST(CudaValidation, BadShapesThrowBeforeLaunch) {
@@ -574,6 +697,34 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   if (!hopper) EXPECT_THROW(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64),
                                                            bc::Variant::V4),
                             Error);
+  // backward_block: v4 on compute capability 9.0 (block masks included) with contiguous keys,
+  // else v1; v2 and v3 have none.
+  alignas(16) static float gbuf[2 * 8 * 128];
+  auto gv = [&](int64_t d) { return view4<float>(gbuf, Layout::BHSD, 1, 2, 8, d); };
+  int64_t kidx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const Positions q8 = contiguous(0, 8), k8 = contiguous(0, 8), k8i{0, 8, kidx};
+  const auto bbv = [&](const Problem& pp, Positions k, bc::Variant r, bool det, std::string* why = nullptr) {
+    return bc::backward_block_variant<bc::bf16>(pp, q8, k, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64), r,
+                                                det, why);
+  };
+  const bc::Variant v4_or_v1 = hopper ? bc::Variant::V4 : bc::Variant::V1;
+  EXPECT_EQ(bbv(p, k8, bc::Variant::Auto, false), v4_or_v1);
+  EXPECT_EQ(bbv(p, k8, bc::Variant::Auto, true), v4_or_v1);
+  EXPECT_EQ(bbv(pb, k8, bc::Variant::Auto, false), v4_or_v1);
+  EXPECT_EQ(bbv(p, k8i, bc::Variant::Auto, false), v4_or_v1);  // indexed keys: the one-pass mode
+  std::string why_b;
+  EXPECT_EQ(bbv(p, k8i, bc::Variant::Auto, true, &why_b), bc::Variant::V1);
+  EXPECT_NE(why_b.find("contiguous key positions"), std::string::npos) << why_b;
+  EXPECT_THROW(bbv(p, k8i, bc::Variant::V4, true), Error);
+  EXPECT_THROW(bbv(p, k8, bc::Variant::V3, false), Error);
+  EXPECT_EQ(bbv(p, k8, bc::Variant::V1, false), bc::Variant::V1);
+  {
+    alignas(16) static float fbuf[2 * 8 * 64];
+    const View4<const float> f = view4<const float>(fbuf, Layout::BHSD, 1, 2, 8, 64);
+    EXPECT_EQ(bc::backward_block_variant<float>(p, q8, k8, f, f, f, f, gv(64), gv(64), gv(64), bc::Variant::Auto,
+                                                false),
+              bc::Variant::V1);
+  }
   Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
   std::string why;
   EXPECT_EQ(bc::forward_variant<bc::bf16>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
