@@ -109,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"run --nq 200000 --nk 200000 --impl cpu", "TB needed"},
                       BadCase{"run --nq 200000 --nk 200000 --impl reference --pass fwd", "TB needed"},
                       BadCase{"run --nq 1099511627776", "PB needed"},
+                      BadCase{"run --check-rows -1", "check-rows (-1) must be >= 1"},
                       BadCase{"bench --nq 200000 --nk 200000 --verify same", "TB needed"},
                       BadCase{"nosuch", "nosuch"},
                       BadCase{"", "subcommand"}));
@@ -227,6 +228,46 @@ TEST(Broken, RunPrintsFailAndExitsOne) {
   EXPECT_EQ(o.rc, 1) << o.out << o.err;
   EXPECT_EQ(count(o.out, "FAIL"), 4) << o.out;  // 2 rows + 2 notes naming the first wrong element
   EXPECT_NE(o.out.find("first (b=0"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "2 passed, 2 failed");
+}
+
+// ---------------------------------------------------------------- the row-sampled check (§9.11)
+TEST(CheckRows, PassesSaysWhatItSampledAndCarriesItInJson) {
+  Output o = burstlab("run --impl reference,cpu --mask causal+document --check-rows 16");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("rows sampled: 16 of 452"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("columns: 16 of 406"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "4 passed, 0 failed");
+  o = burstlab("run --impl cpu --check-rows 16 --json -v");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j["check"]["oracle"], "sampled");
+  EXPECT_EQ(j["check"]["rows"], 16);
+  EXPECT_EQ(j["check"]["rows_of"], 452);
+  EXPECT_EQ(j["check"]["columns"], 16);
+  EXPECT_EQ(j["rows"][1]["tensors"][1]["tensor"], "dK");
+  EXPECT_EQ(j["rows"][1]["tensors"][1]["checked"], 16 * 64);
+}
+
+TEST(CheckRows, RefusalWithoutItNamesIt) {
+  // 4 GB: the full oracle at N = 20000 needs tens of GB, the sampled one a few MB.
+  const Output o = burstlab("run --nq 20000 --nk 20000 --impl cpu", "BURSTLAB_MEMORY_AVAILABLE=4000000000");
+  EXPECT_EQ(o.rc, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("it fits with --check-rows 64"), std::string::npos) << o.err;
+}
+
+TEST(CheckRows, DistributedRunPasses) {
+  const Output o = burstlab("run --impl cpu --algo burst --world 3 --partition zigzag --mask causal --check-rows 12");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(last_line(o.out), "2 passed, 0 failed");
+}
+
+TEST(CheckRows, BrokenImplFails) {
+  // broken perturbs O[0] and dK[0]: row (0, 0, 0) and column (0, 0, 0) are always sampled.
+  const Output o = burstlab("run --impl cpu,broken --check-rows 8", "BURSTLAB_TEST_BROKEN_IMPL=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("O: 1 of 512 wrong; first (b=0, h=0, i=0, k=0)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("dK: "), std::string::npos) << o.out;
   EXPECT_EQ(last_line(o.out), "2 passed, 2 failed");
 }
 
