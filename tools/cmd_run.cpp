@@ -62,8 +62,7 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
     s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
   if (ways.empty()) s = "it does not fit even with --nq 1 --nk 1: use fewer heads or a smaller batch (--hq, --hkv, -B) or -d";
   const bool oracle = case_need(cs, {}, threads).bytes >= case_need(cs, impls, threads).bytes;
-  if (oracle && cs.check_rows == 0)
-    s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is; --check-rows K checks K sampled rows and columns without it)";
+  if (oracle && cs.check_rows == 0) s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is)";
   return s;
 }
 

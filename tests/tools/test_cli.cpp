@@ -127,16 +127,19 @@ TEST(Memory, RefusalNamesNeededAvailableAndWhatToDoInstead) {
         "24.0 GB available (BURSTLAB_MEMORY_AVAILABLE)",
         "the largest part: the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head), 1.9 TB per thread x 2 "
         "threads = 3.8 TB",
-        "; it fits with --nq 1", "(the fp64 oracle checks every --impl, so it runs whatever --impl is)"})
+        "; it fits with --check-rows 64 --impl cpu, or with --nq 1",
+        "(the fp64 oracle checks every --impl, so it runs whatever --impl is)"})
     EXPECT_NE(o.err.find(part), std::string::npos) << "missing: " << part << "\nstderr: " << o.err;
   EXPECT_EQ(count(o.err, "\n"), 2) << "one line and the --help hint: " << o.err;
 }
 
 TEST(Memory, AdviceNamesOnlyAlternativesThatFit) {
-  // 20000^2: the backward bounds need 19.2 GB per thread; one thread, or the forward alone, fits.
+  // 20000^2: the backward bounds need 19.2 GB per thread; one thread, the sampled oracle, or the
+  // forward alone, fits.
   Output o = burstlab("run --nq 20000 --nk 20000 --threads 2", k24GB);
   EXPECT_EQ(o.rc, 2) << o.err;
-  EXPECT_NE(o.err.find("it fits with --threads 1, with --pass fwd, or with --nq 1"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("it fits with --threads 1, with --check-rows 64, with --pass fwd, or with --nq 1"), std::string::npos)
+      << o.err;
   o = burstlab("run --nq 1099511627776", k24GB);
   EXPECT_EQ(o.rc, 2) << o.err;
   EXPECT_NE(o.err.find("PB needed, 24.0 GB available"), std::string::npos) << o.err;
