@@ -32,7 +32,7 @@ using VecD = Eigen::VectorXd;
 using DynStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
 using ConstMapD = Eigen::Map<const MatD, 0, DynStride>;
 
-constexpr double kSafety = 2.0;  // see the header comment: first-order bounds, doubled
+constexpr double kSafety = kRuleSafety;  // see the header comment: first-order bounds, doubled
 
 // OpenMP only when there is enough work (see reference.cpp).
 bool worth_threads(const Problem& p, int64_t items) {
@@ -43,24 +43,7 @@ ConstMapD slice(const View4<const double>& v, int64_t b, int64_t h) {
   return ConstMapD(v.row(b, h, 0), v.dim[2], v.dim[3], DynStride(v.stride[2], v.stride[3]));
 }
 
-// The constants of §9.1 for a candidate of storage dtype s.
-struct Precision {
-  double u_s, u_a, u_P, tiny_s, tiny_a;
-  explicit Precision(Dtype s) {
-    const Dtype a = accumulator_of(s);
-    u_s = unit_roundoff(s);
-    u_a = unit_roundoff(a);
-    u_P = (s == Dtype::BF16 || s == Dtype::F16) ? u_s : 0.0;
-    switch (s) {  // subnormal spacing of s
-      case Dtype::F64: tiny_s = std::ldexp(1.0, -1074); break;
-      case Dtype::F32: tiny_s = std::ldexp(1.0, -149); break;
-      case Dtype::BF16: tiny_s = std::ldexp(1.0, -133); break;
-      case Dtype::F16: tiny_s = std::ldexp(1.0, -24); break;
-    }
-    tiny_a = a == Dtype::F64 ? std::ldexp(1.0, -1022) : std::ldexp(1.0, -126);  // smallest normal of a
-  }
-  double gamma(double n) const { return gamma_n(n, u_a); }
-};
+using Precision = RuleConstants;  // §9.1
 
 // The oracle's row quantities for one (b, h), in double: P (N_q, N_k) on the visible set,
 // LSE_i, whether row i is empty, and eta_i (eq. 9.2).
@@ -103,7 +86,7 @@ RowFacts row_facts(const Problem& p, const Precision& pr, const MaskParams& mask
     }
     a_i *= ascale;  // eq. (9.1): a_i = |scale| max_{j in V_i} sum_k |Q_ik||K_jk|
     // eq. (9.2): logit error twice (S_ij and the running max), exp/rescale and N_k-term sums.
-    f.eta(i) = 2 * pr.gamma(double(d) + 2) * a_i + pr.gamma(10.0 * double(N_k) + 16) + pr.u_P;
+    f.eta(i) = rule_eta(pr, d, N_k, a_i);
     if (lse_in) {
       const double L = lse_in[i * lse_stride];
       f.LSE(i) = L;
@@ -159,8 +142,34 @@ std::string fmt_g(double x) {
   return buf;
 }
 
+template <int R>
+void check_dims(const char* name, const int64_t* got, const int64_t* want, const char* what) {
+  for (int a = 0; a < R; ++a)
+    if (got[a] != want[a])
+      fail(name, ".dim[", a, "] (", got[a], ") must equal the ", what, "'s dim[", a, "] (", want[a], ")");
+}
+
+}  // namespace
+
+RuleConstants rule_constants(Dtype s) {
+  const Dtype a = accumulator_of(s);
+  RuleConstants c;
+  c.u_s = unit_roundoff(s);
+  c.u_a = unit_roundoff(a);
+  c.u_P = (s == Dtype::BF16 || s == Dtype::F16) ? c.u_s : 0.0;
+  c.tiny_s = 0;
+  switch (s) {  // subnormal spacing of s
+    case Dtype::F64: c.tiny_s = std::ldexp(1.0, -1074); break;
+    case Dtype::F32: c.tiny_s = std::ldexp(1.0, -149); break;
+    case Dtype::BF16: c.tiny_s = std::ldexp(1.0, -133); break;
+    case Dtype::F16: c.tiny_s = std::ldexp(1.0, -24); break;
+  }
+  c.tiny_a = a == Dtype::F64 ? std::ldexp(1.0, -1022) : std::ldexp(1.0, -126);  // smallest normal of a
+  return c;
+}
+
 // One element of §9.3. Updates m; returns nothing.
-void compare_one(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank) {
+void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank) {
   ++m.checked;
   bool wrong = false;
   double ratio = 0;
@@ -188,22 +197,13 @@ void compare_one(Metrics& m, double got, double want, double bound, const int64_
   }
 }
 
-template <int R>
-void check_dims(const char* name, const int64_t* got, const int64_t* want, const char* what) {
-  for (int a = 0; a < R; ++a)
-    if (got[a] != want[a])
-      fail(name, ".dim[", a, "] (", got[a], ") must equal the ", what, "'s dim[", a, "] (", want[a], ")");
-}
-
-}  // namespace
-
 // eq. (9.3)-(9.4).
 ForwardBounds forward_bounds(const Problem& p, Dtype dtype, View4<const double> Q,
                              View4<const double> K, View4<const double> V) {
   validate_views(p, Q, K, V);
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
-  const Precision pr(dtype);
+  const Precision pr = rule_constants(dtype);
   const int64_t G = group_size(p);
   ForwardBounds out;
   out.O = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
@@ -238,7 +238,7 @@ BackwardBounds backward_bounds(const Problem& p, Dtype dtype, View4<const double
   validate_rows(p, "LSE", LSE);
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
-  const Precision pr(dtype);
+  const Precision pr = rule_constants(dtype);
   const int64_t G = group_size(p), N_q = p.N_q, N_k = p.N_k, d = p.d;
   const double ascale = std::fabs(scale_of(p));
   const double g_d = pr.gamma(double(d));
@@ -335,7 +335,7 @@ Metrics compare(const char* name, View4<const T> got, View4<const double> want,
     for (idx[1] = 0; idx[1] < want.dim[1]; ++idx[1])
       for (idx[2] = 0; idx[2] < want.dim[2]; ++idx[2])
         for (idx[3] = 0; idx[3] < want.dim[3]; ++idx[3])
-          compare_one(m, static_cast<double>(got(idx[0], idx[1], idx[2], idx[3])),
+          compare_element(m, static_cast<double>(got(idx[0], idx[1], idx[2], idx[3])),
                       want(idx[0], idx[1], idx[2], idx[3]), bound(idx[0], idx[1], idx[2], idx[3]), idx, 4);
   return m;
 }
@@ -352,7 +352,7 @@ Metrics compare(const char* name, View3<const T> got, View3<const double> want,
   for (idx[0] = 0; idx[0] < want.dim[0]; ++idx[0])
     for (idx[1] = 0; idx[1] < want.dim[1]; ++idx[1])
       for (idx[2] = 0; idx[2] < want.dim[2]; ++idx[2])
-        compare_one(m, static_cast<double>(got(idx[0], idx[1], idx[2])), want(idx[0], idx[1], idx[2]),
+        compare_element(m, static_cast<double>(got(idx[0], idx[1], idx[2])), want(idx[0], idx[1], idx[2]),
                     bound(idx[0], idx[1], idx[2]), idx, 3);
   return m;
 }

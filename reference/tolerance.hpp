@@ -58,4 +58,20 @@ Metrics compare(const char* name, View3<const T> got, View3<const double> want,
 // Worst of several (max of each column, sum of wrong and checked); name "all" unless given.
 Metrics combine(const Metrics* ms, int n, const char* name = "all");
 
+// The pieces of the rule that the row-sampled check (rows.hpp, §9.11) shares with the full one.
+// The constants of §9.1 for a candidate of storage dtype s.
+struct RuleConstants {
+  double u_s, u_a, u_P, tiny_s, tiny_a;
+  double gamma(double n) const { return gamma_n(n, u_a); }
+};
+RuleConstants rule_constants(Dtype s);
+// The one safety factor of §9.4: every bound is first order in u, and doubled.
+constexpr double kRuleSafety = 2.0;
+// eq. (9.2): eta_i for a row of logit magnitude a_i (eq. 9.1).
+inline double rule_eta(const RuleConstants& c, int64_t d, int64_t N_k, double a_i) {
+  return 2 * c.gamma(double(d) + 2) * a_i + c.gamma(10.0 * double(N_k) + 16) + c.u_P;
+}
+// One element of §9.3 into m; idx holds `rank` coordinates (b, h, i[, k]) for first_wrong.
+void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank);
+
 }  // namespace burstlab

@@ -1,6 +1,7 @@
 // tools/cmd_run.cpp — `burstlab run`: one problem, chosen implementations, checked against the
 // fp64 oracle (spec §9) and timed. Verify before you time: every row carries its correctness
 // columns, and any failing row makes the exit code non-zero.
+#include <algorithm>
 #include <memory>
 
 #include "burstlab/error.hpp"
@@ -16,6 +17,28 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
   auto fits = [&](const Case& c, int t) { return case_need(c, impls, t).bytes <= avail.bytes; };
   std::vector<std::string> ways;
   if (threads > 1 && fits(cs, 1)) ways.push_back("--threads 1");
+  auto names = [](const std::vector<const Impl*>& ms) {
+    std::string n;
+    for (const Impl* m : ms) n += (n.empty() ? "" : ",") + m->name;
+    return n;
+  };
+  // The implementations that fit on their own next to the oracle of case c.
+  auto fitting = [&](const Case& c) {
+    std::vector<const Impl*> keep;
+    for (const Impl* m : impls)
+      if (case_need(c, {m}, threads).bytes <= avail.bytes) keep.push_back(m);
+    return keep;
+  };
+  if (cs.check_rows == 0) {  // the row-sampled oracle instead of the full one (spec §9.11)
+    Case sampled = cs;
+    sampled.check_rows = 64;
+    const std::vector<const Impl*> keep = fitting(sampled);
+    if (keep.size() == impls.size()) ways.push_back("--check-rows 64");
+    else if (!keep.empty()) ways.push_back("--check-rows 64 --impl " + names(keep));
+  } else {
+    const std::vector<const Impl*> keep = fitting(cs);
+    if (!keep.empty() && keep.size() < impls.size()) ways.push_back("--impl " + names(keep));
+  }
   Case fwd_only = cs;
   fwd_only.pass = parse_pass("fwd");
   if (cs.pass.bwd) {
@@ -39,7 +62,7 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
     s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
   if (ways.empty()) s = "it does not fit even with --nq 1 --nk 1: use fewer heads or a smaller batch (--hq, --hkv, -B) or -d";
   const bool oracle = case_need(cs, {}, threads).bytes >= case_need(cs, impls, threads).bytes;
-  if (oracle) s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is)";
+  if (oracle && cs.check_rows == 0) s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is)";
   return s;
 }
 
@@ -64,6 +87,10 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
   add_tile_flags(sub, s->run);
   add_threads_flag(sub, s->run);
   sub->add_option("--repeat", s->repeat, "timed runs per pass; the best is reported")->capture_default_str();
+  sub->add_option("--check-rows", s->run.check_rows,
+                  "check K sampled query rows (O, LSE, dQ) and K key columns (dK, dV) with the row-sampled fp64 "
+                  "oracle (spec §9.11) instead of the full one (0): no N_q x N_k buffer, for huge N")
+      ->capture_default_str();
   add_json_flag(sub, s->run);
   sub->add_flag("-v,--verbose", s->run.verbose, "also print one row per tensor (O, LSE, dQ, dK, dV)");
   sub->footer(
@@ -73,12 +100,16 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       "check; 2 on bad input (nothing printed on stdout), or when the problem would not fit in\n"
       "memory: the bytes of the inputs, of the fp64 oracle (N_q x N_k fp64 per (b, h) and thread)\n"
       "and of each impl are estimated first and compared with MemAvailable (or the cgroup limit,\n"
-      "or BURSTLAB_MEMORY_AVAILABLE=<bytes>); the message says which flags make it fit.\n\n"
+      "or BURSTLAB_MEMORY_AVAILABLE=<bytes>); the message says which flags make it fit.\n"
+      "--check-rows K replaces the full oracle by the row-sampled one (spec §9.11): K rows (b, h, i) get\n"
+      "O, LSE, dQ exactly from the inputs; K key columns get dK, dV from the inputs and the run's own\n"
+      "LSE and O (a check of the backward given the forward). No N_q x N_k buffer: N = 200K runs.\n\n"
       "Examples:\n"
       "  burstlab run                                   reference and cpu, fp32, GQA 4/2, 113 x 203\n"
       "  burstlab run --impl cpu --dtype fp64 --mask causal --nq 1023 --nk 1023 -d 128\n"
       "  burstlab run --mask causal+document:3+block:64x64@0.5 --values large --pass bwd -v\n"
       "  burstlab run --impl cpu --br 17 --bc 33 --threads 1 --repeat 5 --json\n"
+      "  burstlab run --impl cpu --hq 1 --hkv 1 -d 16 --nq 200000 --nk 200000 --mask causal --check-rows 64\n"
       "Mask grammar: parts joined by '+': none | causal | window:L,R | document[:n] |\n"
       "block[:BQxBK[@density]]. Rows: one per impl x pass, numbers = worst over its tensors.");
 
@@ -103,6 +134,8 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
     cs.opt.Br = r.Br;
     cs.opt.Bc = r.Bc;
     if (s->repeat < 1) fail("repeat (", s->repeat, ") must be >= 1");
+    if (r.check_rows < 0) fail("check-rows (", r.check_rows, ") must be >= 1, or 0 for the full oracle");
+    cs.check_rows = r.check_rows;
     apply_threads(r.threads);
     std::vector<const Impl*> impls = find_impls(r.impl);
     std::vector<Impl> wrapped;  // owns what hooks.wrap_impls made (distributed schedules)
@@ -129,11 +162,31 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
     header["seed"] = f.seed;
     header["threads"] = max_threads();
     header["repeat"] = s->repeat;
-    if (!r.json)
+    // The sampled check's population: rows (b, h, i) and columns (b, kv-head, j).
+    const int64_t all_rows = p.B * p.H_q * p.N_q, all_cols = p.B * p.H_kv * p.N_k;
+    const int64_t n_rows = std::min(cs.check_rows, all_rows), n_cols = std::min(cs.check_rows, all_cols);
+    Json check = Json::object();
+    check["oracle"] = cs.check_rows > 0 ? "sampled" : "full";
+    if (cs.check_rows > 0) {
+      check["rows"] = n_rows;
+      check["rows_of"] = all_rows;
+      check["columns"] = cs.pass.bwd ? n_cols : 0;
+      check["columns_of"] = all_cols;
+    }
+    header["check"] = check;
+    if (!r.json) {
       std::printf("burstlab run: %s mask=%s dtype=%s layout=%s values=%s seed=%llu threads=%d repeat=%d\n",
                   shape_string(p).c_str(), describe(p.mask).c_str(), to_string(cs.dtype).c_str(),
                   to_string(cs.layout).c_str(), to_string(cs.values).c_str(),
                   static_cast<unsigned long long>(f.seed), max_threads(), s->repeat);
+      if (cs.check_rows > 0)
+        std::printf("check (spec §9.11): rows sampled: %lld of %lld (B H_q N_q = %lld x %lld x %lld), columns: %lld of "
+                    "%lld (B H_kv N_k)%s\n",
+                    static_cast<long long>(n_rows), static_cast<long long>(all_rows), static_cast<long long>(p.B),
+                    static_cast<long long>(p.H_q), static_cast<long long>(p.N_q),
+                    static_cast<long long>(cs.pass.bwd ? n_cols : 0), static_cast<long long>(all_cols),
+                    cs.pass.bwd ? "; dK, dV from the run's own LSE and O" : "");
+    }
     const bool extra_ok = hooks.after_run ? hooks.after_run(header, r.json) : true;  // distributed/
     const int rc = report(rs, r, false, header);
     return extra_ok ? rc : kExitFail;

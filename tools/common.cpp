@@ -14,6 +14,7 @@
 
 #include "burstlab/error.hpp"
 #include "resources.hpp"
+#include "rows.hpp"
 
 namespace burstlab::tools {
 
@@ -129,10 +130,17 @@ std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impl
     Allocating step("generating the inputs Q, K, V, dO in fp64", make_need("", inputs_footprint(c.p)).bytes);
     return make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
   }();
-  const Oracle want = [&] {
+  // The full oracle, or with check_rows the row-sampled one (spec §9.11): only one is computed.
+  const bool sampled = c.check_rows > 0;
+  Oracle want;
+  SampledOracle sampled_want;
+  if (sampled) {
+    Allocating step("running the row-sampled fp64 oracle", sampled_oracle_need(c.p, c.check_rows, c.pass.bwd, threads).bytes);
+    sampled_want = sampled_oracle(c.p, in, c.check_rows, c.seed, c.pass.bwd);
+  } else {
     Allocating step("running the fp64 oracle", oracle_need(c.p, c.pass.bwd, threads).bytes);
-    return run_oracle(c.p, in, c.pass.bwd);
-  }();
+    want = run_oracle(c.p, in, c.pass.bwd);
+  }
   std::vector<Result> out;
   for (const Impl* impl : impls) {
     Result fwd = row_of(c, *impl, "fwd"), bwd = row_of(c, *impl, "bwd");
@@ -141,23 +149,30 @@ std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impl
       Allocating step("running impl " + impl->name + " (" + to_string(c.dtype) + ")",
                       impl->footprint ? make_need("", impl->footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0);
       Runner run = impl->prepare(c.p, in, c.opt);
+      Tensor4<double> O;  // the run's forward outputs; the sampled column check reads them
+      Tensor3<double> LSE;
       if (c.pass.fwd) {
         fwd.ms = best_of(run.forward, repeat);
-        Tensor4<double> O;
-        Tensor3<double> LSE;
         run.fetch_forward(O, LSE);
-        fwd.tensors = check_forward(want, O, LSE);
+        fwd.tensors = sampled ? check_sampled_forward(sampled_want, c.p, as_const(O.view()), as_const(LSE.view())) : check_forward(want, O, LSE);
         fwd.all = combine(fwd.tensors.data(), static_cast<int>(fwd.tensors.size()));
         out.push_back(fwd);
+        if (!(sampled && c.pass.bwd)) {
+          O = Tensor4<double>();
+          LSE = Tensor3<double>();
+        }
       } else {
         run.forward();  // the backward needs this implementation's own O and LSE
+        if (sampled) run.fetch_forward(O, LSE);
       }
       if (c.pass.bwd) {
         current = &bwd;
         bwd.ms = best_of(run.backward, repeat);
         Tensor4<double> dQ, dK, dV;
         run.fetch_backward(dQ, dK, dV);
-        bwd.tensors = check_backward(want, dQ, dK, dV);
+        bwd.tensors = sampled ? check_sampled_backward(sampled_want, c.p, in, as_const(O.view()), as_const(LSE.view()),
+                                                       as_const(dQ.view()), as_const(dK.view()), as_const(dV.view()))
+                              : check_backward(want, dQ, dK, dV);
         bwd.all = combine(bwd.tensors.data(), static_cast<int>(bwd.tensors.size()));
         out.push_back(bwd);
       }

@@ -40,6 +40,7 @@ struct RunFlags {
   std::string pass = "both";
   int64_t Br = 0, Bc = 0;
   int threads = 0;  // 0 = OpenMP's default
+  int64_t check_rows = 0;  // > 0: the row-sampled oracle (spec §9.11) instead of the full one
   bool json = false;
   bool verbose = false;
 };
@@ -77,6 +78,9 @@ struct Case {
   uint64_t seed = 1;
   Passes pass;
   ImplOptions opt;
+  // 0: the full fp64 oracle. K > 0: the row-sampled one (reference/rows.hpp, spec §9.11), K rows
+  // and K columns seeded from `seed`; no N_q x N_k buffer, so huge N can be checked.
+  int64_t check_rows = 0;
 };
 // One row: one implementation x one pass.
 struct Result {

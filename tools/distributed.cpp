@@ -107,6 +107,29 @@ Tensor3<double> widen(const Tensor3<U>& x) {
   return y;
 }
 
+}  // namespace
+
+template <class T>
+GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward) {
+  GatheredOutputs g;
+  if (forward) {
+    g.O = widen(dist::gather(res.O, res.qp));
+    g.LSE = widen(dist::gather(res.LSE, res.qp));
+  }
+  if (backward) {
+    g.dQ = widen(dist::gather(res.dQ, res.qp));
+    g.dK = widen(dist::gather(res.dK, res.kp));
+    g.dV = widen(dist::gather(res.dV, res.kp));
+  }
+  return g;
+}
+template GatheredOutputs gather_outputs<double>(const dist::DistResult<double>&, bool, bool);
+template GatheredOutputs gather_outputs<float>(const dist::DistResult<float>&, bool, bool);
+template GatheredOutputs gather_outputs<bf16_t>(const dist::DistResult<bf16_t>&, bool, bool);
+template GatheredOutputs gather_outputs<f16_t>(const dist::DistResult<f16_t>&, bool, bool);
+
+namespace {
+
 template <class T>
 Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistState> st,
                    const std::string& name, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
@@ -150,16 +173,16 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     return ms_since(t0);
   };
   r.fetch_forward = [s, keep_logs](Tensor4<double>& O, Tensor3<double>& LSE) {
-    const dist::DistResult<T> res = s->result();
-    O = widen(dist::gather(res.O, res.qp));
-    LSE = widen(dist::gather(res.LSE, res.qp));
+    GatheredOutputs g = gather_outputs(s->result(), true, false);
+    O = std::move(g.O);
+    LSE = std::move(g.LSE);
     keep_logs(true, false);
   };
   r.fetch_backward = [s, keep_logs](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
-    const dist::DistResult<T> res = s->result();
-    dQ = widen(dist::gather(res.dQ, res.qp));
-    dK = widen(dist::gather(res.dK, res.kp));
-    dV = widen(dist::gather(res.dV, res.kp));
+    GatheredOutputs g = gather_outputs(s->result(), false, true);
+    dQ = std::move(g.dQ);
+    dK = std::move(g.dK);
+    dV = std::move(g.dV);
     keep_logs(false, true);
   };
   return r;

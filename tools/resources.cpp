@@ -316,15 +316,48 @@ Footprint distributed_footprint(const std::string& algo, int world) {
   };
 }
 
+std::vector<MemPart> sampled_oracle_kept(const Problem& p, int64_t K, bool backward) {
+  // RowOracle: O, dQ and their bounds (K, d), LSE and its bound (K); ColumnOracle: dK, dV and
+  // their bounds (K, d); the sample's coordinates (3 int64 per row and column).
+  const int64_t rows = bytes_mul(8, bytes_mul(K, sum({prod({backward ? 4 : 2, p.d}), 2 + 3})));
+  const int64_t cols = backward ? bytes_mul(8, bytes_mul(K, sum({prod({4, p.d}), 3}))) : 0;
+  return {{"the sampled rows' and columns' oracle and §9 bounds in fp64", bytes_add(rows, cols)}};
+}
+
+MemNeed sampled_oracle_need(const Problem& p, int64_t K, bool backward, int threads) {
+  const Sizes z(p);
+  std::vector<MemPart> parts = sampled_oracle_kept(p, K, backward);
+  // choose_sample: row_sees, key_seen (1 byte each), the key cover (int64, N_k + 1), the list of
+  // rows or keys that see nothing (int64, up to N).
+  parts.push_back({"the mask's visibility of every row and key",
+                   sum({p.N_q, p.N_k, bytes_mul(8, p.N_k + 1), bytes_mul(8, std::max(p.N_q, p.N_k))})});
+  parts.push_back(compiled_mask_part(p));
+  // row_oracle: a row's visible keys (int64), S and P (fp64), N_k each, per thread.
+  parts.push_back(per_thread("a sampled row's keys, logits and P, 3 N_k x 8 bytes", bytes_mul(24, p.N_k),
+                             std::max<int64_t>(1, std::min<int64_t>(threads, K))));
+  // column_oracle: D_i and sum |dO_ik||O_ik| of the run, fp64, for at most every q-head.
+  if (backward) parts.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, z.Er)});
+  parts.push_back(kSmall);
+  return make_need("the row-sampled fp64 oracle", parts);
+}
+
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads) {
   const Problem& p = c.p;
+  const bool sampled = c.check_rows > 0;
   std::vector<MemPart> base = inputs_footprint(p);
-  MemNeed oracle = oracle_need(p, c.pass.bwd, threads);
+  MemNeed oracle = sampled ? sampled_oracle_need(p, c.check_rows, c.pass.bwd, threads)
+                           : oracle_need(p, c.pass.bwd, threads);
   std::vector<MemPart> with_oracle = base;
   with_oracle.insert(with_oracle.end(), oracle.parts.begin(), oracle.parts.end());
   MemNeed n = make_need(oracle.step, with_oracle);
-  const std::vector<MemPart> kept = oracle_kept(p, c.pass.bwd);
+  const std::vector<MemPart> kept = sampled ? sampled_oracle_kept(p, c.check_rows, c.pass.bwd) : oracle_kept(p, c.pass.bwd);
   base.insert(base.end(), kept.begin(), kept.end());
+  if (sampled && c.pass.bwd) {
+    const Sizes z(p);
+    base.push_back({"the candidate's O, LSE in fp64 for the column check", bytes_mul(8, sum({z.Eq, z.Er}))});
+    // column_oracle runs while the impl's run (and its fetched gradients) is still alive.
+    base.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, z.Er)});
+  }
   for (const Impl* m : impls) {
     if (!m->footprint) continue;
     std::vector<MemPart> parts = base;

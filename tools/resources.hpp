@@ -61,6 +61,12 @@ std::vector<MemPart> oracle_kept(const Problem& p, bool backward);
 // workspace, on top of what it keeps.
 MemNeed oracle_need(const Problem& p, bool backward, int threads);
 
+// The row-sampled oracle (reference/rows.cpp, spec §9.11) on K rows and K columns: no N_q x N_k
+// buffer; the mask's row and key visibility, D of the run for the sampled columns' q-heads, a
+// row's logits per thread, and what it keeps (K rows and columns with their bounds).
+std::vector<MemPart> sampled_oracle_kept(const Problem& p, int64_t K, bool backward);
+MemNeed sampled_oracle_need(const Problem& p, int64_t K, bool backward, int threads);
+
 // Implementation footprints (Impl::footprint): the run's own copies of the inputs and outputs in
 // its dtype, the fp64 copies fetch_* returns, and its workspace at `threads` OpenMP threads.
 std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
@@ -79,8 +85,9 @@ using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dty
                                                      bool backward, int threads)>;
 Footprint distributed_footprint(const std::string& algo, int world);
 
-// run_case's peak (common.hpp): inputs and the oracle; then, one implementation at a time, its
-// footprint next to the inputs and what the oracle keeps.
+// run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
+// then, one implementation at a time, its footprint next to the inputs and what the oracle keeps
+// (with check_rows and a backward also the candidate's fp64 O, LSE, read by the column check).
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads);
 
 // ---------------------------------------------------------------- what the machine has

@@ -1,7 +1,8 @@
 // The §9 rule for bf16 / fp16 candidates is not too tight: a naive emulation of a tensor-core
 // kernel (fp32 accumulation; P and dS rounded to the storage dtype before their matrix products,
 // l summed from the unrounded fp32 P as FlashAttention-2 does; outputs rounded to the storage
-// dtype; LSE kept in fp32) passes against the oracle on every value mode and mask kind.
+// dtype; LSE kept in fp32) passes against the oracle on every value mode and mask kind, and the
+// row-sampled check of §9.11 (its columns under the conditional bound, eq. 9.10-9.13).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "rows.hpp"
 #include "testutil.hpp"
 
 namespace burstlab {
@@ -118,6 +120,32 @@ TEST(LowPrecision, EmulatedTensorCoreKernelPasses) {
           }
     std::printf("%s emulated kernel: worst err/bound forward %.3e backward %.3e\n", to_string(t).c_str(), worst_f,
                 worst_b);
+  }
+}
+
+TEST(LowPrecision, EmulatedTensorCoreKernelPassesTheSampledCheck) {
+  for (Dtype t : {Dtype::BF16, Dtype::F16}) {
+    double worst_rows = 0, worst_cols = 0;
+    uint64_t seed = 177;
+    for (auto [N_q, N_k] : {std::pair<int64_t, int64_t>{33, 70}, {70, 33}})
+      for (int64_t d : {3, 64})
+        for (const char* mask : {"none", "causal", "document:3+window:8,2", "block:8x8"})
+          for (Values mode : {Values::Normal, Values::Large, Values::Ties, Values::WideV}) {
+            const Problem p = testutil::make_problem(1, 2, 1, N_q, N_k, d, mask, ++seed);
+            const Inputs in = make_inputs(p, Layout::BHSD, t, seed, mode);
+            const Emulated e = emulate(p, in, t);
+            const Tensor4<double> O = to_double(e.O), dQ = to_double(e.dQ), dK = to_double(e.dK), dV = to_double(e.dV);
+            const Tensor3<double> L = to_double(e.LSE);
+            const SampledOracle so = sampled_oracle(p, in, 16, seed, true);
+            const std::vector<Metrics> f = check_sampled_forward(so, p, O.view(), L.view());
+            const std::vector<Metrics> g = check_sampled_backward(so, p, in, O.view(), L.view(), dQ.view(), dK.view(), dV.view());
+            worst_rows = std::max({worst_rows, testutil::worst_err_bound(f), g[0].err_bound});
+            worst_cols = std::max({worst_cols, g[1].err_bound, g[2].err_bound});
+            ASSERT_TRUE(testutil::all_pass(testutil::cat(f, g), to_string(t) + " " + shape_string(p) + " mask=" +
+                                                                     mask + " values=" + to_string(mode)));
+          }
+    std::printf("%s emulated kernel, sampled check: worst err/bound rows %.3e, columns (eq. 9.12-9.13) %.3e\n",
+                to_string(t).c_str(), worst_rows, worst_cols);
   }
 }
 

@@ -109,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"run --nq 200000 --nk 200000 --impl cpu", "TB needed"},
                       BadCase{"run --nq 200000 --nk 200000 --impl reference --pass fwd", "TB needed"},
                       BadCase{"run --nq 1099511627776", "PB needed"},
+                      BadCase{"run --check-rows -1", "check-rows (-1) must be >= 1"},
                       BadCase{"bench --nq 200000 --nk 200000 --verify same", "TB needed"},
                       BadCase{"nosuch", "nosuch"},
                       BadCase{"", "subcommand"}));
@@ -126,16 +127,19 @@ TEST(Memory, RefusalNamesNeededAvailableAndWhatToDoInstead) {
         "24.0 GB available (BURSTLAB_MEMORY_AVAILABLE)",
         "the largest part: the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head), 1.9 TB per thread x 2 "
         "threads = 3.8 TB",
-        "; it fits with --nq 1", "(the fp64 oracle checks every --impl, so it runs whatever --impl is)"})
+        "; it fits with --check-rows 64 --impl cpu, or with --nq 1",
+        "(the fp64 oracle checks every --impl, so it runs whatever --impl is)"})
     EXPECT_NE(o.err.find(part), std::string::npos) << "missing: " << part << "\nstderr: " << o.err;
   EXPECT_EQ(count(o.err, "\n"), 2) << "one line and the --help hint: " << o.err;
 }
 
 TEST(Memory, AdviceNamesOnlyAlternativesThatFit) {
-  // 20000^2: the backward bounds need 19.2 GB per thread; one thread, or the forward alone, fits.
+  // 20000^2: the backward bounds need 19.2 GB per thread; one thread, the sampled oracle, or the
+  // forward alone, fits.
   Output o = burstlab("run --nq 20000 --nk 20000 --threads 2", k24GB);
   EXPECT_EQ(o.rc, 2) << o.err;
-  EXPECT_NE(o.err.find("it fits with --threads 1, with --pass fwd, or with --nq 1"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("it fits with --threads 1, with --check-rows 64, with --pass fwd, or with --nq 1"), std::string::npos)
+      << o.err;
   o = burstlab("run --nq 1099511627776", k24GB);
   EXPECT_EQ(o.rc, 2) << o.err;
   EXPECT_NE(o.err.find("PB needed, 24.0 GB available"), std::string::npos) << o.err;
@@ -232,6 +236,46 @@ TEST(Broken, RunPrintsFailAndExitsOne) {
   EXPECT_EQ(o.rc, 1) << o.out << o.err;
   EXPECT_EQ(count(o.out, "FAIL"), 4) << o.out;  // 2 rows + 2 notes naming the first wrong element
   EXPECT_NE(o.out.find("first (b=0"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "2 passed, 2 failed");
+}
+
+// ---------------------------------------------------------------- the row-sampled check (§9.11)
+TEST(CheckRows, PassesSaysWhatItSampledAndCarriesItInJson) {
+  Output o = burstlab("run --impl reference,cpu --mask causal+document --check-rows 16");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("rows sampled: 16 of 452"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("columns: 16 of 406"), std::string::npos) << o.out;
+  EXPECT_EQ(last_line(o.out), "4 passed, 0 failed");
+  o = burstlab("run --impl cpu --check-rows 16 --json -v");
+  ASSERT_EQ(o.rc, 0) << o.out << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j["check"]["oracle"], "sampled");
+  EXPECT_EQ(j["check"]["rows"], 16);
+  EXPECT_EQ(j["check"]["rows_of"], 452);
+  EXPECT_EQ(j["check"]["columns"], 16);
+  EXPECT_EQ(j["rows"][1]["tensors"][1]["tensor"], "dK");
+  EXPECT_EQ(j["rows"][1]["tensors"][1]["checked"], 16 * 64);
+}
+
+TEST(CheckRows, RefusalWithoutItNamesIt) {
+  // 4 GB: the full oracle at N = 20000 needs tens of GB, the sampled one a few MB.
+  const Output o = burstlab("run --nq 20000 --nk 20000 --impl cpu", "BURSTLAB_MEMORY_AVAILABLE=4000000000");
+  EXPECT_EQ(o.rc, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("it fits with --check-rows 64"), std::string::npos) << o.err;
+}
+
+TEST(CheckRows, DistributedRunPasses) {
+  const Output o = burstlab("run --impl cpu --algo burst --world 3 --partition zigzag --mask causal --check-rows 12");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(last_line(o.out), "2 passed, 0 failed");
+}
+
+TEST(CheckRows, BrokenImplFails) {
+  // broken perturbs O[0] and dK[0]: row (0, 0, 0) and column (0, 0, 0) are always sampled.
+  const Output o = burstlab("run --impl cpu,broken --check-rows 8", "BURSTLAB_TEST_BROKEN_IMPL=1");
+  EXPECT_EQ(o.rc, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("O: 1 of 512 wrong; first (b=0, h=0, i=0, k=0)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("dK: "), std::string::npos) << o.out;
   EXPECT_EQ(last_line(o.out), "2 passed, 2 failed");
 }
 

@@ -98,6 +98,21 @@ TEST(Estimate, OracleOfTheIssueNeedsTerabytes) {
   EXPECT_LT(oracle_need(p, true, 1).bytes, n.bytes / 2 + n.bytes / 100);
 }
 
+TEST(Estimate, SampledOracleHasNoNxN) {
+  // `burstlab run --nq 200000 --nk 200000 --check-rows 64 --impl cpu`: inputs and the cpu run
+  // dominate; the oracle part is O(N) (spec §9.11).
+  Case c;
+  c.p = shape(1, 4, 2, 200000, 200000, 64);
+  c.check_rows = 64;
+  const MemNeed o = sampled_oracle_need(c.p, 64, true, 2);
+  EXPECT_LT(o.bytes, 100LL * 1000 * 1000) << o.parts[0].what;
+  const MemNeed n = case_need(c, find_impls("cpu"), 2);
+  EXPECT_LT(n.bytes, 5LL * 1000 * 1000 * 1000);  // inputs in fp64 1.2 GB, the cpu run ~2 GB
+  for (const MemPart& x : n.parts) EXPECT_FALSE(has(x.what, "N_q x N_k")) << x.what;
+  c.check_rows = 0;
+  EXPECT_GT(case_need(c, find_impls("cpu"), 2).bytes, 1000LL * 1000 * 1000 * 1000);
+}
+
 TEST(Estimate, OverflowIsTooManyNotUndefined) {
   // N_q x N_k = 2^80: beyond int64 (validate() refuses such a problem; the estimate must not be UB
   // either way).
@@ -196,6 +211,22 @@ TEST(Estimate, RunCaseCoversTheMeasuredHeap) {
   omp_set_num_threads(2);
   const int64_t measured2 = measured_peak([&] { run_case(c, impls, 1); });
   EXPECT_GE(case_need(c, impls, 2).bytes, measured2);
+}
+
+TEST(Estimate, RunCaseSampledCoversTheMeasuredHeap) {
+  if (!heap_counting()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
+  OneThread one;
+  Case c;
+  c.p = make_problem(1, 2, 1, 3000, 2500, 16, "causal+document:3", 3, nullptr);
+  c.dtype = Dtype::F32;
+  c.seed = 3;
+  c.check_rows = 32;
+  const std::vector<const Impl*> impls = find_impls("cpu");
+  const int64_t measured = measured_peak([&] {
+    const std::vector<Result> rs = run_case(c, impls, 1);
+    for (const Result& r : rs) EXPECT_TRUE(r.pass_ok()) << r.impl << " " << r.pass << " " << r.error;
+  });
+  expect_close_above(case_need(c, impls, 1).bytes, measured, "run_case cpu --check-rows 32");
 }
 
 // ---------------------------------------------------------------- what the machine has

@@ -1,0 +1,494 @@
+// reference/rows.cpp — the row-sampled oracle (spec §9.11). One row or one column at a time,
+// O(N d) each, in fp64 with plain loops over the strided views: obviously right, and no N_q x N_k
+// buffer anywhere. The row bounds evaluate eq. (9.2)-(9.9) for one row exactly as tolerance.cpp
+// does for all of them (tests/reference/test_rows.cpp holds the two equal).
+#include "rows.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+#include "burstlab/error.hpp"
+#include "burstlab/mask.hpp"
+#include "burstlab/parallel.hpp"
+
+namespace burstlab {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kNinf = -std::numeric_limits<double>::infinity();
+
+// Which rows see no key and which keys no row sees, exactly, in O(N_q + N_k + blocks): band and
+// document give each row one interval [lo_i, hi_i) (eq. 3.4); the block bits are read through
+// per-block-row prefix counts.
+struct Visibility {
+  std::vector<char> row_sees;  // (N_q)
+  std::vector<char> key_seen;  // (N_k)
+};
+Visibility visibility(const MaskParams& m) {
+  Visibility v;
+  v.row_sees.assign(static_cast<size_t>(m.N_q), 0);
+  v.key_seen.assign(static_cast<size_t>(m.N_k), 0);
+  std::vector<int64_t> cover(static_cast<size_t>(m.N_k) + 1, 0);  // difference array over keys
+  if (!m.block) {
+    for (int64_t i = 0; i < m.N_q; ++i) {
+      int64_t lo, hi;
+      row_range(m, i, &lo, &hi);
+      if (lo >= hi) continue;
+      v.row_sees[i] = 1;
+      ++cover[lo];
+      --cover[hi];
+    }
+  } else {
+    const int64_t nbk = m.n_block_k, nbq = (m.N_q + m.block_q - 1) / m.block_q;
+    std::vector<int64_t> pre(static_cast<size_t>(nbk) + 1);  // set bits of one block row, prefix counts
+    for (int64_t br = 0; br < nbq; ++br) {
+      const uint8_t* bits = m.block + br * nbk;
+      pre[0] = 0;
+      for (int64_t c = 0; c < nbk; ++c) pre[c + 1] = pre[c] + (bits[c] ? 1 : 0);
+      // Rows of this block row: their intervals (lo non-decreasing, §3.4) merged into disjoint runs.
+      std::vector<std::pair<int64_t, int64_t>> runs;
+      for (int64_t i = br * m.block_q; i < std::min(m.N_q, (br + 1) * m.block_q); ++i) {
+        int64_t lo, hi;
+        row_range(m, i, &lo, &hi);
+        if (lo >= hi) continue;
+        v.row_sees[i] = pre[(hi - 1) / m.block_k + 1] - pre[lo / m.block_k] > 0;
+        if (!runs.empty() && lo <= runs.back().second)
+          runs.back().second = std::max(runs.back().second, hi);
+        else
+          runs.push_back({lo, hi});
+      }
+      for (const auto& [a, z] : runs)
+        for (int64_t c = a / m.block_k; c <= (z - 1) / m.block_k; ++c)
+          if (bits[c]) {
+            ++cover[std::max(a, c * m.block_k)];
+            --cover[std::min(z, (c + 1) * m.block_k)];
+          }
+    }
+  }
+  int64_t run = 0;
+  for (int64_t j = 0; j < m.N_k; ++j) {
+    run += cover[j];
+    v.key_seen[j] = run > 0;
+  }
+  return v;
+}
+
+// n of R flattened indices (all when n >= R): `first` (in priority order) while there is room,
+// then floor(n/2) evenly spaced over [0, R), then uniform random ones; sorted, distinct.
+std::vector<int64_t> pick(int64_t R, int64_t n, const std::vector<int64_t>& first, std::mt19937_64& rng) {
+  std::set<int64_t> s;
+  if (n >= R) {
+    std::vector<int64_t> all(static_cast<size_t>(R));
+    for (int64_t f = 0; f < R; ++f) all[f] = f;
+    return all;
+  }
+  for (int64_t f : first)
+    if (int64_t(s.size()) < n) s.insert(f);
+  const int64_t even = n / 2;
+  for (int64_t k = 0; k < even && int64_t(s.size()) < n; ++k)
+    s.insert(even == 1 ? 0 : static_cast<int64_t>((static_cast<__int128>(k) * (R - 1)) / (even - 1)));
+  std::uniform_int_distribution<int64_t> any(0, R - 1);
+  while (int64_t(s.size()) < n) s.insert(any(rng));
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+
+// The flattened indices of the first position that `ok` rejects and of a random one (empty when
+// every position passes): positions p < N in (b, h) = (0, 0) and a random (b, h) of BH.
+std::vector<int64_t> rejected(const std::vector<char>& ok, int64_t BH, std::mt19937_64& rng) {
+  const int64_t N = static_cast<int64_t>(ok.size());
+  std::vector<int64_t> bad;
+  for (int64_t p = 0; p < N; ++p)
+    if (!ok[p]) bad.push_back(p);
+  if (bad.empty()) return {};
+  const int64_t r = bad[std::uniform_int_distribution<size_t>(0, bad.size() - 1)(rng)];
+  const int64_t bh = std::uniform_int_distribution<int64_t>(0, BH - 1)(rng);
+  return {bad.front(), bh * N + r};
+}
+
+// max_j |V_jk| (d) and max_{j,k} |K_jk| over all keys of one kv-head (the choices of
+// tolerance.cpp for eq. 9.3 and 9.9).
+struct KvMax {
+  std::vector<double> maxV;
+  double maxK = 0;
+};
+std::map<int64_t, KvMax> kv_maxima(const Problem& p, const Inputs& in, const std::vector<RowId>& rows) {
+  const int64_t G = group_size(p);
+  std::map<int64_t, KvMax> out;
+  for (const RowId& r : rows) out[r.b * p.H_kv + kv_head(r.h, G)];
+  for (auto& [bk, m] : out) {
+    const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
+    const View4<const double> K = in.K.view(), V = in.V.view();
+    m.maxV.assign(static_cast<size_t>(p.d), 0.0);
+    for (int64_t j = 0; j < p.N_k; ++j)
+      for (int64_t k = 0; k < p.d; ++k) {
+        m.maxV[k] = std::max(m.maxV[k], std::fabs(V(b, hk, j, k)));
+        m.maxK = std::max(m.maxK, std::fabs(K(b, hk, j, k)));
+      }
+  }
+  return out;
+}
+
+}  // namespace
+
+Sample choose_sample(const Problem& p, int64_t K, uint64_t seed) {
+  validate(p);
+  if (K < 1) fail("check-rows (", K, ") must be >= 1");
+  const MaskData md = compile_mask(p);
+  const Visibility vis = visibility(md.params());
+  std::mt19937_64 rng(seed ^ 0x5EED5A3B1E5ull);
+  Sample s;
+  {
+    const int64_t R = p.B * p.H_q * p.N_q;
+    std::vector<int64_t> first = {0, R - 1};
+    for (int64_t f : rejected(vis.row_sees, p.B * p.H_q, rng)) first.push_back(f);
+    for (int64_t f : pick(R, K, first, rng)) s.rows.push_back({f / (p.H_q * p.N_q), (f / p.N_q) % p.H_q, f % p.N_q});
+  }
+  {
+    const int64_t R = p.B * p.H_kv * p.N_k;
+    std::vector<int64_t> first = {0, R - 1};
+    for (int64_t f : rejected(vis.key_seen, p.B * p.H_kv, rng)) first.push_back(f);
+    for (int64_t f : pick(R, K, first, rng))
+      s.columns.push_back({f / (p.H_kv * p.N_k), (f / p.N_k) % p.H_kv, f % p.N_k});
+  }
+  return s;
+}
+
+// eq. (2.1)-(2.4) and (5.1)-(5.6) for each sampled row, with eq. (9.3), (9.4), (9.9).
+RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId>& rows, bool backward) {
+  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
+  if (backward) validate_q_side(p, "dO", in.dO.view());
+  const MaskData md = compile_mask(p);
+  const MaskParams mask = md.params();
+  const RuleConstants c = rule_constants(in.dtype);
+  const int64_t G = group_size(p), N_k = p.N_k, d = p.d, n = static_cast<int64_t>(rows.size());
+  const double scale = scale_of(p), ascale = std::fabs(scale);
+  const double g_d = c.gamma(double(d)), g_k = c.gamma(double(N_k) + 2);
+  for (const RowId& r : rows)
+    if (r.b < 0 || r.b >= p.B || r.h < 0 || r.h >= p.H_q || r.i < 0 || r.i >= p.N_q)
+      fail("row (b=", r.b, ", h=", r.h, ", i=", r.i, ") must lie in (B, H_q, N_q) = (", p.B, ", ", p.H_q, ", ", p.N_q, ")");
+  const std::map<int64_t, KvMax> kvmax = kv_maxima(p, in, rows);
+  const View4<const double> Q = in.Q.view(), K = in.K.view(), V = in.V.view(), dO = in.dO.view();
+
+  RowOracle out;
+  out.rows = rows;
+  out.O.assign(static_cast<size_t>(n * d), 0.0);
+  out.bound_O.assign(static_cast<size_t>(n * d), 0.0);
+  out.LSE.assign(static_cast<size_t>(n), kNinf);
+  out.bound_LSE.assign(static_cast<size_t>(n), 0.0);
+  if (backward) {
+    out.dQ.assign(static_cast<size_t>(n * d), 0.0);
+    out.bound_dQ.assign(static_cast<size_t>(n * d), c.tiny_s);  // empty rows: expected 0 exactly
+  }
+  FirstError err;  // O(N_k) per thread (the row's logits)
+#pragma omp parallel for schedule(dynamic) if (n > 1)
+  for (int64_t r = 0; r < n; ++r) err.run([&] {
+    const int64_t b = rows[r].b, h = rows[r].h, i = rows[r].i, hk = kv_head(h, G);
+    const KvMax& km = kvmax.at(b * p.H_kv + hk);
+    int64_t lo, hi;
+    row_range(mask, i, &lo, &hi);
+    std::vector<int64_t> J;  // V_i (eq. 2.2)
+    for (int64_t j = lo; j < hi; ++j)
+      if (visible(mask, i, j)) J.push_back(j);
+    if (J.empty()) return;  // empty row (§2.3): O = 0, LSE = -inf, dQ = 0, as initialized
+    // eq. (2.1) S_ij and eq. (9.1) a_i
+    std::vector<double> S(J.size());
+    double m = kNinf, a_i = 0;
+    for (size_t t = 0; t < J.size(); ++t) {
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        s += Q(b, h, i, k) * K(b, hk, J[t], k);
+        a += std::fabs(Q(b, h, i, k)) * std::fabs(K(b, hk, J[t], k));
+      }
+      S[t] = scale * s;
+      m = std::max(m, S[t]);
+      a_i = std::max(a_i, ascale * a);
+    }
+    // eq. (2.3)-(2.4): the softmax as reference.cpp computes it (exp(S - m) / l)
+    double l = 0;
+    for (double s : S) l += std::exp(s - m);
+    const double L = m + std::log(l);
+    double* O = &out.O[r * d];
+    std::vector<double> PV(static_cast<size_t>(d), 0.0);  // (P|V|)_ik
+    for (size_t t = 0; t < J.size(); ++t) {
+      const double P = std::exp(S[t] - m) / l;
+      for (int64_t k = 0; k < d; ++k) {
+        O[k] += P * V(b, hk, J[t], k);
+        PV[k] += P * std::fabs(V(b, hk, J[t], k));
+      }
+    }
+    out.LSE[r] = L;
+    const double eta = rule_eta(c, d, N_k, a_i);  // eq. (9.2)
+    out.bound_LSE[r] = kRuleSafety * (eta + 2 * c.u_a * std::fabs(L) + c.tiny_a);  // eq. (9.4)
+    for (int64_t k = 0; k < d; ++k)  // eq. (9.3)
+      out.bound_O[r * d + k] =
+          kRuleSafety * ((2 * eta + c.u_s) * PV[k] + double(N_k) * c.tiny_a * km.maxV[k] + c.tiny_s);
+    if (!backward) return;
+
+    // eq. (5.1)-(5.6) with P recomputed from LSE (5.2), and eq. (9.5)-(9.7), (9.9), as
+    // backward_bounds does: the O bound inside dD from the recomputed P.
+    std::vector<double> P(J.size());
+    for (size_t t = 0; t < J.size(); ++t) P[t] = std::exp(S[t] - L);
+    std::vector<double> PVb(static_cast<size_t>(d), 0.0);
+    for (size_t t = 0; t < J.size(); ++t)
+      for (int64_t k = 0; k < d; ++k) PVb[k] += P[t] * std::fabs(V(b, hk, J[t], k));
+    double D = 0, dD_a = 0, dD_b = 0;
+    for (int64_t k = 0; k < d; ++k) {
+      const double bO = (2 * eta + c.u_s) * PVb[k] + double(N_k) * c.tiny_a * km.maxV[k] + c.tiny_s;
+      D += dO(b, h, i, k) * O[k];  // eq. (5.1)
+      dD_a += std::fabs(dO(b, h, i, k)) * bO;
+      dD_b += std::fabs(dO(b, h, i, k)) * std::fabs(O[k]);
+    }
+    const double dD = dD_a + g_d * dD_b;                     // eq. (9.6)
+    const double pi = 2 * eta + 2 * c.u_a * std::fabs(L);    // eq. (9.5)
+    std::vector<double> dQ(static_cast<size_t>(d), 0.0), EK(static_cast<size_t>(d), 0.0),
+        dSK(static_cast<size_t>(d), 0.0);
+    for (size_t t = 0; t < J.size(); ++t) {
+      const int64_t j = J[t];
+      double dP = 0, dOV = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        dP += dO(b, h, i, k) * V(b, hk, j, k);  // eq. (5.4)
+        dOV += std::fabs(dO(b, h, i, k)) * std::fabs(V(b, hk, j, k));
+      }
+      const double dS = P[t] * (dP - D);  // eq. (5.5)
+      const double E = P[t] * ((pi + 2 * c.u_a + c.u_P) * std::fabs(dP - D) + g_d * dOV + dD);  // eq. (9.7)
+      for (int64_t k = 0; k < d; ++k) {
+        const double Kjk = K(b, hk, j, k);
+        dQ[k] += dS * Kjk;
+        EK[k] += E * std::fabs(Kjk);
+        dSK[k] += std::fabs(dS) * std::fabs(Kjk);
+      }
+    }
+    for (int64_t k = 0; k < d; ++k) {
+      out.dQ[r * d + k] = scale * dQ[k];  // eq. (5.6)
+      out.bound_dQ[r * d + k] =           // eq. (9.9)
+          kRuleSafety * (ascale * (EK[k] + (g_k + c.u_s) * dSK[k]) + double(N_k) * c.tiny_a * km.maxK * ascale + c.tiny_s);
+    }
+  });
+  err.rethrow();
+  return out;
+}
+
+// eq. (5.3), (5.7) for each sampled column from the run's LSE and D = rowsum(dO o O) of its O,
+// with the conditional bounds eq. (9.10)-(9.13).
+ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
+                           const std::vector<ColumnId>& columns) {
+  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
+  validate_q_side(p, "dO", in.dO.view());
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+  const MaskData md = compile_mask(p);
+  const MaskParams mask = md.params();
+  const RuleConstants c = rule_constants(in.dtype);
+  const int64_t G = group_size(p), N_q = p.N_q, d = p.d, n = static_cast<int64_t>(columns.size());
+  const double scale = scale_of(p), ascale = std::fabs(scale);
+  const double g_d = c.gamma(double(d)), g_d1 = c.gamma(double(d) + 1), g_d2 = c.gamma(double(d) + 2);
+  const double g_exp = c.gamma(16);
+  for (const ColumnId& q : columns)
+    if (q.b < 0 || q.b >= p.B || q.h < 0 || q.h >= p.H_kv || q.j < 0 || q.j >= p.N_k)
+      fail("column (b=", q.b, ", h=", q.h, ", j=", q.j, ") must lie in (B, H_kv, N_k) = (", p.B, ", ", p.H_kv, ", ",
+           p.N_k, ")");
+  const View4<const double> Q = in.Q.view(), K = in.K.view(), V = in.V.view(), dO = in.dO.view();
+
+  // D_i (eq. 5.1) of the run's O and sum_k |dO_ik||O_ik|, for the (b, q-head)s of sampled groups.
+  std::map<int64_t, std::vector<double>> Drow, Dmag;  // key b * H_q + h -> (N_q)
+  for (const ColumnId& q : columns)
+    for (int64_t g = 0; g < G; ++g) {
+      Drow[q.b * p.H_q + q.h * G + g];
+      Dmag[q.b * p.H_q + q.h * G + g];
+    }
+  std::vector<int64_t> keys;
+  for (const auto& kv : Drow) keys.push_back(kv.first);
+  for (int64_t key : keys) {
+    Drow[key].assign(static_cast<size_t>(N_q), 0.0);
+    Dmag[key].assign(static_cast<size_t>(N_q), 0.0);
+  }
+  {
+    FirstError err;
+    const int64_t nk = static_cast<int64_t>(keys.size());
+#pragma omp parallel for schedule(static) if (nk * N_q * d >= 65536)
+    for (int64_t t = 0; t < nk; ++t) err.run([&] {
+      const int64_t b = keys[t] / p.H_q, h = keys[t] % p.H_q;
+      std::vector<double>& Dr = Drow.at(keys[t]);
+      std::vector<double>& Dm = Dmag.at(keys[t]);
+      for (int64_t i = 0; i < N_q; ++i)
+        for (int64_t k = 0; k < d; ++k) {
+          Dr[i] += dO(b, h, i, k) * O(b, h, i, k);
+          Dm[i] += std::fabs(dO(b, h, i, k)) * std::fabs(O(b, h, i, k));
+        }
+    });
+    err.rethrow();
+  }
+
+  ColumnOracle out;
+  out.columns = columns;
+  out.dK.assign(static_cast<size_t>(n * d), 0.0);
+  out.dV.assign(static_cast<size_t>(n * d), 0.0);
+  out.bound_dK.assign(static_cast<size_t>(n * d), c.tiny_s);  // keys no row sees: expected 0 exactly
+  out.bound_dV.assign(static_cast<size_t>(n * d), c.tiny_s);
+  FirstError err;
+#pragma omp parallel for schedule(dynamic) if (n > 1)
+  for (int64_t r = 0; r < n; ++r) err.run([&] {
+    const int64_t b = columns[r].b, hk = columns[r].h, j = columns[r].j;
+    std::vector<double> dK(static_cast<size_t>(d), 0.0), dV(static_cast<size_t>(d), 0.0);
+    std::vector<double> W(static_cast<size_t>(d), 0.0), PdO(static_cast<size_t>(d), 0.0);
+    std::vector<double> EQ(static_cast<size_t>(d), 0.0), dSQ(static_cast<size_t>(d), 0.0);
+    double maxdO = 0, maxQ = 0;
+    int64_t n_j = 0;        // visible (h, i) pairs of the group: the terms of the sums
+    bool undefined = false;  // a row that sees j has a non-finite LSE: no P_ij to recompute
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = hk * G + g;
+      const std::vector<double>& Dr = Drow.at(b * p.H_q + h);
+      const std::vector<double>& Dm = Dmag.at(b * p.H_q + h);
+      for (int64_t i = 0; i < N_q; ++i) {
+        if (!visible(mask, i, j)) continue;
+        const double L = LSE(b, h, i);
+        if (!std::isfinite(L)) {
+          undefined = true;
+          continue;
+        }
+        double s = 0, a = 0, dP = 0, dOV = 0;
+        for (int64_t k = 0; k < d; ++k) {
+          s += Q(b, h, i, k) * K(b, hk, j, k);
+          a += std::fabs(Q(b, h, i, k)) * std::fabs(K(b, hk, j, k));
+          dP += dO(b, h, i, k) * V(b, hk, j, k);  // eq. (5.4)
+          dOV += std::fabs(dO(b, h, i, k)) * std::fabs(V(b, hk, j, k));
+        }
+        const double S = scale * s;
+        const double P = std::exp(S - L);  // eq. (5.2) with the run's LSE
+        const double rho = g_d2 * ascale * a + 2 * c.u_a * (std::fabs(S) + std::fabs(L)) + g_exp;  // eq. (9.10)
+        const double dS = P * (dP - Dr[i]);                                                     // eq. (5.5)
+        const double E =  // eq. (9.11)
+            P * ((rho + 2 * c.u_a + c.u_P) * std::fabs(dP - Dr[i]) + g_d * dOV + (g_d1 + c.u_s) * Dm[i]);
+        for (int64_t k = 0; k < d; ++k) {
+          const double dOk = dO(b, h, i, k), Qk = Q(b, h, i, k);
+          dV[k] += P * dOk;  // eq. (5.3)
+          W[k] += P * std::fabs(dOk) * (rho + c.u_P);
+          PdO[k] += P * std::fabs(dOk);
+          dK[k] += dS * Qk;  // eq. (5.7)
+          EQ[k] += E * std::fabs(Qk);
+          dSQ[k] += std::fabs(dS) * std::fabs(Qk);
+          maxdO = std::max(maxdO, std::fabs(dOk));
+          maxQ = std::max(maxQ, std::fabs(Qk));
+        }
+        ++n_j;
+      }
+    }
+    if (undefined) {  // fails the column (NaN is never equal), whatever the candidate holds
+      for (int64_t k = 0; k < d; ++k) out.dK[r * d + k] = out.dV[r * d + k] = kNaN;
+      return;
+    }
+    if (n_j == 0) return;  // no row sees j: dK = dV = 0 exactly, as initialized
+    const double g_n = c.gamma(double(n_j) + 2);
+    for (int64_t k = 0; k < d; ++k) {
+      out.dV[r * d + k] = dV[k];
+      out.dK[r * d + k] = scale * dK[k];
+      out.bound_dV[r * d + k] =  // eq. (9.12)
+          kRuleSafety * (W[k] + (g_n + c.u_s) * PdO[k] + double(n_j) * c.tiny_a * maxdO + c.tiny_s);
+      out.bound_dK[r * d + k] =  // eq. (9.13)
+          kRuleSafety * (ascale * (EQ[k] + (g_n + c.u_s) * dSQ[k]) + double(n_j) * c.tiny_a * ascale * maxQ + c.tiny_s);
+    }
+  });
+  err.rethrow();
+  return out;
+}
+
+namespace {
+// The candidate's view must hold the sampled position (b, h, n) and rows of `d` features.
+void check_holds(const char* name, const int64_t* dim, int rank, int64_t b, int64_t h, int64_t n, int64_t d) {
+  const int64_t at[4] = {b, h, n, d};
+  for (int a = 0; a < rank; ++a)
+    if (a < 3 ? at[a] >= dim[a] : at[a] != dim[a])
+      fail(name, ".dim[", a, "] (", dim[a], ") does not hold the sampled position (b=", b, ", h=", h, ", n=", n,
+           ", d=", d, ")");
+}
+
+Metrics rows_metrics(const char* name, const std::vector<RowId>& rows, const std::vector<double>& want,
+                     const std::vector<double>& bound, View4<const double> got) {
+  Metrics m;
+  m.tensor = name;
+  if (!got.data) fail(name, " (null) must point to data");
+  const int64_t d = rows.empty() ? 0 : static_cast<int64_t>(want.size() / rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    check_holds(name, got.dim, 4, rows[r].b, rows[r].h, rows[r].i, d);
+    for (int64_t k = 0; k < d; ++k) {
+      const int64_t idx[4] = {rows[r].b, rows[r].h, rows[r].i, k};
+      compare_element(m, got(rows[r].b, rows[r].h, rows[r].i, k), want[r * d + k], bound[r * d + k], idx, 4);
+    }
+  }
+  return m;
+}
+Metrics columns_metrics(const char* name, const std::vector<ColumnId>& cols, const std::vector<double>& want,
+                        const std::vector<double>& bound, View4<const double> got) {
+  Metrics m;
+  m.tensor = name;
+  if (!got.data) fail(name, " (null) must point to data");
+  const int64_t d = cols.empty() ? 0 : static_cast<int64_t>(want.size() / cols.size());
+  for (size_t r = 0; r < cols.size(); ++r) {
+    check_holds(name, got.dim, 4, cols[r].b, cols[r].h, cols[r].j, d);
+    for (int64_t k = 0; k < d; ++k) {
+      const int64_t idx[4] = {cols[r].b, cols[r].h, cols[r].j, k};
+      compare_element(m, got(cols[r].b, cols[r].h, cols[r].j, k), want[r * d + k], bound[r * d + k], idx, 4);
+    }
+  }
+  return m;
+}
+}  // namespace
+
+std::vector<Metrics> check_rows_forward(const RowOracle& want, View4<const double> O, View3<const double> LSE) {
+  std::vector<Metrics> out;
+  out.push_back(rows_metrics("O", want.rows, want.O, want.bound_O, O));
+  Metrics m;
+  m.tensor = "LSE";
+  if (!LSE.data) fail("LSE (null) must point to data");
+  for (size_t r = 0; r < want.rows.size(); ++r) {
+    const RowId& q = want.rows[r];
+    check_holds("LSE", LSE.dim, 3, q.b, q.h, q.i, 0);
+    const int64_t idx[3] = {q.b, q.h, q.i};
+    compare_element(m, LSE(q.b, q.h, q.i), want.LSE[r], want.bound_LSE[r], idx, 3);
+  }
+  out.push_back(m);
+  return out;
+}
+
+std::vector<Metrics> check_rows_backward(const RowOracle& want, View4<const double> dQ) {
+  if (want.dQ.size() != want.O.size()) fail("check_rows_backward: the row oracle was run with backward = false");
+  return {rows_metrics("dQ", want.rows, want.dQ, want.bound_dQ, dQ)};
+}
+
+std::vector<Metrics> check_columns(const ColumnOracle& want, View4<const double> dK, View4<const double> dV) {
+  return {columns_metrics("dK", want.columns, want.dK, want.bound_dK, dK),
+          columns_metrics("dV", want.columns, want.dV, want.bound_dV, dV)};
+}
+
+SampledOracle sampled_oracle(const Problem& p, const Inputs& in, int64_t K, uint64_t seed, bool backward) {
+  SampledOracle s;
+  s.sample = choose_sample(p, K, seed);
+  s.rows = row_oracle(p, in, s.sample.rows, backward);
+  return s;
+}
+
+std::vector<Metrics> check_sampled_forward(const SampledOracle& s, const Problem& p, View4<const double> O,
+                                           View3<const double> LSE) {
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+  return check_rows_forward(s.rows, O, LSE);
+}
+
+std::vector<Metrics> check_sampled_backward(const SampledOracle& s, const Problem& p, const Inputs& in,
+                                            View4<const double> O, View3<const double> LSE,
+                                            View4<const double> dQ, View4<const double> dK,
+                                            View4<const double> dV) {
+  validate_q_side(p, "dQ", dQ);
+  validate_kv_side(p, "dK", dK);
+  validate_kv_side(p, "dV", dV);
+  std::vector<Metrics> out = check_rows_backward(s.rows, dQ);
+  const ColumnOracle cols = column_oracle(p, in, O, LSE, s.sample.columns);
+  for (Metrics& m : check_columns(cols, dK, dV)) out.push_back(m);
+  return out;
+}
+
+}  // namespace burstlab
