@@ -84,12 +84,6 @@ void Svg::text(double x, double y, const std::string& s, double size, const std:
         << xml_escape(s) << "</text>\n";
 }
 
-void Svg::line(double x1, double y1, double x2, double y2, const std::string& stroke, double width, bool arrow) {
-  body_ << "<line x1=\"" << num(x1) << "\" y1=\"" << num(y1) << "\" x2=\"" << num(x2) << "\" y2=\"" << num(y2)
-        << "\" stroke=\"" << xml_escape(stroke) << "\" stroke-width=\"" << num(width) << "\""
-        << (arrow ? " marker-end=\"url(#arrow)\"" : "") << "/>\n";
-}
-
 std::string Svg::str() const {
   if (depth_ != 0) fail("svg: ", depth_, " group(s) left open");
   std::ostringstream o;
@@ -97,8 +91,6 @@ std::string Svg::str() const {
     << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(width_) << "\" height=\"" << num(height_)
     << "\" viewBox=\"0 0 " << num(width_) << " " << num(height_) << "\" font-family=\"monospace\">\n"
     << "<title>" << xml_escape(title_) << "</title>\n"
-    << "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" "
-       "orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#b2182b\"/></marker></defs>\n"
     << "<rect x=\"0\" y=\"0\" width=\"" << num(width_) << "\" height=\"" << num(height_) << "\" fill=\"white\"/>\n"
     << body_.str() << "</svg>\n";
   return o.str();

@@ -31,8 +31,6 @@ class Svg {
   // anchor: "start" | "middle" | "end"
   void text(double x, double y, const std::string& s, double size = 11, const std::string& anchor = "start",
             const std::string& fill = "#222", bool bold = false);
-  void line(double x1, double y1, double x2, double y2, const std::string& stroke, double width = 1,
-            bool arrow = false);
   std::string str() const;  // the document; throws Error if groups are left open
 
  private:
