@@ -85,22 +85,25 @@ AlgoOptions algo_options(const DistOptions& o) {
 
 template <class T>
 Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine)
+                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local)
     : e_(engine) {
   validate_views(p, Q, K, V);
   if (o.backward) validate_q_side(p, "dO", dO);
   plan_ = make_plan(p, o);
   prepared_ = engine.prepare(plan_.mask);
-  shards_ = upload_shards(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward);
+  for (int r : local)
+    if (r < 0 || r >= o.world) fail("local rank (", r, ") must be in [0, world = ", o.world, ")");
+  shards_ = upload_shards(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, local);
   logs_.assign(o.world, {});
 }
 
 template <class T>
 std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
                                     View4<const double> V, View4<const double> dO, const Partition& qp,
-                                    const Partition& kp, bool backward) {
+                                    const Partition& kp, bool backward, const std::vector<int>& local) {
   std::vector<Shard<T>> shards(qp.G);
   for (int r = 0; r < qp.G; ++r) {
+    if (!local.empty() && std::find(local.begin(), local.end(), r) == local.end()) continue;
     Shard<T>& x = shards[r];
     x.Q = upload_all(e, slice<T>(Q, qp, r).data);
     x.K = upload_all(e, slice<T>(K, kp, r).data);
@@ -143,6 +146,7 @@ void Session<T>::rank_pass(Phase phase, Communicator& comm) {
   const int r = comm.rank();
   if (comm.size() != plan_.o.world)
     fail("communicator size (", comm.size(), ") must equal the session's world (", plan_.o.world, ")");
+  if (!shards_.at(r).Q.data) fail("rank ", r, "'s shard is not held by this session (local ranks only)");
   pass_of<T>(find_algorithm(plan_.o.algo))(phase, plan_, comm, e_, prepared_, shards_.at(r));
   e_.synchronize();  // this rank's engine work is complete before the pass ends
 }
@@ -177,6 +181,16 @@ void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>
   };
   for (size_t r = 0; r < shards.size(); ++r) {
     const Shard<T>& x = shards[r];
+    if (!x.Q.data) {  // another process's rank
+      res.O.emplace_back();
+      res.LSE.emplace_back();
+      if (backward) {
+        res.dQ.emplace_back();
+        res.dK.emplace_back();
+        res.dV.emplace_back();
+      }
+      continue;
+    }
     const int64_t nq = res.qp.local_size(int(r)), nk = res.kp.local_size(int(r));
     res.O.push_back(down4(x.O, p.H_q, nq));
     Tensor3<A> L = make_tensor3<A>(p.B, p.H_q, nq);  // (B, H_q, nq)
@@ -231,7 +245,7 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
   template void download_outputs<T>(Engine<T>&, const Problem&, const std::vector<Shard<T>>&, bool, DistResult<T>&); \
   template std::vector<Shard<T>> upload_shards<T>(Engine<T>&, View4<const double>, View4<const double>,          \
                                                   View4<const double>, View4<const double>, const Partition&,    \
-                                                  const Partition&, bool);
+                                                  const Partition&, bool, const std::vector<int>&);
 BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
 BURSTLAB_DIST_INST(bf16_t)

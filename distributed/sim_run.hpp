@@ -57,16 +57,20 @@ DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const doubl
 // rank's shard in engine memory between passes (so a backward uses the forward's own O and LSE,
 // spec §9). forward() and backward() run every rank on a fresh SimWorld (threads; a barrier ends
 // each pass); rank_pass() is one rank's pass on any world, for transports that run a rank per
-// process or per GPU. The logs keep the latest run of each phase.
+// process or per GPU. `local` names the ranks whose shards this session holds (empty: every
+// rank, as SimComm runs them all in one process); such a transport builds one session per rank
+// with local = {rank}, on that rank's engine. The logs keep the latest run of each phase.
 template <class T>
 class Session {
  public:
   Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine);
+          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local = {});
   void forward();   // throws Error when a rank failed; see errors()
   void backward();  // after forward(); needs dO and o.backward
   void rank_pass(Phase phase, Communicator& comm);  // this rank's shard, on comm's world
-  DistResult<T> result() const;  // downloads every rank's outputs (and the logs so far)
+  // Downloads the outputs of the ranks held here (and the logs so far); other ranks' tensors stay
+  // empty.
+  DistResult<T> result() const;
   const std::vector<std::string>& errors() const { return errors_; }
   const Plan& plan() const { return plan_; }
   const Partition& qp() const { return plan_.qp; }
@@ -100,17 +104,19 @@ class SimSession : public Session<T> {
 };
 
 // Every rank's outputs downloaded from engine memory into `res` (which holds the partitions):
-// O, LSE, and dQ, dK, dV when `backward`.
+// O, LSE, and dQ, dK, dV when `backward`. A shard that holds no inputs (a rank of another
+// process) gives empty tensors.
 template <class T>
 void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
                       DistResult<T>& res);
 
 // Each rank's slices of Q, K, V (and dO when `backward`),
-// rounded to T, in engine memory: Q, dO (B, H_q, n_q, d), K, V (B, H_kv, n_k, d) per rank.
+// rounded to T, in engine memory: Q, dO (B, H_q, n_q, d), K, V (B, H_kv, n_k, d) per rank; only
+// the ranks in `local` (empty: all) get theirs, the others' shards stay empty.
 template <class T>
 std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
                                     View4<const double> V, View4<const double> dO, const Partition& qp,
-                                    const Partition& kp, bool backward);
+                                    const Partition& kp, bool backward, const std::vector<int>& local = {});
 // One pass on a fresh SimWorld(world, sim): body(comm) on every rank, then a barrier (every rank
 // observes a failure of any other rank). `logs` keep only the latest run of each phase; `errors`
 // gets every rank's outcome, also when a rank failed and this throws Error.

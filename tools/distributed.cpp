@@ -20,6 +20,9 @@
 #include "sim_run.hpp"
 #include "svg.hpp"
 #include "table.hpp"
+#ifdef BURSTLAB_HAVE_NCCL
+#include "nccl_run.hpp"
+#endif
 
 namespace burstlab::tools {
 
@@ -37,11 +40,19 @@ struct DistFlags {
   bool world_given = false;  // --world on the command line (else --grid may imply it)
   int ulysses_degree = 0;    // usp: ranks per Ulysses group (0: --gpus-per-node)
   std::string base = "burst";  // double-ring, usp: the ring's traffic
+  std::string transport = "sim";  // sim (SimComm) | nccl (NcclComm, a rank per GPU)
+  double timeout = 120.0;         // nccl: the watchdog's bound on one wait (s)
+  std::string inject;             // nccl: --inject-failure RANK:STEP[:hang]
 };
 
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
-// or R x C of --grid RxC when --world is not given.
+// or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f) {
+#ifdef BURSTLAB_HAVE_NCCL
+  // Under mpirun the world is the processes it started, unless the flags name one.
+  if (f.transport == "nccl" && launched_by_mpi() && f.nodes == 0 && !f.world_given && f.grid.empty())
+    return mpi_size();
+#endif
   if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return dist::parse_grid(f.grid).size();
   if (f.nodes == 0) return f.world;
   if (f.nodes < 1) fail("nodes (", f.nodes, ") must be >= 1");
@@ -57,6 +68,8 @@ struct DistReport {
   dist::Plan plan;
   std::vector<std::vector<dist::Transfer>> logs;
   bool fwd = false, bwd = false;
+  std::string transport = "SimComm";
+  std::vector<double> exposed_fwd, exposed_bwd;  // nccl: ms per rank blocked in waits
 };
 
 struct DistState {
@@ -89,6 +102,14 @@ dist::AlgoOptions options_of(const DistFlags& f) {
     if (o.grid.size() != o.world)
       fail("grid (", f.grid, " = ", o.grid.size(), " ranks) must have world (", o.world, ") ranks");
   }
+  if (f.transport != "sim" && f.transport != "nccl") fail("transport (", f.transport, ") must be sim or nccl");
+  if (f.transport == "sim" && !f.inject.empty())
+    fail("inject-failure (", f.inject, ") is a --transport nccl option (SimComm: tests inject with SimOptions)");
+#ifndef BURSTLAB_HAVE_NCCL
+  if (f.transport == "nccl")
+    fail("transport (nccl) needs a build with CUDA and NCCL; this binary has no NCCL transport (see the CMake "
+         "feature summary)");
+#endif
   if (f.algo == "attention2d" && o.partition != dist::PartitionKind::Striped)
     fail("attention2d needs --partition striped (the cyclic distribution), not ", f.partition);
   return o;
@@ -145,6 +166,35 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     void backward() { session->backward(); }
     dist::DistResult<T> result() const { return session->result(); }
   };
+#ifdef BURSTLAB_HAVE_NCCL
+  if (st->f.transport == "nccl") {
+    engine.reset();  // each rank makes its own, on its own GPU
+    auto nd = std::make_shared<NcclDist>(nccl_dist(p, in, opt, options_of(st->f), mk, {st->f.timeout, st->f.inject}));
+    DistReport rep;
+    rep.impl = name;
+    rep.dtype = in.dtype;
+    rep.plan = nd->plan;
+    rep.transport = "NCCL (" + nd->launch + ")";
+    st->reports.push_back(rep);
+    const size_t k = st->reports.size() - 1;
+    Runner r = nd->run;
+    r.fetch_forward = [nd, st, k](Tensor4<double>& O, Tensor3<double>& LSE) {
+      nd->run.fetch_forward(O, LSE);
+      DistReport& x = st->reports[k];
+      x.logs = nd->logs();
+      x.fwd = true;
+      x.exposed_fwd = nd->exposed_ms(dist::Phase::Forward);
+    };
+    r.fetch_backward = [nd, st, k](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
+      nd->run.fetch_backward(dQ, dK, dV);
+      DistReport& x = st->reports[k];
+      x.logs = nd->logs();
+      x.bwd = true;
+      x.exposed_bwd = nd->exposed_ms(dist::Phase::Backward);
+    };
+    return r;
+  }
+#endif
   (void)opt;
   auto s = std::make_shared<S>();
   s->engine = std::move(engine);
@@ -196,8 +246,8 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
   const DistFlags& f = st->f;
   Impl m;
   m.name = f.algo + "/" + base.name;
-  m.about = f.algo + " attention on SimComm, G=" + std::to_string(world_of(f)) + ", " + f.partition + ", " +
-            base.name + " engine";
+  m.about = f.algo + " attention on " + (f.transport == "nccl" ? "NCCL" : "SimComm") + ", G=" +
+            std::to_string(world_of(f)) + ", " + f.partition + ", " + base.name + " engine";
   m.dtypes = base.engines.dtypes();
   m.suite_dtypes = m.dtypes;
   m.has_backward = true;
@@ -229,7 +279,8 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
                {"rank", "rank"},                {"phase", "phase", true},
                {"link", "link", true},          {"sent", "sent(B)"},
                {"sent_closed_form", "=§7.5(B)"}, {"recv", "recv(B)"},
-               {"recv_closed_form", "=§7.5(B)"}, {"match", "match", true}};
+               {"recv_closed_form", "=§7.5(B)"}, {"match", "match", true},
+               {"exposed_ms", "exposed(ms)"}};
   bool ok = true;
   for (const DistReport& r : st.reports) {
     // Inputs in the storage type, statistics and gradients in its accumulation type (spec §9.1).
@@ -245,9 +296,11 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
         const int G = r.plan.qp.G, g = st.f.gpus_per_node;
         const bool ring_like = r.plan.o.algo == "ring" || r.plan.o.algo == "burst";  // one link per direction
         const bool inter = g > 0 && k / g != ((k + 1) % G) / g;
+        const std::vector<double>& ex = ph == dist::Phase::Forward ? r.exposed_fwd : r.exposed_bwd;
         t.add({text(r.impl), text(to_string(r.dtype)), integer(k), text(dist::to_string(ph)),
                text(G == 1 || !ring_like ? "-" : inter ? "inter" : "intra"), integer(b.sent), integer(cs), integer(b.recv),
-               integer(cr), text(match ? "yes" : "NO")});
+               integer(cr), text(match ? "yes" : "NO"),
+               k < static_cast<int>(ex.size()) ? number(ex[k], "%.3f") : text("-")});
       }
     }
   }
@@ -255,12 +308,14 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
                            {"world", world_of(st.f)},
                            {"partition", st.f.partition},
                            {"gpus_per_node", st.f.gpus_per_node},
+                           {"transport", st.reports.front().transport},
                            {"bytes", t.json()},
                            {"bytes_match_closed_forms", ok}};
   if (!json) {
-    std::printf("distributed: %s, G=%d, partition %s, SimComm%s%s; bytes per rank per phase vs spec §7.5:\n",
-                st.f.algo.c_str(), world_of(st.f), st.f.partition.c_str(), st.f.poison ? " (poison)" : "",
-                st.f.reorder ? " (reorder)" : "");
+    std::printf("distributed: %s, G=%d, partition %s, %s%s%s; bytes per rank per phase vs spec §7.5%s:\n",
+                st.f.algo.c_str(), world_of(st.f), st.f.partition.c_str(), st.reports.front().transport.c_str(),
+                st.f.poison ? " (poison)" : "", st.f.reorder ? " (reorder)" : "",
+                st.f.transport == "nccl" ? "; exposed = host ms blocked in waits after the step's compute" : "");
     t.print(stdout);
     if (!ok) std::printf("FAIL: measured bytes differ from the closed forms of spec §7.5\n");
     std::printf("\n");
@@ -542,12 +597,26 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   run.add_option("--ulysses-degree", st->f.ulysses_degree,
                  "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
   run.add_option("--ring", st->f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
+  run.add_option("--transport", st->f.transport,
+                 "sim: SimComm, ranks as threads of this process (--impl cpu or cuda: all on one GPU); nccl: "
+                 "NcclComm, one rank per GPU (--impl cuda), as threads of this process (--world up to the GPUs "
+                 "it sees) or one process per GPU under mpirun -np G")
+      ->capture_default_str();
+  run.add_option("--timeout", st->f.timeout,
+                 "nccl: seconds one transfer or collective may take before the watchdog aborts the communicator "
+                 "and every rank exits with an error naming the rank, operation, phase and step")
+      ->capture_default_str();
+  run.add_option("--inject-failure", st->f.inject,
+                 "nccl: RANK:STEP makes that rank fail at its first transfer of forward step STEP; RANK:STEP:hang "
+                 "makes it stop communicating instead (the others' watchdogs fire); tests the failure paths");
   run.add_flag("--poison", st->f.poison, "SimComm: NaN-fill receive buffers and consumed send buffers");
   run.add_flag("--reorder", st->f.reorder, "SimComm: complete transfers in a random order");
   hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {
     std::vector<Impl> out;
     for (const Impl* m : impls) {
-      if (!st->f.algo.empty() && m->engines.any()) out.push_back(wrap(*m, st));
+      // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).
+      const bool fits = st->f.transport != "nccl" || static_cast<bool>(m->engines.copy);
+      if (!st->f.algo.empty() && m->engines.any() && fits) out.push_back(wrap(*m, st));
       else out.push_back(*m);
     }
     if (!st->f.algo.empty()) {
@@ -557,7 +626,8 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
       if (!any) {
         std::string engines;
         for (const Impl& m : registry())
-          if (m.engines.any()) engines += (engines.empty() ? "" : ", ") + m.name;
+          if (m.engines.any() && (st->f.transport != "nccl" || m.engines.copy))
+            engines += (engines.empty() ? "" : ", ") + m.name;
         fail("algo (", st->f.algo, ") needs an implementation that provides an engine in --impl (", engines, ")");
       }
     }

@@ -15,6 +15,9 @@
 #include "common.hpp"
 #include "distributed.hpp"  // run --algo ..., schedule, simulate
 #include "resources.hpp"
+#ifdef BURSTLAB_HAVE_NCCL
+#include "nccl_run.hpp"  // mpirun: tables from rank 0 only; MPI_Finalize at the end
+#endif
 
 using namespace burstlab::tools;
 
@@ -41,6 +44,15 @@ int other_error(const std::string& where, const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef BURSTLAB_HAVE_NCCL
+  // Under mpirun every process runs the same command; rank 0 alone prints (errors go to stderr
+  // from every rank, each naming its rank).
+  if (launched_by_mpi() && mpi_rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+    std::fprintf(stderr, "burstlab: rank %d could not silence its stdout\n", mpi_rank());
+  struct Shutdown {
+    ~Shutdown() { nccl_shutdown(); }
+  } shutdown;
+#endif
   CLI::App app(
       "burstlab: exact attention, one math spec (docs/spec.md), one fp64 oracle.\n"
       "Every implementation (reference, cpu, ...) is checked element by element against the fp64\n"

@@ -1,0 +1,174 @@
+// tests/nccl/test_nccl.cpp — NcclComm (nccl/, spec §7.4): the flags and topology helpers on any
+// machine; on a GPU, a world of one rank: batches of sends and receives move bytes and are logged
+// like SimComm's, the watchdog ends a wait that can never complete within its timeout with a
+// message naming the rank, the operation, the phase and the step, and an aborted communicator
+// refuses further calls. Without a GPU the GPU tests skip; BURSTLAB_REQUIRE_GPU=1 fails them.
+// Two or more ranks run under mpirun (tests/nccl/mpi_nccl.sh).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "burstlab/error.hpp"
+#include "nccl_comm.hpp"
+#include "world.hpp"
+
+namespace burstlab::nccl {
+namespace {
+
+bool require_gpu_env() {
+  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
+  return e && std::strcmp(e, "0") != 0 && *e;
+}
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    if (device_count() < 1) {                                                                  \
+      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no CUDA device is visible"; \
+      GTEST_SKIP() << "no CUDA GPU; set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
+    }                                                                                          \
+  } while (0)
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(NcclFlags, ParseInjection) {
+  const Injection a = parse_injection("1:3");
+  EXPECT_EQ(a.rank, 1);
+  EXPECT_EQ(a.step, 3);
+  EXPECT_FALSE(a.hang);
+  const Injection b = parse_injection("0:0:hang");
+  EXPECT_EQ(b.rank, 0);
+  EXPECT_TRUE(b.hang);
+  for (const char* bad : {"", "1", "x:1", "1:y", "1:2:sleep", "-1:0", "1:-2", "1:2x"}) {
+    const std::string m = message_of([&] { parse_injection(bad); });
+    EXPECT_NE(m.find("inject-failure ("), std::string::npos) << bad << " -> " << m;
+  }
+}
+
+TEST(NcclFlags, NodesOf) {
+  EXPECT_EQ(nodes_of(4, 2, {}), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(nodes_of(3, 0, {}), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(nodes_of(4, 0, {"b", "a", "b", "c"}), (std::vector<int>{0, 1, 0, 2}));
+  EXPECT_NE(message_of([] { nodes_of(6, 4, {}); }).find("gpus-per-node (4) must divide world (6)"), std::string::npos);
+}
+
+TEST(NcclWorld, MoreRanksThanGpusIsRefused) {
+  const int n = device_count();
+  const std::string m = message_of([&] { ThreadWorld w(n + 1, NcclOptions{}); });
+  EXPECT_NE(m.find("world (" + std::to_string(n + 1) + ") needs"), std::string::npos) << m;
+  EXPECT_NE(m.find("mpirun"), std::string::npos) << m;
+}
+
+struct DeviceBytes {
+  explicit DeviceBytes(size_t n) : n(n) { EXPECT_EQ(cudaMalloc(&p, n), cudaSuccess); }
+  ~DeviceBytes() { cudaFree(p); }
+  std::vector<unsigned char> host() const {
+    std::vector<unsigned char> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  void* p = nullptr;
+  size_t n;
+};
+
+TEST(NcclWorld, OneRankSendsToItselfInABatch) {
+  REQUIRE_GPU();
+  NcclOptions o;
+  o.timeout_s = 30;
+  ThreadWorld w(1, o);
+  w.run([](NcclComm& c) {
+    const size_t n = 1 << 20;
+    DeviceBytes a(n), b(n);
+    std::vector<unsigned char> pattern(n);
+    for (size_t i = 0; i < n; ++i) pattern[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+    ASSERT_EQ(cudaMemcpy(a.p, pattern.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(b.p, 0xff, n), cudaSuccess);
+    c.set_context(Phase::Forward, 2);
+    std::vector<RequestPtr> reqs;
+    c.begin_batch();
+    reqs.push_back(c.irecv(b.p, int64_t(n), 0, 5, "K"));
+    reqs.push_back(c.isend(a.p, int64_t(n), 0, 5, "K"));
+    c.end_batch();
+    dist::wait_all(reqs);
+    EXPECT_EQ(b.host(), pattern);
+    // Logged as SimComm logs: both ends, the batch, the phase and step.
+    ASSERT_EQ(c.log().size(), 2u);
+    for (const dist::Transfer& t : c.log()) {
+      EXPECT_EQ(t.bytes, int64_t(n));
+      EXPECT_EQ(t.phase, Phase::Forward);
+      EXPECT_EQ(t.step, 2);
+      EXPECT_GE(t.batch, 0);
+      EXPECT_EQ(t.what, "K");
+    }
+    EXPECT_EQ(dist::totals(c.log(), Phase::Forward).sent, int64_t(n));
+    EXPECT_EQ(c.exposed().size(), 2u);
+    // A message outside a batch is a group of one; zero bytes move nothing and complete.
+    RequestPtr r0 = c.irecv(b.p, 0, 0, 6, "empty");
+    RequestPtr s0 = c.isend(a.p, 0, 0, 6, "empty");
+    r0->wait();
+    s0->wait();
+    c.barrier();
+  });
+}
+
+TEST(NcclWorld, WatchdogEndsAWaitThatCannotComplete) {
+  REQUIRE_GPU();
+  NcclOptions o;
+  o.timeout_s = 2;
+  ThreadWorld w(1, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string m;
+  try {
+    w.run([](NcclComm& c) {
+      DeviceBytes b(4096);
+      c.set_context(Phase::Backward, 3);
+      RequestPtr r = c.irecv(b.p, 4096, 0, 9, "dK");  // no send will ever match it
+      r->wait();
+    });
+  } catch (const Error& e) {
+    m = e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("receive of dK from rank 0 (4096 bytes)"), std::string::npos) << m;
+  EXPECT_NE(m.find("backward step 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("timeout of 2.0 s"), std::string::npos) << m;
+  EXPECT_LT(s, 30.0) << "the watchdog took " << s << " s for a 2 s timeout";
+  EXPECT_TRUE(w.comm(0).aborted());
+  // The aborted communicator refuses, naming why.
+  const std::string again = message_of([&] { w.run([](NcclComm& c) { c.barrier(); }); });
+  EXPECT_NE(again.find("aborted communicator"), std::string::npos) << again;
+}
+
+TEST(NcclWorld, InjectedFailureNamesTheRankAndStep) {
+  REQUIRE_GPU();
+  NcclOptions o;
+  o.timeout_s = 30;
+  o.inject = parse_injection("0:1");
+  ThreadWorld w(1, o);
+  const std::string m = message_of([&] {
+    w.run([](NcclComm& c) {
+      DeviceBytes b(64);
+      c.set_context(Phase::Forward, 0);
+      RequestPtr a = c.isend(b.p, 0, 0, 1, "Q");  // step 0: fine
+      a->wait();
+      c.set_context(Phase::Forward, 1);
+      RequestPtr r = c.isend(b.p, 64, 0, 1, "Q");
+    });
+  });
+  EXPECT_NE(m.find("rank 0: send of Q to rank 0 (64 bytes) (--inject-failure 0:1)"), std::string::npos) << m;
+  EXPECT_NE(m.find("forward step 1: injected failure"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace burstlab::nccl
