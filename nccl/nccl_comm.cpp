@@ -61,6 +61,8 @@ std::vector<char> new_unique_id() {
 struct NcclComm::Group {
   cudaEvent_t done = nullptr;
   bool ended = false;
+  std::string ops;  // the first operations posted in it, for messages
+  int n_ops = 0;
   ~Group() {
     if (done) cudaEventDestroy(done);
   }
@@ -159,6 +161,9 @@ void NcclComm::abort(const std::string& why) {
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = why;
+  // Close this thread's NCCL group first (its depth is per thread; the comm must still exist).
+  if (group_started_) ncclGroupEnd();
+  group_started_ = false;
   if (comm_) ncclCommAbort(comm_);
   comm_ = nullptr;
 }
@@ -237,6 +242,8 @@ RequestPtr NcclComm::post(bool send, void* buf, int64_t bytes, int peer, int tag
   const bool own = !open_;  // outside a batch: a group of one
   if (own) begin_batch();
   std::shared_ptr<Group> g = open_;
+  if (g->n_ops++ < 2) g->ops += (g->ops.empty() ? "" : ", ") + op;
+  else if (g->n_ops == 3) g->ops += ", ...";
   const ncclResult_t r = send ? ncclSend(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_))
                               : ncclRecv(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_));
   if (!posted(r)) fail_op(op, std::string("NCCL error: ") + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")");
@@ -260,15 +267,20 @@ void NcclComm::begin_batch() {
   BURSTLAB_CUDA_CALL(cudaEventCreateWithFlags(&open_->done, cudaEventDisableTiming));
   const ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) fail_op("ncclGroupStart", ncclGetErrorString(r));
+  group_started_ = true;
 }
 
 void NcclComm::end_batch() {
   Communicator::end_batch();
   std::shared_ptr<Group> g = std::move(open_);
-  check_usable("end_batch");
+  // Closing a batch while an error unwinds (the Batch guard) must not throw: the communicator is
+  // aborted already and the error that aborted it is on its way.
+  if (aborted_) return;
+  group_started_ = false;
+  const std::string op = "the batch of " + (g->ops.empty() ? std::string("no transfers") : g->ops);
   const ncclResult_t r = ncclGroupEnd();
-  if (!posted(r)) fail_op("ncclGroupEnd", std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
-  settle("posting a batch (ncclGroupEnd)");
+  if (!posted(r)) fail_op(op, std::string("ncclGroupEnd: ") + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")");
+  settle(op);
   BURSTLAB_CUDA_CALL(cudaEventRecord(g->done, as_stream(stream_)));
   g->ended = true;
 }

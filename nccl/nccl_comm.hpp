@@ -124,6 +124,7 @@ class NcclComm : public Communicator {
   std::shared_ptr<Group> open_;  // the batch being posted
   bool aborted_ = false;
   bool injected_ = false;
+  bool group_started_ = false;  // ncclGroupStart called, ncclGroupEnd not yet
   std::string abort_reason_;
   std::vector<Exposed> exposed_;
 };

@@ -82,6 +82,7 @@ expect_failure() {  # name, timeout bound (s), pattern..., --, command
   [ $t -le "$bound" ] || ok=0
   for p in "${pats[@]}"; do grep -q -- "$p" "$log" || ok=0; done
   if [ $ok = 1 ]; then echo "pass $name (exit $rc after ${t}s)"; passed=$((passed + 1))
+       grep -E 'error|rank [0-9]' "$log" | sed 's/^/    /' | head -12
   else echo "FAIL $name (exit $rc after ${t}s; expected non-zero within ${bound}s and: ${pats[*]})"
        sed 's/^/    /' "$log" | tail -30; failures=$((failures + 1)); fi
 }

@@ -1,8 +1,8 @@
 // tests/nccl/test_nccl.cpp — NcclComm (nccl/, spec §7.4): the flags and topology helpers on any
 // machine; on a GPU, a world of one rank: batches of sends and receives move bytes and are logged
-// like SimComm's, the watchdog ends a wait that can never complete within its timeout with a
-// message naming the rank, the operation, the phase and the step, and an aborted communicator
-// refuses further calls. Without a GPU the GPU tests skip; BURSTLAB_REQUIRE_GPU=1 fails them.
+// like SimComm's, NCCL's refusal of an unmatched receive becomes an error, the watchdog ends a
+// wait at its timeout with a message naming the rank, the operation, the phase and the step, and
+// an aborted communicator refuses further calls. Without a GPU the GPU tests skip; BURSTLAB_REQUIRE_GPU=1 fails them.
 // Two or more ranks run under mpirun (tests/nccl/mpi_nccl.sh).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -121,33 +121,54 @@ TEST(NcclWorld, OneRankSendsToItselfInABatch) {
   });
 }
 
-TEST(NcclWorld, WatchdogEndsAWaitThatCannotComplete) {
+TEST(NcclWorld, UnmatchedSelfReceiveIsAnErrorNotAHang) {
   REQUIRE_GPU();
   NcclOptions o;
-  o.timeout_s = 2;
+  o.timeout_s = 30;
   ThreadWorld w(1, o);
-  const auto t0 = std::chrono::steady_clock::now();
   std::string m;
   try {
     w.run([](NcclComm& c) {
       DeviceBytes b(4096);
       c.set_context(Phase::Backward, 3);
-      RequestPtr r = c.irecv(b.p, 4096, 0, 9, "dK");  // no send will ever match it
+      RequestPtr r = c.irecv(b.p, 4096, 0, 9, "dK");  // NCCL refuses a receive from itself with no send
       r->wait();
     });
   } catch (const Error& e) {
     m = e.what();
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
-  EXPECT_NE(m.find("receive of dK from rank 0 (4096 bytes)"), std::string::npos) << m;
-  EXPECT_NE(m.find("backward step 3"), std::string::npos) << m;
-  EXPECT_NE(m.find("timeout of 2.0 s"), std::string::npos) << m;
-  EXPECT_LT(s, 30.0) << "the watchdog took " << s << " s for a 2 s timeout";
+  EXPECT_NE(m.find("rank 0: the batch of receive of dK from rank 0 (4096 bytes) in backward step 3: NCCL error"),
+            std::string::npos)
+      << m;
   EXPECT_TRUE(w.comm(0).aborted());
-  // The aborted communicator refuses, naming why.
   const std::string again = message_of([&] { w.run([](NcclComm& c) { c.barrier(); }); });
   EXPECT_NE(again.find("aborted communicator"), std::string::npos) << again;
+}
+
+// A rank that stops communicating (injected hang): its own wait ends at the timeout with the
+// rank, the operation, the phase and the step; with peers, theirs do too (mpi_nccl.sh).
+TEST(NcclWorld, WatchdogEndsAWaitAtTheTimeout) {
+  REQUIRE_GPU();
+  NcclOptions o;
+  o.timeout_s = 2;
+  o.inject = parse_injection("0:4:hang");
+  ThreadWorld w(1, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = message_of([&] {
+    w.run([](NcclComm& c) {
+      DeviceBytes b(4096);
+      c.set_context(Phase::Forward, 4);
+      RequestPtr r = c.irecv(b.p, 4096, 0, 9, "V");
+    });
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(m.find("rank 0: receive of V from rank 0 (4096 bytes) (--inject-failure 0:4:hang), hanging in forward "
+                   "step 4: did not complete within the timeout of 2.0 s"),
+            std::string::npos)
+      << m;
+  EXPECT_GE(s, 1.9);
+  EXPECT_LT(s, 30.0) << "the watchdog took " << s << " s for a 2 s timeout";
+  EXPECT_TRUE(w.comm(0).aborted());
 }
 
 TEST(NcclWorld, InjectedFailureNamesTheRankAndStep) {
