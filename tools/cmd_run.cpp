@@ -110,6 +110,9 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       "  burstlab run --mask causal+document:3+block:64x64@0.5 --values large --pass bwd -v\n"
       "  burstlab run --impl cpu --br 17 --bc 33 --threads 1 --repeat 5 --json\n"
       "  burstlab run --impl cpu --hq 1 --hkv 1 -d 16 --nq 200000 --nk 200000 --mask causal --check-rows 64\n"
+      "  burstlab run --impl cpu --algo ring,burst --single --world 4 --partition zigzag --mask causal\n"
+      "  burstlab run --impl cuda --algo burst --transport nccl --world 2 --dtype bf16 --mask causal --partition zigzag\n"
+      "  mpirun -np 2 burstlab run --impl cuda --algo ring,burst --transport nccl --single --dtype bf16 --repeat 5\n"
       "Mask grammar: parts joined by '+': none | causal | window:L,R | document[:n] |\n"
       "block[:BQxBK[@density]]. Rows: one per impl x pass, numbers = worst over its tensors.");
 
@@ -187,7 +190,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
                     static_cast<long long>(cs.pass.bwd ? n_cols : 0), static_cast<long long>(all_cols),
                     cs.pass.bwd ? "; dK, dV from the run's own LSE and O" : "");
     }
-    const bool extra_ok = hooks.after_run ? hooks.after_run(header, r.json) : true;  // distributed/
+    const bool extra_ok = hooks.after_run ? hooks.after_run(header, r.json, rs) : true;  // distributed/
     const int rc = report(rs, r, false, header);
     return extra_ok ? rc : kExitFail;
   };

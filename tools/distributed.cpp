@@ -1,6 +1,7 @@
 // tools/distributed.cpp — `burstlab run --algo ...` and `burstlab schedule` (spec §7).
 #include "distributed.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -43,7 +44,22 @@ struct DistFlags {
   std::string transport = "sim";  // sim (SimComm) | nccl (NcclComm, a rank per GPU)
   double timeout = 120.0;         // nccl: the watchdog's bound on one wait (s)
   std::string inject;             // nccl: --inject-failure RANK:STEP[:hang]
+  bool single = false;            // --single: also the whole problem on one device
 };
+
+// "ring,burst" -> {"ring", "burst"}
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size() && !s.empty()) {
+    const size_t c = s.find(',', at);
+    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
+    if (!part.empty()) out.push_back(part);
+    if (c == std::string::npos) break;
+    at = c + 1;
+  }
+  return out;
+}
 
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
@@ -69,7 +85,7 @@ struct DistReport {
   std::vector<std::vector<dist::Transfer>> logs;
   bool fwd = false, bwd = false;
   std::string transport = "SimComm";
-  std::vector<double> exposed_fwd, exposed_bwd;  // nccl: ms per rank blocked in waits
+  std::vector<std::vector<double>> exposed_fwd, exposed_bwd;  // nccl: [rank][step] ms blocked in waits
 };
 
 struct DistState {
@@ -157,7 +173,8 @@ namespace {
 
 template <class T>
 Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistState> st,
-                   const std::string& name, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
+                   const DistFlags& f, const std::string& name, std::unique_ptr<Engine<T>> engine,
+                   const EngineMakers& mk) {
   struct S {
     std::unique_ptr<Engine<T>> engine;
     std::unique_ptr<dist::Session<T>> session;
@@ -167,9 +184,9 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     dist::DistResult<T> result() const { return session->result(); }
   };
 #ifdef BURSTLAB_HAVE_NCCL
-  if (st->f.transport == "nccl") {
+  if (f.transport == "nccl") {
     engine.reset();  // each rank makes its own, on its own GPU
-    auto nd = std::make_shared<NcclDist>(nccl_dist(p, in, opt, options_of(st->f), mk, {st->f.timeout, st->f.inject}));
+    auto nd = std::make_shared<NcclDist>(nccl_dist(p, in, opt, options_of(f), mk, {f.timeout, f.inject}));
     DistReport rep;
     rep.impl = name;
     rep.dtype = in.dtype;
@@ -198,7 +215,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   (void)opt;
   auto s = std::make_shared<S>();
   s->engine = std::move(engine);
-  dist::AlgoOptions o = options_of(st->f);
+  dist::AlgoOptions o = options_of(f);
   o.sim.memory.copy = mk.copy;  // where the engine's buffers live, for the transport
   o.sim.memory.poison = mk.poison;
   s->session = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
@@ -242,8 +259,8 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   return r;
 }
 
-Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
-  const DistFlags& f = st->f;
+// `base` run distributed with one algorithm of --algo (f.algo is that one name).
+Impl wrap(const Impl& base, std::shared_ptr<DistState> st, const DistFlags& f) {
   Impl m;
   m.name = f.algo + "/" + base.name;
   m.about = f.algo + " attention on " + (f.transport == "nccl" ? "NCCL" : "SimComm") + ", G=" +
@@ -251,58 +268,107 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st) {
   m.dtypes = base.engines.dtypes();
   m.suite_dtypes = m.dtypes;
   m.has_backward = true;
-  m.check = [base, st](const Problem& p, Dtype dtype, const ImplOptions& opt) {
+  m.check = [base, f](const Problem& p, Dtype dtype, const ImplOptions& opt) {
     if (base.check) base.check(p, dtype, opt);
-    dist::make_plan(p, options_of(st->f));  // the algorithm's requirements: partitions, heads, grid, mask
+    dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
   m.footprint = distributed_footprint(f.algo, world_of(f));  // per-rank copies (resources.hpp)
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
-  m.prepare = [st, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
+  m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
     switch (in.dtype) {
-      case Dtype::F64: return dist_runner<double>(p, in, opt, st, name, mk.f64(opt), mk);
-      case Dtype::F32: return dist_runner<float>(p, in, opt, st, name, mk.f32(opt), mk);
-      case Dtype::BF16: return dist_runner<bf16_t>(p, in, opt, st, name, mk.bf16(opt), mk);
+      case Dtype::F64: return dist_runner<double>(p, in, opt, st, f, name, mk.f64(opt), mk);
+      case Dtype::F32: return dist_runner<float>(p, in, opt, st, f, name, mk.f32(opt), mk);
+      case Dtype::BF16: return dist_runner<bf16_t>(p, in, opt, st, f, name, mk.bf16(opt), mk);
       case Dtype::F16: break;
     }
-    return dist_runner<f16_t>(p, in, opt, st, name, mk.f16(opt), mk);
+    return dist_runner<f16_t>(p, in, opt, st, f, name, mk.f16(opt), mk);
   };
   return m;
 }
 
-// Bytes per rank per phase, measured on SimComm, next to the closed forms of spec §7.5.
-// Returns false when any measured count differs from its closed form.
-bool bytes_report(const DistState& st, Json& header, bool json) {
+double sum(const std::vector<double>& v) {
+  double t = 0;
+  for (double x : v) t += x;
+  return t;
+}
+
+// The checked, timed row of `run` for (impl, dtype, pass); null when absent or failed.
+const Result* find_row(const std::vector<Result>& rs, const std::string& impl, Dtype dtype, const char* pass) {
+  for (const Result& r : rs)
+    if (r.impl == impl && r.dtype == dtype && r.pass == pass) return r.error.empty() ? &r : nullptr;
+  return nullptr;
+}
+
+// Bytes per rank per phase, measured by the transport, next to the closed forms of spec §7.5,
+// with each rank's send rate over the pass and its exposed communication (NCCL); then, with
+// --single, the scaling table. Returns false when any measured count differs from its closed form.
+bool bytes_report(const DistState& st, Json& header, bool json, const std::vector<Result>& rs) {
   if (st.reports.empty()) return true;
+  const bool nccl = st.f.transport == "nccl";
   Table t;
   t.columns = {{"impl", "impl", true},          {"dtype", "dtype", true},
                {"rank", "rank"},                {"phase", "phase", true},
                {"link", "link", true},          {"sent", "sent(B)"},
                {"sent_closed_form", "=§7.5(B)"}, {"recv", "recv(B)"},
                {"recv_closed_form", "=§7.5(B)"}, {"match", "match", true},
+               {"sent_inter", "inter(B)"},      {"send_rate_GBps", "GB/s"},
                {"exposed_ms", "exposed(ms)"}};
+  Table sc;  // scaling: one device vs the distributed run, same problem, same run
+  sc.columns = {{"impl", "impl", true},         {"dtype", "dtype", true},   {"pass", "pass", true},
+                {"single_ms", "1 device(ms)"},  {"dist_ms", "G ranks(ms)"}, {"speedup", "T1/TG"},
+                {"exposed_ms", "exposed(ms)"},  {"exposed_pct", "exposed(%)"}};
+  Json exposed_steps = Json::array();
   bool ok = true;
   for (const DistReport& r : st.reports) {
     // Inputs in the storage type, statistics and gradients in its accumulation type (spec §9.1).
     const dist::ElemBytes eb(bytes_of(r.dtype), bytes_of(accumulator_of(r.dtype)));
+    const std::string base = r.impl.substr(r.impl.find('/') + 1);
+    double t1_sum = 0, tg_sum = 0, ex_sum = 0;
+    int passes = 0;
     for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
       if ((ph == dist::Phase::Forward && !r.fwd) || (ph == dist::Phase::Backward && !r.bwd)) continue;
+      const char* pass = ph == dist::Phase::Forward ? "fwd" : "bwd";
+      const Result* row = find_row(rs, r.impl, r.dtype, pass);
+      const auto& ex = ph == dist::Phase::Forward ? r.exposed_fwd : r.exposed_bwd;
+      double ex_max = 0;  // the rank that waited longest
       for (int k = 0; k < r.plan.qp.G; ++k) {
         const dist::ByteTotals b = dist::totals(r.logs.at(k), ph);
+        const int64_t inter = dist::totals(r.logs.at(k), ph, -1, static_cast<int>(dist::Link::Inter)).sent;
         const int64_t cs = dist::plan_bytes(r.plan, ph, k, true, eb);
         const int64_t cr = dist::plan_bytes(r.plan, ph, k, false, eb);
         const bool match = b.sent == cs && b.recv == cr;
         ok = ok && match;
         const int G = r.plan.qp.G, g = st.f.gpus_per_node;
         const bool ring_like = r.plan.o.algo == "ring" || r.plan.o.algo == "burst";  // one link per direction
-        const bool inter = g > 0 && k / g != ((k + 1) % G) / g;
-        const std::vector<double>& ex = ph == dist::Phase::Forward ? r.exposed_fwd : r.exposed_bwd;
+        const bool inter_link = g > 0 && k / g != ((k + 1) % G) / g;
+        const bool has_ex = k < static_cast<int>(ex.size());
+        if (has_ex) ex_max = std::max(ex_max, sum(ex[k]));
         t.add({text(r.impl), text(to_string(r.dtype)), integer(k), text(dist::to_string(ph)),
-               text(G == 1 || !ring_like ? "-" : inter ? "inter" : "intra"), integer(b.sent), integer(cs), integer(b.recv),
-               integer(cr), text(match ? "yes" : "NO"),
-               k < static_cast<int>(ex.size()) ? number(ex[k], "%.3f") : text("-")});
+               text(G == 1 || !ring_like ? "-" : inter_link ? "inter" : "intra"), integer(b.sent), integer(cs),
+               integer(b.recv), integer(cr), text(match ? "yes" : "NO"), integer(inter),
+               row && row->ms > 0 ? number(double(b.sent) / (row->ms * 1e6), "%.2f") : text("-"),
+               has_ex ? number(sum(ex[k]), "%.3f") : text("-")});
+        if (has_ex)
+          exposed_steps.push_back({{"impl", r.impl}, {"dtype", to_string(r.dtype)}, {"phase", dist::to_string(ph)},
+                                   {"rank", k}, {"ms_per_step", ex[k]}});
+      }
+      const Result* one = find_row(rs, base, r.dtype, pass);
+      if (one && row) {
+        const bool has_ex = !ex.empty();
+        sc.add({text(r.impl), text(to_string(r.dtype)), text(pass), number(one->ms, "%.3f"), number(row->ms, "%.3f"),
+                number(one->ms / row->ms, "%.3f"), has_ex ? number(ex_max, "%.3f") : text("-"),
+                has_ex ? number(100.0 * ex_max / row->ms, "%.1f") : text("-")});
+        t1_sum += one->ms;
+        tg_sum += row->ms;
+        ex_sum += ex_max;
+        ++passes;
       }
     }
+    if (passes == 2)
+      sc.add({text(r.impl), text(to_string(r.dtype)), text("fwd+bwd"), number(t1_sum, "%.3f"), number(tg_sum, "%.3f"),
+              number(t1_sum / tg_sum, "%.3f"), nccl ? number(ex_sum, "%.3f") : text("-"),
+              nccl ? number(100.0 * ex_sum / tg_sum, "%.1f") : text("-")});
   }
   header["distributed"] = {{"algo", st.f.algo},
                            {"world", world_of(st.f)},
@@ -311,13 +377,21 @@ bool bytes_report(const DistState& st, Json& header, bool json) {
                            {"transport", st.reports.front().transport},
                            {"bytes", t.json()},
                            {"bytes_match_closed_forms", ok}};
+  if (!sc.rows.empty()) header["distributed"]["scaling"] = sc.json();
+  if (!exposed_steps.empty()) header["distributed"]["exposed"] = exposed_steps;
   if (!json) {
     std::printf("distributed: %s, G=%d, partition %s, %s%s%s; bytes per rank per phase vs spec §7.5%s:\n",
                 st.f.algo.c_str(), world_of(st.f), st.f.partition.c_str(), st.reports.front().transport.c_str(),
                 st.f.poison ? " (poison)" : "", st.f.reorder ? " (reorder)" : "",
-                st.f.transport == "nccl" ? "; exposed = host ms blocked in waits after the step's compute" : "");
+                nccl ? "; GB/s = sent bytes / pass time; exposed = host ms blocked in waits after the step's compute" : "");
     t.print(stdout);
     if (!ok) std::printf("FAIL: measured bytes differ from the closed forms of spec §7.5\n");
+    if (!sc.rows.empty()) {
+      std::printf("\nscaling (--single): the whole problem on one device vs G ranks, best of --repeat; exposed: the "
+                  "rank that waited longest, of its latest pass%s\n",
+                  nccl ? "" : " (SimComm: not measured)");
+      sc.print(stdout);
+    }
     std::printf("\n");
   }
   return ok;
@@ -609,18 +683,34 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   run.add_option("--inject-failure", st->f.inject,
                  "nccl: RANK:STEP makes that rank fail at its first transfer of forward step STEP; RANK:STEP:hang "
                  "makes it stop communicating instead (the others' watchdogs fire); tests the failure paths");
+  run.add_flag("--single", st->f.single,
+               "--algo: also run each engine implementation on the whole problem on one device, and print the "
+               "scaling table (time on one device / time distributed, per pass and fwd+bwd, with the exposed "
+               "communication)");
   run.add_flag("--poison", st->f.poison, "SimComm: NaN-fill receive buffers and consumed send buffers");
   run.add_flag("--reorder", st->f.reorder, "SimComm: complete transfers in a random order");
   hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {
+    // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
+    std::vector<DistFlags> per_algo;
+    for (const std::string& a : split_list(st->f.algo)) {
+      DistFlags fa = st->f;
+      fa.algo = a;
+      options_of(fa);
+      per_algo.push_back(fa);
+    }
+    if (!st->f.algo.empty() && per_algo.empty()) fail("algo (", st->f.algo, ") names no algorithm");
     std::vector<Impl> out;
     for (const Impl* m : impls) {
       // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).
       const bool fits = st->f.transport != "nccl" || static_cast<bool>(m->engines.copy);
-      if (!st->f.algo.empty() && m->engines.any() && fits) out.push_back(wrap(*m, st));
-      else out.push_back(*m);
+      if (per_algo.empty() || !m->engines.any() || !fits) {
+        out.push_back(*m);
+        continue;
+      }
+      if (st->f.single) out.push_back(*m);  // the whole problem on one device, for the scaling table
+      for (const DistFlags& fa : per_algo) out.push_back(wrap(*m, st, fa));
     }
     if (!st->f.algo.empty()) {
-      options_of(st->f);  // validates the flags before anything runs
       bool any = false;
       for (const Impl& m : out) any = any || m.name.find('/') != std::string::npos;
       if (!any) {
@@ -633,7 +723,9 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
     }
     return out;
   };
-  hooks.after_run = [st](Json& header, bool json) { return st->f.algo.empty() || bytes_report(*st, header, json); };
+  hooks.after_run = [st](Json& header, bool json, const std::vector<Result>& rs) {
+    return st->f.algo.empty() || bytes_report(*st, header, json, rs);
+  };
   add_schedule_command(app);
   add_simulate_command(app);  // tools/cmd_simulate.cpp
 }

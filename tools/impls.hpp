@@ -20,6 +20,8 @@
 
 namespace burstlab::tools {
 
+struct Result;  // common.hpp: one checked, timed row of `run`
+
 // Knobs an implementation may honour. 0 = the implementation's default.
 struct ImplOptions {
   int64_t Br = 0;  // query rows per tile (--br)
@@ -93,9 +95,10 @@ std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
 // implementations through it (e.g. "cpu" -> "ring/cpu P=4") before checking them.
 struct RunHooks {
   std::function<std::vector<Impl>(const std::vector<const Impl*>&)> wrap_impls;
-  // Called by `run` after its header line, before the result table: may add to the JSON header
-  // and print its own table (bytes per rank vs spec §7.5); false makes the exit code 1.
-  std::function<bool(Json& header, bool json)> after_run;
+  // Called by `run` after its header line, before the result table, with the results: may add to
+  // the JSON header and print its own tables (bytes per rank vs spec §7.5, scaling); false makes
+  // the exit code 1.
+  std::function<bool(Json& header, bool json, const std::vector<Result>& results)> after_run;
 };
 
 }  // namespace burstlab::tools

@@ -40,10 +40,14 @@ void keep_phase(std::vector<dist::Transfer>& keep, dist::Communicator& c, dist::
   keep = std::move(out);
   c.clear_log();
 }
-double exposed_of(nccl::NcclComm& c, dist::Phase phase) {
-  double ms = 0;
+// ms blocked in waits per step of `phase` (index = step).
+std::vector<double> exposed_of(nccl::NcclComm& c, dist::Phase phase) {
+  std::vector<double> ms;
   for (const auto& e : c.exposed())
-    if (e.phase == phase) ms += e.ms;
+    if (e.phase == phase && e.step >= 0) {
+      if (ms.size() <= size_t(e.step)) ms.resize(size_t(e.step) + 1, 0.0);
+      ms[size_t(e.step)] += e.ms;
+    }
   return ms;
 }
 // ---- byte images of one rank's outputs and log, for MPI's all-gather
@@ -115,7 +119,7 @@ class Driver {
   virtual ~Driver() = default;
   virtual void pass(dist::Phase phase) = 0;
   virtual dist::DistResult<T> result() = 0;  // every rank's outputs and logs
-  virtual std::vector<double> exposed(dist::Phase phase) = 0;
+  virtual std::vector<std::vector<double>> exposed(dist::Phase phase) = 0;  // [rank][step] ms
   dist::Plan plan;
   std::string launch;
 };
@@ -180,8 +184,8 @@ class ThreadDriver : public Driver<T> {
     res.logs = logs_;
     return res;
   }
-  std::vector<double> exposed(dist::Phase phase) override {
-    std::vector<double> ms;
+  std::vector<std::vector<double>> exposed(dist::Phase phase) override {
+    std::vector<std::vector<double>> ms;
     for (int r = 0; r < world_.size(); ++r) ms.push_back(exposed_of(world_.comm(r), phase));
     return ms;
   }
@@ -259,15 +263,13 @@ class MpiDriver : public Driver<T> {
     }
     return res;
   }
-  std::vector<double> exposed(dist::Phase phase) override {
-    const double mine = exposed_of(w_.comm(), phase);
-    std::vector<char> b(sizeof mine);
-    std::memcpy(b.data(), &mine, sizeof mine);
-    std::vector<double> ms;
+  std::vector<std::vector<double>> exposed(dist::Phase phase) override {
+    std::vector<char> b;
+    put(b, exposed_of(w_.comm(), phase));
+    std::vector<std::vector<double>> ms;
     for (const auto& x : w_.allgather(b)) {
-      double v = 0;
-      std::memcpy(&v, x.data(), sizeof v);
-      ms.push_back(v);
+      size_t at = 0;
+      ms.push_back(take<double>(x, at));
     }
     return ms;
   }

@@ -25,10 +25,11 @@ struct NcclDist {
   dist::Plan plan;
   std::string launch;        // "threads, 2 GPUs" or "mpirun, 2 processes"
   // Every rank's transfer log (the latest pass of each phase, as of the latest fetch) and the
-  // host time each rank spent blocked in waits per phase (ms): the communication its compute did
-  // not hide. Under mpirun exposed_ms is a collective: every process calls it in the same order.
+  // host time each rank spent blocked in waits in each step of a phase's latest pass, [rank][step]
+  // in ms: the communication its compute did not hide. Under mpirun exposed_ms is a collective:
+  // every process calls it in the same order.
   std::function<std::vector<std::vector<dist::Transfer>>()> logs;
-  std::function<std::vector<double>(dist::Phase)> exposed_ms;
+  std::function<std::vector<std::vector<double>>(dist::Phase)> exposed_ms;
 };
 
 // o.world ranks: under mpirun the MPI size (o.world must equal it), else threads of this

@@ -70,6 +70,11 @@ for algo in ring burst double-ring distflash attention2d attention2d-o ulysses a
   done
 done
 
+# The benchmark's form: two algorithms next to the single kernel, the scaling table in the JSON.
+check_run "mpirun np=$np ring,burst --single --json" sh -c '"$@" | tee /dev/stderr | grep -q "\"speedup\""' sh \
+  "${launch[@]}" "$bin" run --transport nccl --algo ring,burst --single --repeat 2 --json "${shape[@]}" --dtype bf16 \
+  --partition zigzag --mask causal
+
 # 3. failures end every rank, with the message, within the timeout.
 expect_failure() {  # name, timeout bound (s), pattern..., --, command
   local name=$1 bound=$2; shift 2
