@@ -227,10 +227,14 @@ AttentionOps<T> reference_attention() {
 
 namespace {
 
+// A thread team only when there is enough work: small products (the tests' layers) would pay a
+// team's start and barrier per call, and far more on a loaded machine. Bits do not depend on it.
+inline bool worth_threads(int64_t m, int64_t k, int64_t n) { return double(m) * double(k) * double(n) >= 1 << 20; }
+
 // C (m, n) = A (m, k) B (k, n). Row i of C by one thread, c_ij summed over k in order.
 template <class T>
 void matmul(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(m, k, n))
   for (int64_t i = 0; i < m; ++i) {
     T* c = C + i * n;
     for (int64_t j = 0; j < n; ++j) c[j] = T(0);
@@ -244,7 +248,7 @@ void matmul(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
 // C (k, n) = A^T B with A (m, k), B (m, n): a weight gradient, summed over the m tokens in order.
 template <class T>
 void matmul_tn(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(m, k, n))
   for (int64_t t = 0; t < k; ++t) {
     T* c = C + t * n;
     for (int64_t j = 0; j < n; ++j) c[j] = T(0);
@@ -258,7 +262,7 @@ void matmul_tn(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
 // C (m, k) = A B^T with A (m, n), B (k, n): a gradient through a weight.
 template <class T>
 void matmul_nt(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(m, k, n))
   for (int64_t i = 0; i < m; ++i)
     for (int64_t t = 0; t < k; ++t) {
       const T* a = A + i * n;

@@ -322,8 +322,9 @@ int run_checkpoint(const CkptFlags& f) {
   std::printf("\nBurstEngine §3.2: full checkpointing vs selective checkpointing++ vs sequence-level selective\n"
               "checkpointing, per GPU (the busiest), striped, causal, the later half of each GPU's rows kept (eq. 11.11-11.13):\n");
   tb.print(stdout);
-  std::printf("(paper: Table 2, 14B, 1M tokens, 32 x A800, as printed (GB; the PyTorch counters it reads are GiB);\n"
-              " its totals include weights, optimizer and buffers we do not model, so compare the differences.\n"
+  std::printf("(paper: Table 2, 14B, 1M tokens, 32 x A800, as printed; its GB are GiB (BurstEngine's training script\n"
+              " divides torch.cuda.max_memory_allocated() by 1024^3); its totals include weights, optimizer state and\n"
+              " buffers the model leaves out, so compare the differences.\n"
               " Figure 7 compares the strategies at 7B and 14B only as a plot; our copy of the paper has no values from it.)\n");
   if (!all_ok) std::printf("FAIL: a placement's gradients, bytes or the reference comparison differ (above)\n");
   return all_ok ? kExitPass : kExitFail;

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -125,6 +126,12 @@ struct FdCase {
   std::string mask;
   int64_t B, H_q, H_kv, N, d, D, F;
 };
+std::string case_name(const ::testing::TestParamInfo<FdCase>& info) {
+  std::string m = info.param.mask;
+  for (char& c : m)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return m + "_Hq" + std::to_string(info.param.H_q) + "_Hkv" + std::to_string(info.param.H_kv);
+}
 class LayerFiniteDiff : public ::testing::TestWithParam<FdCase> {};
 
 TEST_P(LayerFiniteDiff, ReferenceGradients) {
@@ -148,7 +155,8 @@ TEST_P(LayerFiniteDiff, ReferenceGradients) {
 INSTANTIATE_TEST_SUITE_P(Layer, LayerFiniteDiff,
                          ::testing::Values(FdCase{"causal", 2, 4, 2, 7, 3, 6, 10},
                                            FdCase{"causal+document:3", 1, 2, 1, 9, 4, 5, 7},
-                                           FdCase{"window:2,1", 1, 3, 3, 8, 2, 4, 6}));
+                                           FdCase{"window:2,1", 1, 3, 3, 8, 2, 4, 6}),
+                         case_name);
 
 // cpu/ in fp64 computes the same function: every gradient within 1e-10 of the oracle's scale
 // (fp64 sums of at most ~100 terms through a dozen dependent steps: errors ~1e-13).
