@@ -263,10 +263,9 @@ int run_checkpoint(const CkptFlags& f) {
       const Table2Row* pr = nullptr;
       for (const Table2Row& r : kTable2)
         if (r.strategy == x.strategy) pr = &r;
-      const std::string setting = x.strategy == dist::Strategy::Full
-                                      ? st.m.name + " " + std::to_string(st.N >> 20) + "M / " + std::to_string(st.G)
-                                      : "";
-      tb.add({text(setting), text(dist::to_string(x.strategy)), number(double(x.kept_bytes()) / double(1 << 30), "%.2f"),
+      const std::string setting = st.m.name + " " + std::to_string(st.N >> 20) + "M / " + std::to_string(st.G);
+      // The setting shows on its first row only; every JSON row names it.
+      tb.add({Cell{x.strategy == dist::Strategy::Full ? setting : "", setting}, text(dist::to_string(x.strategy)), number(double(x.kept_bytes()) / double(1 << 30), "%.2f"),
               number(double(x.kept_bytes() - c[0].kept_bytes()) / double(1 << 30), "%.2f"),
               number(double(x.recomputed_pairs) / double(x.pairs), "%.3f"), number(x.step_flops / 1e15, "%.1f"),
               number(c[0].step_flops / x.step_flops, "%.3f"), has_paper ? number(pr->memory_gb, "%.2f") : missing(),
