@@ -164,6 +164,19 @@ void Session<T>::forward() {
 }
 
 template <class T>
+void Session<T>::load_forward(View4<const double> O, View3<const double> LSE) {
+  using A = acc_t<T>;
+  validate_q_side(plan_.p, "O", O);
+  validate_rows(plan_.p, "LSE", LSE);
+  for (int r = 0; r < plan_.o.world; ++r) {
+    if (!shards_[r].Q.data) continue;  // another process's rank
+    shards_[r].O = upload_all(e_, slice<T>(O, plan_.qp, r).data);
+    shards_[r].LSE = upload_all(e_, slice<A>(LSE, plan_.qp, r).data);
+  }
+  have_forward_ = true;
+}
+
+template <class T>
 void Session<T>::backward() {
   check_can_backward("Session", plan_.o.backward, have_forward_);
   run(Phase::Backward);

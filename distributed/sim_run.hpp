@@ -66,7 +66,12 @@ class Session {
   Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
           View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local = {});
   void forward();   // throws Error when a rank failed; see errors()
-  void backward();  // after forward(); needs dO and o.backward
+  void backward();  // after forward() or load_forward(); needs dO and o.backward
+  // In place of forward(): the forward's outputs computed earlier, GLOBAL O (B, H_q, N_q, d) and
+  // LSE (B, H_q, N_q) in double, any layout, rounded to T and A (exact when they came from this
+  // T). A checkpointed layer keeps O and LSE and hands them back here, so the backward that follows
+  // never reruns the forward (spec §11.4).
+  void load_forward(View4<const double> O, View3<const double> LSE);
   void rank_pass(Phase phase, Communicator& comm);  // this rank's shard, on comm's world
   // Downloads the outputs of the ranks held here (and the logs so far); other ranks' tensors stay
   // empty.

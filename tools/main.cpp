@@ -1,5 +1,6 @@
 // tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench (one file each),
-// schedule and simulate (distributed.cpp, cmd_simulate.cpp), gen, oracle, check, conform (cmd_case.cpp).
+// schedule and simulate (distributed.cpp, cmd_simulate.cpp), gen, oracle, check, conform (cmd_case.cpp),
+// checkpoint (cmd_checkpoint.cpp).
 // Exit codes: 0 every check passed; 1 a check failed; 2 bad input (one line on stderr naming
 // the field and value, plus where to read more), including a problem that does not fit in
 // memory: refused before allocating (resources.hpp), or an allocation that failed anyway
@@ -12,6 +13,7 @@
 
 #include "burstlab/error.hpp"
 #include "cmd_case.hpp"     // gen, oracle, check, conform
+#include "cmd_checkpoint.hpp"  // checkpoint
 #include "common.hpp"
 #include "distributed.hpp"  // run --algo ..., schedule, simulate
 #include "resources.hpp"
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {add_run_command(app, hooks), add_suite_command(app), add_bench_command(app)};
   add_distributed_cli(app, *commands[0].app, hooks);
   for (const Command& c : add_case_commands(app)) commands.push_back(c);
+  commands.push_back(add_checkpoint_command(app));
   app.footer(
       "Examples:\n"
       "  burstlab suite                                 the conformance set (bash scripts/main)\n"
