@@ -606,7 +606,7 @@ void add_schedule_command(CLI::App& app) {
         } else {
           const bool dbl = algo == "double-ring";
           const int K = s->dist.gpus_per_node > 0 ? s->dist.gpus_per_node : o.world;
-          const dist::Algo base = dbl ? dist::Algo::Burst : dist::parse_algo(algo);
+          const dist::Algo base = dbl ? o.base : dist::parse_algo(algo);  // double-ring: --ring's traffic
           std::vector<dist::Schedule> scheds;
           for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
             if ((ph == dist::Phase::Forward && !pass.fwd) || (ph == dist::Phase::Backward && !pass.bwd)) continue;

@@ -316,6 +316,25 @@ TEST(Simulate, Table1MismatchJsonExitsOne) {
   for (const auto& row : j.at("table1")) EXPECT_EQ(row.at("match"), "NO") << row.dump();
 }
 
+// ---------------------------------------------------------------- schedule --json
+// The double ring's JSON carries the traffic --ring asks for, as its text trace does: with ring
+// traffic the backward moves K, V, dK, dV, and every rank sends eq. (7.3)'s 2 s H d (2N - n) bytes.
+TEST(Schedule, DoubleRingJsonFollowsRing) {
+  for (const char* ring : {"ring", "burst"}) {
+    const Output o = burstlab(std::string("schedule --algo double-ring --ring ") + ring +
+                              " --world 4 --gpus-per-node 2 --nq 16 --nk 16 -d 8 --hq 2 --hkv 2 --dtype fp64 --pass bwd --json");
+    ASSERT_EQ(o.rc, 0) << o.out << o.err;
+    const auto j = nlohmann::json::parse(o.out);
+    const auto& ph = j.at("phases").at(0);
+    const bool r = std::string(ring) == "ring";
+    EXPECT_EQ(ph.at("travelling"), r ? nlohmann::json({"K", "V", "dK", "dV"})
+                                     : nlohmann::json({"Q", "dO", "D", "LSE", "dQ"})) << ph.at("travelling").dump();
+    const int64_t s = 8, H = 2, d = 8, N = 16, n = 4;
+    const int64_t want = r ? 2 * s * H * d * (2 * N - n) : s * H * ((2 * d + 2) * (N - n) + d * N);  // (7.3), (7.5)
+    for (const auto& rank : ph.at("ranks")) EXPECT_EQ(rank.at("sent").get<int64_t>(), want) << ring << " " << rank.dump();
+  }
+}
+
 // ---------------------------------------------------------------- bench and suite
 TEST(Bench, SmallJsonVerifiesThenTimes) {
   const Output o = burstlab("bench --nq 256 --nk 200 -d 64 --mask causal --reps 1 --gemm-n 128 --json");
