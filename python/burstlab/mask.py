@@ -131,6 +131,12 @@ class Mask:
         return Mask.from_dict(mask)
 
     # ---- data --------------------------------------------------------------------------------
+    def dense(self, N_q, N_k):
+        """(N_q, N_k) NumPy bool array, True where query i sees key j (spec eq. 3.5), e.g. an
+        explicit attn_mask for torch's scaled_dot_product_attention (whose is_causal is top-left
+        aligned when N_q != N_k, unlike spec §3.1)."""
+        return _core.mask_dense(self.json, int(N_q), int(N_k))
+
     def to_dict(self):
         return {f: (list(getattr(self, f)) if isinstance(getattr(self, f), tuple) else getattr(self, f))
                 for f in FIELDS}

@@ -311,6 +311,21 @@ PYBIND11_MODULE(_core, m) {
     return check::mask_json(make_mask(spec, N_q, N_k, seed));
   }, py::arg("spec"), py::arg("N_q"), py::arg("N_k"), py::arg("seed"));
 
+  m.def("mask_dense", [](const std::string& text, int64_t N_q, int64_t N_k) {
+    Problem p;
+    p.N_q = N_q;
+    p.N_k = N_k;
+    p.mask = check::parse_mask_json(text, "mask");
+    validate(p);
+    const MaskData md = compile_mask(p);
+    const MaskParams mp = md.params();
+    py::array_t<bool> out({N_q, N_k});
+    auto w = out.mutable_unchecked<2>();
+    for (int64_t i = 0; i < N_q; ++i)
+      for (int64_t j = 0; j < N_k; ++j) w(i, j) = visible(mp, i, j);
+    return out;
+  }, py::arg("mask"), py::arg("N_q"), py::arg("N_k"), "(N_q, N_k) bool: visible(i, j) of spec eq. 3.5");
+
   py::class_<check::Mismatch>(m, "Mismatch")
       .def_property_readonly("index", [](const check::Mismatch& x) {
         py::tuple t(x.rank);
