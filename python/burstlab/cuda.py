@@ -80,7 +80,7 @@ if _HAVE_CUSTOM_OP:
 
     @torch.library.custom_op("burstlab::attention", mutates_args=())
     def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str, scale: Optional[float],
-                   layout: str, variant: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                   layout: str, variant: str, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(_lse_shape(q, layout), dtype=_lse_dtype(q.dtype), device=q.device)
         if q.device.type == "cuda":
@@ -95,13 +95,13 @@ if _HAVE_CUSTOM_OP:
         return o, lse
 
     @_attention.register_fake
-    def _attention_fake(q, k, v, mask, scale, layout, variant):
+    def _attention_fake(q, k, v, mask, scale, layout, variant, deterministic):
         return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=_lse_dtype(q.dtype))
 
     @torch.library.custom_op("burstlab::attention_backward", mutates_args=())
     def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                            lse: torch.Tensor, mask: str, scale: Optional[float], layout: str,
-                            variant: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            lse: torch.Tensor, mask: str, scale: Optional[float], layout: str, variant: str,
+                            deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -112,40 +112,42 @@ if _HAVE_CUSTOM_OP:
                 stream = torch.cuda.current_stream(q.device).cuda_stream
                 _cuda.backward(_DTYPE[q.dtype], _dev4(q, layout), _dev4(k, layout), _dev4(v, layout),
                                _dev4(o, layout), _dev4(do, layout), _dev3(lse), _dev4(dq, layout), _dev4(dk, layout),
-                               _dev4(dv, layout), mask, scale, stream, variant)
+                               _dev4(dv, layout), mask, scale, stream, variant, deterministic)
         else:
             _core.cpu_backward(_np(q), _np(k), _np(v), _np(o), _np(do), _np(lse), _np(dq), _np(dk), _np(dv), mask,
                                scale, layout)
         return dq, dk, dv
 
     @_attention_backward.register_fake
-    def _attention_backward_fake(do, q, k, v, o, lse, mask, scale, layout, variant):
+    def _attention_backward_fake(do, q, k, v, o, lse, mask, scale, layout, variant, deterministic):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, mask, scale, layout, variant = inputs
+        q, k, v, mask, scale, layout, variant, deterministic = inputs
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (mask, scale, layout, variant)
+        ctx.args = (mask, scale, layout, variant, deterministic)
         ctx.mark_non_differentiable(lse)
 
     def _backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         # dO arrives in whatever strides autograd produced (zero strides after a sum): contiguous.
         dq, dk, dv = torch.ops.burstlab.attention_backward(do.contiguous(), q, k, v, o, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
     _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, mask=None, *, scale=None, layout="BSHD", return_lse=False, variant="auto"):
+def attention(q, k, v, mask=None, *, scale=None, layout="BSHD", return_lse=False, variant="auto",
+              deterministic=False):
     """Attention (spec §2) by burstlab's cuda layer on CUDA tensors (cpu layer on CPU tensors),
     differentiable in q, k, v.
 
     q (B, N_q, H_q, d), k and v (B, N_k, H_kv, d) for layout "BSHD" (flash-attn's); (B, H, N, d)
     for "BHSD" (SDPA's); one dtype and device for all three. mask: None, "causal", a burstlab.Mask
     or a dict of its fields (spec §3: bottom-right aligned band, documents, block mask).
-    scale: default 1/sqrt(d). variant: "auto" or "v1".."v4" (cuda/README.md). Returns O in q's
+    scale: default 1/sqrt(d). variant: "auto" or "v1".."v4" (cuda/README.md). deterministic: a
+    bitwise repeatable backward (v4's default one-pass backward adds atomically). Returns O in q's
     layout, or (O, LSE (B, H_q, N_q)) with return_lse=True.
     """
     if not _HAVE_CUSTOM_OP:
@@ -174,5 +176,5 @@ def attention(q, k, v, mask=None, *, scale=None, layout="BSHD", return_lse=False
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale ({scale}) must be finite")
-    o, lse = torch.ops.burstlab.attention(q, k, v, mask_json, scale, layout, variant)
+    o, lse = torch.ops.burstlab.attention(q, k, v, mask_json, scale, layout, str(variant), bool(deterministic))
     return (o, lse) if return_lse else o

@@ -62,9 +62,10 @@ Problem problem_of(const Dev4& q, const Dev4& k, const std::string& mask_json, s
   return p;
 }
 
-cuda::Options options_of(uintptr_t stream, const std::string& variant) {
+cuda::Options options_of(uintptr_t stream, const std::string& variant, bool deterministic = false) {
   cuda::Options o;
   o.variant = cuda::parse_variant(variant);
+  o.deterministic = deterministic;
   o.stream = reinterpret_cast<cudaStream_t>(stream);
   return o;
 }
@@ -132,10 +133,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("backward", [](const std::string& dtype, const Dev4& q, const Dev4& k, const Dev4& v, const Dev4& o,
                        const Dev4& dO, const Dev3& lse, const Dev4& dq, const Dev4& dk, const Dev4& dv,
                        const std::string& mask_json, std::optional<double> scale, uintptr_t stream,
-                       const std::string& variant) {
+                       const std::string& variant, bool deterministic) {
     const Problem p = problem_of(q, k, mask_json, scale);
-    const cuda::Options opt = options_of(stream, variant);
+    const cuda::Options opt = options_of(stream, variant, deterministic);
     py::gil_scoped_release unlocked;
     by_dtype(dtype, [&](auto t) { backward_t<decltype(t)>(p, q, k, v, o, dO, lse, dq, dk, dv, opt); });
-  }, "dQ, dK, dV <- Q, K, V, O, dO, LSE (eq. 5.1-5.7; O, LSE from this layer's forward), on `stream`");
+  }, "dQ, dK, dV <- Q, K, V, O, dO, LSE (eq. 5.1-5.7; O, LSE from this layer's forward), on `stream`;\n"
+     "deterministic: bitwise repeatable (v4 then runs two passes)");
 }

@@ -86,11 +86,11 @@ def test_operator_gradcheck_opcheck_and_compile():
     k = randn(torch, (1, 50, 1, 4), torch.float64, 2).requires_grad_(True)
     v = randn(torch, (1, 50, 1, 4), torch.float64, 3).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda q, k, v: bc.attention(q, k, v, mask=mask), (q, k, v))
-    torch.library.opcheck(torch.ops.burstlab.attention.default, (q, k, v, mask.json, None, "BSHD", "auto"))
+    torch.library.opcheck(torch.ops.burstlab.attention.default, (q, k, v, mask.json, None, "BSHD", "auto", True))
     o, lse = bc.attention(q, k, v, mask=mask, return_lse=True)
     torch.library.opcheck(torch.ops.burstlab.attention_backward.default,
                           (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, mask.json, None,
-                           "BSHD", "auto"))
+                           "BSHD", "auto", True))
 
     def loss(q, k, v):
         return (bc.attention(q, k, v, mask=mask) ** 2).sum()
