@@ -105,7 +105,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.doc() = "burstlab's cuda layer on caller-owned device memory (the operator behind burstlab.cuda)";
   // Errors of the contract arrive as burstlab.Error (a ValueError), as from _core.
   // Held for the life of the process (a static py::object would be released after finalization).
-  static PyObject* error = py::module_::import("burstlab._core").attr("Error").release().ptr();
+  static PyObject* error = py::object(py::module_::import("burstlab._core").attr("Error")).release().ptr();
   py::register_exception_translator([](std::exception_ptr ep) {
     try {
       if (ep) std::rethrow_exception(ep);
