@@ -394,7 +394,7 @@ PYBIND11_MODULE(_core, m) {
         return view4_of(c.data.in.dO, self);
       })
       .def_property_readonly("has_expected", [](const PyCase& c) { return c.expected.has_value(); })
-      .def("expected", [](py::object self) {
+      .def("expected", [](py::object self) -> py::tuple {
         PyCase& c = self.cast<PyCase&>();
         const check::Expected& e = expected_of(c);
         if (!c.data.meta.backward) return py::make_tuple(view4_of(e.O, self), view3_of(e.LSE, self));

@@ -1,7 +1,9 @@
 """Shared fixtures of the Python tests (python/tests, run by ctest as python.pytest).
 
 BURSTLAB_BIN names the `burstlab` command line (ctest sets it) for the round trips; without it the
-round-trip tests skip with a message. PyTorch tests skip when torch is not importable, and the
+round-trip tests skip with a message. BURSTLAB_SAME_BUILD=1 (ctest sets it) says the module and the
+command line come from one build, so their fp64 results must agree bit for bit; otherwise (e.g. a
+pip-installed module, compiled without -march=native, against a native CLI) to 1e-12 relative. PyTorch tests skip when torch is not importable, and the
 operator's tests when torch has no torch.library.custom_op (< 2.4, e.g. Debian 12's 1.13); GPU
 tests skip without a CUDA device, unless BURSTLAB_REQUIRE_GPU=1, which makes them fail instead.
 """
@@ -50,6 +52,39 @@ def require_gpu():
             pytest.fail(f"BURSTLAB_REQUIRE_GPU=1 but {why}")
         pytest.skip(why)
     return torch
+
+
+SAME_BUILD = os.environ.get("BURSTLAB_SAME_BUILD") == "1"
+
+
+def agree(a, b, tol=1e-12):
+    """Bitwise equal in one build; else equal up to the rounding of other instructions (FMA or not):
+    |a - b| <= tol (1 + max |b|) (cancelling sums, as with wide V, lose digits relative to the
+    element, not to the tensor), non-finite values in the same places."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if SAME_BUILD:
+        return np.array_equal(a, b)
+    fin = np.isfinite(b)
+    scale = 1 + (np.abs(b[fin]).max() if fin.any() else 0)
+    return np.array_equal(a[~fin], b[~fin]) and bool(np.all(np.abs(a[fin] - b[fin]) <= tol * scale))
+
+
+def agree_json(a, b, tol=1e-9):
+    """Two check --json objects: equal in one build; else every number within tol relative (bounds and
+    errors are computed from the oracle's last bits)."""
+    if SAME_BUILD:
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(agree_json(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(agree_json(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return abs(a - b) <= tol * (1 + abs(b))
+    if isinstance(a, str) and isinstance(b, str) and a.startswith("(b=") and b.startswith("(b="):
+        return a.split(":")[0] == b.split(":")[0]  # mismatch lines: the coordinates; values print 10 digits
+    return a == b
 
 
 @pytest.fixture

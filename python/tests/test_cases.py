@@ -4,7 +4,7 @@ import filecmp
 import os
 
 import numpy as np
-from conftest import load_npy, run_cli
+from conftest import SAME_BUILD, agree, load_npy, run_cli
 
 import burstlab
 
@@ -21,7 +21,10 @@ def test_suite_saves_the_bytes_the_cli_writes(cli, cli_suite, tmp_path):
         want = os.path.join(cli_suite, c.name)
         assert files_of(tmp_path / c.name) == files_of(want)
         for f in files_of(want):
-            assert filecmp.cmp(tmp_path / c.name / f, os.path.join(want, f), shallow=False), f"{c.name}/{f}"
+            if SAME_BUILD or not f.startswith("expected"):
+                assert filecmp.cmp(tmp_path / c.name / f, os.path.join(want, f), shallow=False), f"{c.name}/{f}"
+            else:  # the oracle's last bits depend on the build's instructions
+                assert agree(np.load(tmp_path / c.name / f), np.load(os.path.join(want, f))), f"{c.name}/{f}"
     # the full suite's names match `burstlab gen --list`
     listed = [line.split()[0] for line in run_cli(cli, "gen", "--list", "--dtype", "fp16").stdout.splitlines()]
     assert [c.name for c in burstlab.suite(quick=False, dtype="fp16")] == listed and len(listed) == 19
@@ -40,7 +43,7 @@ def test_load_reads_what_the_cli_wrote(cli_suite):
         assert np.array_equal(getattr(c.expected, t), want)
     # the oracle on the loaded arrays gives the expected files again
     r = burstlab.oracle(c.q, c.k, c.v, do=c.do, mask=c.mask, scale=c.scale, layout=c.layout)
-    assert all(np.array_equal(getattr(r, t), getattr(c.expected, t)) for t in ("O", "LSE", "dQ", "dK", "dV"))
+    assert all(agree(getattr(r, t), getattr(c.expected, t)) for t in ("O", "LSE", "dQ", "dK", "dV"))
 
 
 def test_save_then_load_round_trip(tmp_path):

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import inputs, load_npy, masks_37_50, run_cli, to_layout
+from conftest import SAME_BUILD, agree_json, inputs, masks_37_50, run_cli, to_layout
 
 import burstlab
 from burstlab.testing import assert_attention_close
@@ -125,12 +125,15 @@ def test_check_equals_the_command_line(cli, cli_suite, tmp_path, rng):
         p = run_cli(cli, "check", "--case", d, "--candidate", str(cdir), "--json", ok=(1,))
         want = json.loads(p.stdout)
         got = case.check(out=cand["O"], lse=lse, dq=cand["dQ"], dk=cand["dK"], dv=cand["dV"])
-        assert json.loads(got.json()) == want
+        assert agree_json(json.loads(got.json()), want)
         assert not got.passed and got["O"].wrong >= 1
         text = run_cli(cli, "check", "--case", d, "--candidate", str(cdir), ok=(1,)).stdout
-        assert str(got) == text
+        if SAME_BUILD:
+            assert str(got) == text
+        else:  # the bounds' last bits may differ: the table's layout and verdicts still agree
+            assert [line.split()[0] for line in str(got).splitlines()] == [line.split()[0] for line in text.splitlines()]
         # from the arrays alone (the oracle recomputed): the same verdicts
         r = burstlab.check(case.q, case.k, case.v, do=case.do, out=cand["O"], lse=lse, dq=cand["dQ"], dk=cand["dK"],
                            dv=cand["dV"], mask=case.mask, scale=case.scale, layout=case.layout,
                            dtype=case.dtype, name=case.name)
-        assert json.loads(r.json()) == want
+        assert agree_json(json.loads(r.json()), want), (SAME_BUILD, r.json(), want)

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import case_meta, inputs, load_npy, masks_37_50, to_layout
+from conftest import agree, case_meta, inputs, load_npy, masks_37_50, to_layout
 
 import burstlab
 
@@ -25,7 +25,7 @@ def close(a, b, tol=1e-12):
 
 def test_matches_the_command_line_oracle(cli_suite):
     """Every case of the quick suite (fp32, bf16, fp16 inputs): burstlab.oracle on the case's
-    arrays gives exactly the expected/ files `burstlab gen --oracle` wrote."""
+    arrays gives the expected/ files `burstlab gen --oracle` wrote (bit for bit in one build)."""
     dirs = sorted(d for d in os.listdir(cli_suite))
     assert len(dirs) == 33
     for name in dirs:
@@ -35,7 +35,7 @@ def test_matches_the_command_line_oracle(cli_suite):
         r = burstlab.oracle(q, k, v, do=do, mask=meta["mask"], scale=meta["scale"], layout=meta["layout"])
         for t in ("O", "LSE", "dQ", "dK", "dV"):
             want = np.load(os.path.join(d, "expected", f"{t}.npy"))
-            assert same(getattr(r, t), want), f"{name} {t}"
+            assert agree(getattr(r, t), want), f"{name} {t}"
 
 
 def np_attention(q, k, v, visible, scale):
