@@ -122,14 +122,17 @@ def test_strided_inputs(rng, layout):
     assert close(r.O, want.O) and close(r.LSE, want.LSE)
 
 
+@pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_low_precision_inputs_are_read_exactly(rng, dtype):
+def test_low_precision_inputs_are_read_exactly(rng, dtype, layout):
     """fp32 and fp16 inputs are converted to fp64 exactly: the same result, bit for bit, as the
     fp64 arrays holding the same values."""
-    q, k, v, do = (x.astype(dtype) for x in inputs((1, 37, 4, 16), (1, 50, 2, 16), rng))
+    q, k, v, do = (np.ascontiguousarray(to_layout(x.astype(dtype), layout))
+                   for x in inputs((1, 4, 37, 16), (1, 2, 50, 16), rng))
     for mask in masks_37_50().values():
-        r = burstlab.oracle(q, k, v, do=do, mask=mask)
-        w = burstlab.oracle(*(x.astype(np.float64) for x in (q, k, v)), do=do.astype(np.float64), mask=mask)
+        r = burstlab.oracle(q, k, v, do=do, mask=mask, layout=layout)
+        w = burstlab.oracle(*(x.astype(np.float64) for x in (q, k, v)), do=do.astype(np.float64), mask=mask,
+                            layout=layout)
         for t in ("O", "LSE", "dQ", "dK", "dV"):
             assert same(getattr(r, t), getattr(w, t)), t
         assert r.O.dtype == np.float64

@@ -59,6 +59,20 @@ def test_strided_tensors_and_shared_memory():
     assert res["O"].mismatches[0].index == (1, 3, 20, 4) and res["O"].wrong == 1
 
 
+def test_case_tensors_and_check():
+    """A bf16 case as torch.bfloat16 tensors, and Case.check of a bf16 candidate tensor."""
+    torch = require_torch()
+    c = burstlab.suite(quick=True, dtype="bf16")[1]
+    q, k, v, do = c.tensors()
+    assert q.dtype == torch.bfloat16 and torch.equal(q.float(), torch.from_numpy(c.q))
+    e = c.expected
+    out = torch.from_numpy(np.array(e.O)).to(torch.bfloat16)
+    r = c.check(out=out, lse=torch.from_numpy(np.array(e.LSE)).float())
+    assert r.passed and r.dtype == "bf16" and 0 < r["O"].err_bound < 1, str(r)
+    out[0, 5, 1, 7] += 1.0  # BSHD case: logical (b=0, h=1, i=5, k=7)
+    assert c.check(out=out)["O"].mismatches[0].index == (0, 1, 5, 7)
+
+
 # ---- the operator on CPU tensors (the cpu layer) ---------------------------------------------
 @pytest.mark.parametrize("layout", ["BSHD", "BHSD"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
