@@ -176,6 +176,11 @@ void list_mismatches(TensorCheck& tc, const View& got, const View& want, const V
                           std::to_string(idx[2]);
           if (R == 4) s += ", k=" + std::to_string(idx[3]);
           tc.mismatches.push_back(s + "): got " + fmt_g(g) + " want " + fmt_g(w) + " bound " + fmt_g(b));
+          Mismatch mm;
+          for (int a = 0; a < R; ++a) mm.index[a] = idx[a];
+          mm.rank = R;
+          mm.got = g; mm.want = w; mm.bound = b;
+          tc.where.push_back(mm);
           if (static_cast<int>(tc.mismatches.size()) >= max_list) return;
         }
 }
@@ -199,14 +204,35 @@ TensorCheck check3(const char* name, bool present, const Tensor3<double>& got, c
   return tc;
 }
 
+// The mask object of case.json: every MaskSpec field (spec §3), by its name.
+Json mask_object(const MaskSpec& k) {
+  return {{"causal", k.causal},           {"window_left", k.window_left}, {"window_right", k.window_right},
+          {"q_segment", k.q_segment},     {"k_segment", k.k_segment},     {"block_q", k.block_q},
+          {"block_k", k.block_k},         {"block_mask", k.block_mask}};
+}
+// Its strict parser; N_q, N_k only cap the array lengths (validate() checks them exactly).
+MaskSpec parse_mask(const Json& mj, const std::string& where, int64_t N_q, int64_t N_k) {
+  if (!mj.is_object()) fail(where, ": must hold a JSON object");
+  Fields g{mj, where, {}};
+  MaskSpec k;
+  k.causal = g.boolean("causal");
+  k.window_left = g.integer("window_left", -1, std::numeric_limits<int64_t>::max());
+  k.window_right = g.integer("window_right", -1, std::numeric_limits<int64_t>::max());
+  k.q_segment = g.int_array<int32_t>("q_segment", 0, std::numeric_limits<int32_t>::max(), N_q);
+  k.k_segment = g.int_array<int32_t>("k_segment", 0, std::numeric_limits<int32_t>::max(), N_k);
+  k.block_q = g.integer("block_q", 0, kMaxDim);
+  k.block_k = g.integer("block_k", 0, kMaxDim);
+  // At most one entry per (query, key) pair; validate() checks the exact count.
+  const double max_blocks = static_cast<double>(N_q) * static_cast<double>(N_k);
+  k.block_mask = g.int_array<uint8_t>("block_mask", 0, 1, static_cast<size_t>(std::min(max_blocks, 1e12)));
+  g.no_others();
+  return k;
+}
+
 }  // namespace
 
 // ---- metadata ---------------------------------------------------------------------------------
 std::string case_json(const CaseMeta& m) {
-  const MaskSpec& k = m.p.mask;
-  Json mask = {{"causal", k.causal},           {"window_left", k.window_left}, {"window_right", k.window_right},
-               {"q_segment", k.q_segment},     {"k_segment", k.k_segment},     {"block_q", k.block_q},
-               {"block_k", k.block_k},         {"block_mask", k.block_mask}};
   Json j = {{"format", "burstlab-case"},
             {"version", kFormatVersion},
             {"name", m.name},
@@ -223,8 +249,14 @@ std::string case_json(const CaseMeta& m) {
             {"seed", m.seed},
             {"backward", m.backward},
             {"mask_spec", m.mask_spec},
-            {"mask", mask}};
+            {"mask", mask_object(m.p.mask)}};
   return j.dump(1) + "\n";
+}
+
+std::string mask_json(const MaskSpec& m) { return mask_object(m).dump(); }
+
+MaskSpec parse_mask_json(const std::string& text, const std::string& where) {
+  return parse_mask(parse_json(text, where), where, kMaxDim, kMaxDim);
 }
 
 CaseMeta parse_case_json(const std::string& text, const std::string& where) {
@@ -254,19 +286,7 @@ CaseMeta parse_case_json(const std::string& text, const std::string& where) {
   m.mask_spec = f.string("mask_spec");
   const Json& mj = f.get("mask");
   if (!mj.is_object()) fail(where, ": field 'mask' must be an object");
-  Fields g{mj, where + " mask", {}};
-  MaskSpec& k = m.p.mask;
-  k.causal = g.boolean("causal");
-  k.window_left = g.integer("window_left", -1, std::numeric_limits<int64_t>::max());
-  k.window_right = g.integer("window_right", -1, std::numeric_limits<int64_t>::max());
-  k.q_segment = g.int_array<int32_t>("q_segment", 0, std::numeric_limits<int32_t>::max(), m.p.N_q);
-  k.k_segment = g.int_array<int32_t>("k_segment", 0, std::numeric_limits<int32_t>::max(), m.p.N_k);
-  k.block_q = g.integer("block_q", 0, kMaxDim);
-  k.block_k = g.integer("block_k", 0, kMaxDim);
-  // At most one entry per (query, key) pair; validate() checks the exact count.
-  const double max_blocks = static_cast<double>(m.p.N_q) * static_cast<double>(m.p.N_k);
-  k.block_mask = g.int_array<uint8_t>("block_mask", 0, 1, static_cast<size_t>(std::min(max_blocks, 1e12)));
-  g.no_others();
+  m.p.mask = parse_mask(mj, where + " mask", m.p.N_q, m.p.N_k);
   f.no_others();
   try {
     validate(m.p);

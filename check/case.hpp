@@ -38,6 +38,10 @@ struct CaseMeta {
 // invalid problems (validate(), spec §1.4) throw Error naming `where` (the file) and the field.
 std::string case_json(const CaseMeta& m);
 CaseMeta parse_case_json(const std::string& text, const std::string& where);
+// The "mask" object of case.json alone (the MaskSpec fields of spec §3, every one required), and
+// its strict parser (errors name `where` and the field). Sizes are checked later by validate().
+std::string mask_json(const MaskSpec& m);
+MaskSpec parse_mask_json(const std::string& text, const std::string& where);
 
 struct CaseData {
   CaseMeta meta;
@@ -86,10 +90,17 @@ Candidate read_candidate(const std::string& dir, const CaseMeta& m, const Candid
 // Applies the conventions to an LSE tensor in place (+inf -> -inf, log2 -> natural).
 void convert_lse(Tensor3<double>& LSE, const Conventions& conv);
 
+// One listed mismatch as numbers: coordinates (b, h, i|j, k), or (b, h, i) for LSE (rank 3).
+struct Mismatch {
+  int64_t index[4] = {0, 0, 0, 0};
+  int rank = 4;
+  double got = 0, want = 0, bound = 0;
+};
 // One tensor's verdict: the §9.3 metrics plus the first mismatches with coordinates.
 struct TensorCheck {
   Metrics m;
   std::vector<std::string> mismatches;  // "(b=0, h=1, i=7, k=3): got .. want .. bound .." (<= max_list)
+  std::vector<Mismatch> where;          // the same mismatches, as numbers
   bool missing = false;                 // the candidate has no such file: counts as a failure
   bool pass() const { return !missing && m.pass(); }
 };

@@ -1,0 +1,444 @@
+// python/src/core.cpp — burstlab._core: the fp64 oracle (reference/), the checker and case files
+// (check/), and the cpu layer as the operator's CPU kernel, over NumPy arrays of any strides.
+// The Python package (python/burstlab) turns PyTorch tensors and DLPack producers into NumPy
+// arrays (no copy on the CPU) and calls these functions; it adds no numerics of its own.
+// Every burstlab::Error reaches Python as burstlab.Error, a subclass of ValueError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "burstlab/problem.hpp"
+#include "case.hpp"
+#include "cpu.hpp"
+#include "reference.hpp"
+
+namespace py = pybind11;
+
+namespace burstlab::python {
+namespace {
+
+using py_arrays::In4;
+using Arr = std::optional<py::array>;
+
+// ---- the problem from the arrays' shapes ----------------------------------------------------
+std::string dims_str(const int64_t d[4]) {
+  return "(B=" + std::to_string(d[0]) + ", H=" + std::to_string(d[1]) + ", N=" + std::to_string(d[2]) +
+         ", d=" + std::to_string(d[3]) + ")";
+}
+
+// q (B, H_q, N_q, d), k and v (B, H_kv, N_k, d) in logical order; names the argument that
+// disagrees and the axis. validate() then checks H_q % H_kv, the scale and the mask (§1.4).
+Problem problem_of(const View4<const double>& q, const View4<const double>& k, const View4<const double>& v,
+                   const std::string& mask_json, std::optional<double> scale) {
+  for (int a = 0; a < 4; ++a)
+    if (k.dim[a] != v.dim[a])
+      fail("v ", dims_str(v.dim), " must have the shape of k ", dims_str(k.dim));
+  if (k.dim[0] != q.dim[0]) fail("k's B (", k.dim[0], ") must equal q's B (", q.dim[0], ")");
+  if (k.dim[3] != q.dim[3]) fail("k's d (", k.dim[3], ") must equal q's d (", q.dim[3], ")");
+  Problem p;
+  p.B = q.dim[0];
+  p.H_q = q.dim[1];
+  p.N_q = q.dim[2];
+  p.d = q.dim[3];
+  p.H_kv = k.dim[1];
+  p.N_k = k.dim[2];
+  p.scale = scale;
+  p.mask = check::parse_mask_json(mask_json, "mask");
+  validate(p);
+  return p;
+}
+
+void same_dims(const char* name, const int64_t* got, const int64_t* want, const char* like, int rank = 4) {
+  for (int a = 0; a < rank; ++a)
+    if (got[a] != want[a]) {
+      std::string g = "(", w = "(";
+      for (int b = 0; b < rank; ++b) {
+        g += (b ? ", " : "") + std::to_string(got[b]);
+        w += (b ? ", " : "") + std::to_string(want[b]);
+      }
+      fail(name, " has logical shape (B, H, N", rank == 4 ? ", d" : "", ") = ", g, ") but must match ", like, " ", w,
+           ")");
+    }
+}
+
+py::array_t<double> new4(Layout layout, int64_t B, int64_t H, int64_t N, int64_t d) {
+  if (layout == Layout::BSHD) return py::array_t<double>({B, N, H, d});
+  return py::array_t<double>({B, H, N, d});
+}
+View4<double> view_of(py::array_t<double>& a, Layout layout, int64_t B, int64_t H, int64_t N, int64_t d) {
+  return view4<double>(a.mutable_data(), layout, B, H, N, d);
+}
+
+// ---- oracle: reference<double> on the caller's arrays (spec §2, §5) ------------------------
+py::tuple oracle(const py::array& q, const py::array& k, const py::array& v, const Arr& dO,
+                 const std::string& mask_json, std::optional<double> scale, const std::string& layout_s) {
+  const Layout layout = parse_layout(layout_s);
+  const In4 Q = py_arrays::in4(q, layout, "q"), K = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  const Problem p = problem_of(Q.view, K.view, V.view, mask_json, scale);
+  std::optional<In4> dO_in;
+  if (dO) {
+    dO_in = py_arrays::in4(*dO, layout, "do");
+    same_dims("do", dO_in->view.dim, Q.view.dim, "q");
+  }
+  py::array_t<double> O = new4(layout, p.B, p.H_q, p.N_q, p.d);
+  py::array_t<double> LSE({p.B, p.H_q, p.N_q});
+  View4<double> Ov = view_of(O, layout, p.B, p.H_q, p.N_q, p.d);
+  View3<double> Lv = view3<double>(LSE.mutable_data(), p.B, p.H_q, p.N_q);
+  if (!dO_in) {
+    {
+      py::gil_scoped_release unlocked;
+      reference::forward<double>(p, Q.view, K.view, V.view, Ov, Lv);
+    }
+    return py::make_tuple(O, LSE);
+  }
+  py::array_t<double> dQ = new4(layout, p.B, p.H_q, p.N_q, p.d);
+  py::array_t<double> dK = new4(layout, p.B, p.H_kv, p.N_k, p.d);
+  py::array_t<double> dV = new4(layout, p.B, p.H_kv, p.N_k, p.d);
+  View4<double> dQv = view_of(dQ, layout, p.B, p.H_q, p.N_q, p.d);
+  View4<double> dKv = view_of(dK, layout, p.B, p.H_kv, p.N_k, p.d);
+  View4<double> dVv = view_of(dV, layout, p.B, p.H_kv, p.N_k, p.d);
+  {
+    py::gil_scoped_release unlocked;
+    reference::forward<double>(p, Q.view, K.view, V.view, Ov, Lv);
+    reference::backward<double>(p, Q.view, K.view, V.view, as_const(Ov), dO_in->view, as_const(Lv), dQv, dKv, dVv);
+  }
+  return py::make_tuple(O, LSE, dQ, dK, dV);
+}
+
+// ---- check: check/'s checker on arrays ------------------------------------------------------
+check::Conventions conventions(const std::string& lse_empty, const std::string& lse_base) {
+  check::Conventions c;
+  if (lse_empty == "+inf" || lse_empty == "inf") c.empty_lse_pos_inf = true;
+  else if (lse_empty != "-inf") fail("lse_empty (", lse_empty, ") must be \"-inf\" or \"+inf\"");
+  if (lse_base == "2") c.lse_log2 = true;
+  else if (lse_base != "e") fail("lse_base (", lse_base, ") must be \"e\" or \"2\"");
+  return c;
+}
+
+// The candidate's arrays, shapes checked against the case's problem, stored in `layout`.
+check::Candidate candidate_of(const check::CaseMeta& m, Layout layout, const Arr& out, const Arr& lse, const Arr& dq,
+                              const Arr& dk, const Arr& dv, const check::Conventions& conv) {
+  const Problem& p = m.p;
+  check::Candidate c;
+  c.layout = layout;
+  int64_t qs[4], ks[4], rs[3];
+  expect_q_side(p, qs);
+  expect_kv_side(p, ks);
+  expect_rows(p, rs);
+  auto get4 = [&](const Arr& a, const char* name, const int64_t* want, const char* like, bool* has) {
+    if (!a) return Tensor4<double>{};
+    const In4 x = py_arrays::in4(*a, layout, name);
+    same_dims(name, x.view.dim, want, like);
+    *has = true;
+    return py_arrays::to_tensor4(x.view, layout);
+  };
+  c.O = get4(out, "out", qs, "q", &c.has_O);
+  c.dQ = get4(dq, "dq", qs, "q", &c.has_dQ);
+  c.dK = get4(dk, "dk", ks, "k", &c.has_dK);
+  c.dV = get4(dv, "dv", ks, "k", &c.has_dV);
+  if (lse) {
+    c.LSE = py_arrays::to_tensor3(*lse, "lse");
+    const int64_t got[3] = {c.LSE.B, c.LSE.H, c.LSE.N};
+    same_dims("lse", got, rs, "(B, H_q, N_q)", 3);
+    check::convert_lse(c.LSE, conv);
+    c.has_LSE = true;
+  }
+  return c;
+}
+
+// Keeps the tensors the caller passed (the others are not part of the question asked).
+void keep_given(check::CheckResult& r, const check::Candidate& c) {
+  std::vector<check::TensorCheck> keep;
+  for (const check::TensorCheck& t : r.tensors) {
+    const std::string& n = t.m.tensor;
+    const bool given = (n == "O" && c.has_O) || (n == "LSE" && c.has_LSE) || (n == "dQ" && c.has_dQ) ||
+                       (n == "dK" && c.has_dK) || (n == "dV" && c.has_dV);
+    if (given) keep.push_back(t);
+  }
+  r.tensors = keep;
+}
+
+check::CheckResult check_arrays(const py::array& q, const py::array& k, const py::array& v, const Arr& dO,
+                                const std::string& mask_json, std::optional<double> scale,
+                                const std::string& layout_s, const std::string& input_dtype, const Arr& out,
+                                const Arr& lse, const Arr& dq, const Arr& dk, const Arr& dv,
+                                const std::string& dtype, const std::string& lse_empty, const std::string& lse_base,
+                                int max_list, const std::string& name) {
+  if (max_list < 0) fail("max_list (", max_list, ") must be >= 0");
+  const Layout layout = parse_layout(layout_s);
+  const check::Conventions conv = conventions(lse_empty, lse_base);
+  const bool backward = dq || dk || dv;
+  if (backward && !dO) fail("do is required to check dq, dk or dv (the oracle's backward needs dO)");
+  if (!out && !lse && !backward) fail("nothing to check: give out, lse, dq, dk or dv");
+  const In4 Q = py_arrays::in4(q, layout, "q"), K = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  check::CaseData cd;
+  cd.meta.p = problem_of(Q.view, K.view, V.view, mask_json, scale);
+  cd.meta.p.scale = scale_of(cd.meta.p);  // explicit, as in a case file
+  cd.meta.layout = layout;
+  cd.meta.dtype = parse_dtype(input_dtype);
+  cd.meta.backward = backward;
+  cd.meta.name = name.empty() ? shape_string(cd.meta.p) + " mask=" + describe(cd.meta.p.mask) : name;
+  cd.in.dtype = cd.meta.dtype;
+  cd.in.Q = py_arrays::to_tensor4(Q.view, layout);
+  cd.in.K = py_arrays::to_tensor4(K.view, layout);
+  cd.in.V = py_arrays::to_tensor4(V.view, layout);
+  const Problem& p = cd.meta.p;
+  if (backward) {
+    const In4 D = py_arrays::in4(*dO, layout, "do");
+    same_dims("do", D.view.dim, Q.view.dim, "q");
+    cd.in.dO = py_arrays::to_tensor4(D.view, layout);
+  } else {
+    cd.in.dO = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
+  }
+  const check::Candidate c = candidate_of(cd.meta, layout, out, lse, dq, dk, dv, conv);
+  const Dtype t = parse_dtype(dtype);
+  py::gil_scoped_release unlocked;
+  const check::Expected e = check::compute_expected(cd);
+  check::CheckResult r = check::check_candidate(cd, e, c, t, max_list);
+  keep_given(r, c);
+  return r;
+}
+
+// A case (check/case.hpp) with its expected outputs once known.
+struct PyCase {
+  check::CaseData data;
+  std::optional<check::Expected> expected;
+};
+
+const check::Expected& expected_of(PyCase& c) {
+  if (!c.expected) {
+    py::gil_scoped_release unlocked;
+    c.expected = check::compute_expected(c.data);
+  }
+  return *c.expected;
+}
+
+check::CheckResult check_case(PyCase& cs, const Arr& out, const Arr& lse, const Arr& dq, const Arr& dk, const Arr& dv,
+                              const std::string& dtype, const std::string& lse_empty, const std::string& lse_base,
+                              const std::string& layout_s, int max_list) {
+  if (max_list < 0) fail("max_list (", max_list, ") must be >= 0");
+  const check::Conventions conv = conventions(lse_empty, lse_base);
+  const Layout layout = layout_s.empty() ? cs.data.meta.layout : parse_layout(layout_s);
+  if ((dq || dk || dv) && !cs.data.meta.backward) fail("case ", cs.data.meta.name, " has no backward (no dO): no dq, dk, dv to check");
+  const check::Candidate c = candidate_of(cs.data.meta, layout, out, lse, dq, dk, dv, conv);
+  if (!c.has_O && !c.has_LSE && !c.has_dQ && !c.has_dK && !c.has_dV) fail("nothing to check: give out, lse, dq, dk or dv");
+  Dtype t = cs.data.meta.dtype;
+  if (!dtype.empty()) t = parse_dtype(dtype);
+  const check::Expected& e = expected_of(cs);
+  py::gil_scoped_release unlocked;
+  check::CheckResult r = check::check_candidate(cs.data, e, c, t, max_list);
+  keep_given(r, c);
+  return r;
+}
+
+// A tensor of a case as a NumPy view (fp64, in the case's layout) that keeps the case alive.
+py::array view4_of(const Tensor4<double>& t, py::handle owner) {
+  std::vector<py::ssize_t> shape = t.layout == Layout::BSHD ? std::vector<py::ssize_t>{t.B, t.N, t.H, t.d}
+                                                             : std::vector<py::ssize_t>{t.B, t.H, t.N, t.d};
+  return py::array_t<double>(shape, t.data.data(), owner);
+}
+py::array view3_of(const Tensor3<double>& t, py::handle owner) {
+  return py::array_t<double>(std::vector<py::ssize_t>{t.B, t.H, t.N}, t.data.data(), owner);
+}
+
+// ---- the operator's CPU kernel: cpu/ (fp32, fp64) into caller-owned memory ------------------
+template <class T>
+void cpu_forward_t(const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                   const py::array& lse, const Problem& p, Layout layout) {
+  const View4<const T> Q = as_const(py_arrays::out4<T>(q, layout, "q"));
+  const View4<const T> K = as_const(py_arrays::out4<T>(k, layout, "k"));
+  const View4<const T> V = as_const(py_arrays::out4<T>(v, layout, "v"));
+  const View4<T> O = py_arrays::out4<T>(o, layout, "out");
+  const View3<T> L = py_arrays::out3<T>(lse, "lse");
+  py::gil_scoped_release unlocked;
+  cpu::forward<T>(p, Q, K, V, O, L);
+}
+template <class T>
+void cpu_backward_t(const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                    const py::array& dO, const py::array& lse, const py::array& dq, const py::array& dk,
+                    const py::array& dv, const Problem& p, Layout layout) {
+  const View4<const T> Q = as_const(py_arrays::out4<T>(q, layout, "q"));
+  const View4<const T> K = as_const(py_arrays::out4<T>(k, layout, "k"));
+  const View4<const T> V = as_const(py_arrays::out4<T>(v, layout, "v"));
+  const View4<const T> O = as_const(py_arrays::out4<T>(o, layout, "out"));
+  const View4<const T> D = as_const(py_arrays::out4<T>(dO, layout, "do"));
+  const View3<const T> L = as_const(py_arrays::out3<T>(lse, "lse"));
+  const View4<T> dQ = py_arrays::out4<T>(dq, layout, "dq");
+  const View4<T> dK = py_arrays::out4<T>(dk, layout, "dk");
+  const View4<T> dV = py_arrays::out4<T>(dv, layout, "dv");
+  py::gil_scoped_release unlocked;
+  cpu::backward<T>(p, Q, K, V, O, D, L, dQ, dK, dV);
+}
+
+// The problem of the operator's call: shapes from q and k (arrays of T, any strides).
+Problem op_problem(const py::array& q, const py::array& k, Layout layout, const std::string& mask_json,
+                   std::optional<double> scale) {
+  int64_t qd[4], kd[4];
+  py_arrays::logical_dims(q, layout, "q", qd);
+  py_arrays::logical_dims(k, layout, "k", kd);
+  View4<const double> Q, K;
+  for (int a = 0; a < 4; ++a) { Q.dim[a] = qd[a]; K.dim[a] = kd[a]; }
+  return problem_of(Q, K, K, mask_json, scale);
+}
+Dtype op_dtype(const py::array& q) {
+  const Dtype t = py_arrays::dtype_of_array(q, "q");
+  if (t != Dtype::F32 && t != Dtype::F64)
+    fail("q has dtype ", to_string(t), ": the cpu layer runs fp32 and fp64 (bf16/fp16 run on CUDA tensors)");
+  return t;
+}
+
+}  // namespace
+}  // namespace burstlab::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace burstlab;
+  using namespace burstlab::python;
+  m.doc() = "burstlab's C++ layers for Python: the fp64 oracle, the checker, case files, the cpu layer";
+  py::register_exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.def("oracle", &oracle, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do_"), py::arg("mask"),
+        py::arg("scale"), py::arg("layout"),
+        "reference<double> (the oracle): (O, LSE) or (O, LSE, dQ, dK, dV), fp64, in the inputs' layout");
+  m.def("parse_mask", [](const std::string& text) { return check::mask_json(check::parse_mask_json(text, "mask")); },
+        "the mask JSON object parsed strictly and written back (burstlab.Error names a bad field)");
+  m.def("describe_mask", [](const std::string& text) { return describe(check::parse_mask_json(text, "mask")); });
+  m.def("make_mask", [](const std::string& spec, int64_t N_q, int64_t N_k, uint64_t seed) {
+    return check::mask_json(make_mask(spec, N_q, N_k, seed));
+  }, py::arg("spec"), py::arg("N_q"), py::arg("N_k"), py::arg("seed"));
+
+  m.def("mask_dense", [](const std::string& text, int64_t N_q, int64_t N_k) {
+    Problem p;
+    p.N_q = N_q;
+    p.N_k = N_k;
+    p.mask = check::parse_mask_json(text, "mask");
+    validate(p);
+    const MaskData md = compile_mask(p);
+    const MaskParams mp = md.params();
+    py::array_t<bool> out({N_q, N_k});
+    auto w = out.mutable_unchecked<2>();
+    for (int64_t i = 0; i < N_q; ++i)
+      for (int64_t j = 0; j < N_k; ++j) w(i, j) = visible(mp, i, j);
+    return out;
+  }, py::arg("mask"), py::arg("N_q"), py::arg("N_k"), "(N_q, N_k) bool: visible(i, j) of spec eq. 3.5");
+
+  py::class_<check::Mismatch>(m, "Mismatch")
+      .def_property_readonly("index", [](const check::Mismatch& x) {
+        py::tuple t(x.rank);
+        for (int a = 0; a < x.rank; ++a) t[a] = x.index[a];
+        return t;
+      }, "(b, h, i, k) for O and dQ; (b, h, j, k) for dK and dV; (b, h, i) for LSE")
+      .def_readonly("got", &check::Mismatch::got)
+      .def_readonly("want", &check::Mismatch::want)
+      .def_readonly("bound", &check::Mismatch::bound)
+      .def("__repr__", [](const check::Mismatch& x) {
+        std::string s = "Mismatch(index=(";
+        for (int a = 0; a < x.rank; ++a) s += (a ? ", " : "") + std::to_string(x.index[a]);
+        return s + "), got=" + std::string(py::repr(py::float_(x.got))) + ", want=" +
+               std::string(py::repr(py::float_(x.want))) + ", bound=" + std::string(py::repr(py::float_(x.bound))) + ")";
+      });
+  py::class_<check::TensorCheck>(m, "TensorCheck", "One tensor's verdict (spec §9.3)")
+      .def_property_readonly("name", [](const check::TensorCheck& t) { return t.m.tensor; })
+      .def_property_readonly("max_abs", [](const check::TensorCheck& t) { return t.m.max_abs; })
+      .def_property_readonly("max_rel", [](const check::TensorCheck& t) { return t.m.max_rel; })
+      .def_property_readonly("err_bound", [](const check::TensorCheck& t) { return t.m.err_bound; },
+                             "max over elements of |got - want| / bound")
+      .def_property_readonly("wrong", [](const check::TensorCheck& t) { return t.m.wrong; }, "#wrong")
+      .def_property_readonly("checked", [](const check::TensorCheck& t) { return t.m.checked; })
+      .def_readonly("missing", &check::TensorCheck::missing)
+      .def_property_readonly("passed", &check::TensorCheck::pass)
+      .def_readonly("mismatches", &check::TensorCheck::where, "the first mismatches (max_list of them)")
+      .def_readonly("mismatch_lines", &check::TensorCheck::mismatches)
+      .def("__repr__", [](const check::TensorCheck& t) {
+        return "<TensorCheck " + t.m.tensor + (t.pass() ? " PASS" : " FAIL") + " err/bound=" +
+               std::string(py::repr(py::float_(t.m.err_bound))) + " #wrong=" + std::to_string(t.m.wrong) + ">";
+      });
+  py::class_<check::CheckResult>(m, "CheckResult",
+                                 "The checker's verdict: per tensor max_abs, max_rel, err/bound, #wrong, mismatches")
+      .def_readonly("case_name", &check::CheckResult::case_name)
+      .def_property_readonly("dtype", [](const check::CheckResult& r) { return to_string(r.dtype); },
+                             "the precision whose §9 bound was applied")
+      .def_readonly("tensors", &check::CheckResult::tensors)
+      .def_property_readonly("passed", &check::CheckResult::pass)
+      .def_property_readonly("worst_err_bound", &check::CheckResult::worst_err_bound)
+      .def("__bool__", &check::CheckResult::pass)
+      .def("__str__", &check::format_check)
+      .def("__repr__", [](const check::CheckResult& r) {
+        return std::string("<CheckResult ") + (r.pass() ? "PASS" : "FAIL") + " " + r.case_name + ">";
+      })
+      .def("json", &check::check_json, "one JSON object, as `burstlab check --json` prints")
+      .def("__getitem__", [](const check::CheckResult& r, const std::string& name) {
+        for (const check::TensorCheck& t : r.tensors)
+          if (t.m.tensor == name) return t;
+        throw py::key_error("no tensor '" + name + "' in this result");
+      });
+
+  m.def("check", &check_arrays, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do_"), py::arg("mask"),
+        py::arg("scale"), py::arg("layout"), py::arg("input_dtype"), py::arg("out"), py::arg("lse"), py::arg("dq"),
+        py::arg("dk"), py::arg("dv"), py::arg("dtype"), py::arg("lse_empty"), py::arg("lse_base"),
+        py::arg("max_list"), py::arg("name"));
+
+  py::class_<PyCase>(m, "CaseData")
+      .def_property_readonly("json", [](const PyCase& c) { return check::case_json(c.data.meta); })
+      .def_property_readonly("name", [](const PyCase& c) { return c.data.meta.name; })
+      .def_property_readonly("q", [](py::object self) { return view4_of(self.cast<PyCase&>().data.in.Q, self); })
+      .def_property_readonly("k", [](py::object self) { return view4_of(self.cast<PyCase&>().data.in.K, self); })
+      .def_property_readonly("v", [](py::object self) { return view4_of(self.cast<PyCase&>().data.in.V, self); })
+      .def_property_readonly("do", [](py::object self) -> py::object {
+        PyCase& c = self.cast<PyCase&>();
+        if (!c.data.meta.backward) return py::none();
+        return view4_of(c.data.in.dO, self);
+      })
+      .def_property_readonly("has_expected", [](const PyCase& c) { return c.expected.has_value(); })
+      .def("expected", [](py::object self) -> py::tuple {
+        PyCase& c = self.cast<PyCase&>();
+        const check::Expected& e = expected_of(c);
+        if (!c.data.meta.backward) return py::make_tuple(view4_of(e.O, self), view3_of(e.LSE, self));
+        return py::make_tuple(view4_of(e.O, self), view3_of(e.LSE, self), view4_of(e.dQ, self),
+                              view4_of(e.dK, self), view4_of(e.dV, self));
+      }, "the fp64 oracle's (O, LSE[, dQ, dK, dV]), computed once")
+      .def("check", &check_case, py::arg("out"), py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+           py::arg("dtype"), py::arg("lse_empty"), py::arg("lse_base"), py::arg("layout"), py::arg("max_list"));
+
+  m.def("read_case", [](const std::string& dir) {
+    PyCase c;
+    c.data = check::read_case(dir);
+    if (check::has_expected(dir)) c.expected = check::read_expected(dir, c.data.meta);
+    return c;
+  }, py::arg("dir"), "a case directory (case.json, q k v dO .npy, and expected/ when present)");
+  m.def("write_case", [](PyCase& c, const std::string& dir, bool expected) {
+    check::write_case(dir, c.data);
+    if (expected) check::write_expected(dir, c.data, expected_of(c));
+  }, py::arg("case"), py::arg("dir"), py::arg("expected"));
+  m.def("suite", [](bool quick, const std::string& dtype) {
+    std::vector<PyCase> out;
+    for (const check::CaseMeta& meta : check::suite(quick, parse_dtype(dtype))) {
+      PyCase c;
+      c.data = check::make_case(meta);
+      out.push_back(std::move(c));
+    }
+    return out;
+  }, py::arg("quick"), py::arg("dtype"), "the curated conformance suite (as `burstlab gen`)");
+
+  m.def("cpu_forward", [](const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                          const py::array& lse, const std::string& mask_json, std::optional<double> scale,
+                          const std::string& layout_s) {
+    const Layout layout = parse_layout(layout_s);
+    const Problem p = op_problem(q, k, layout, mask_json, scale);
+    if (op_dtype(q) == Dtype::F64) cpu_forward_t<double>(q, k, v, o, lse, p, layout);
+    else cpu_forward_t<float>(q, k, v, o, lse, p, layout);
+  });
+  m.def("cpu_backward", [](const py::array& q, const py::array& k, const py::array& v, const py::array& o,
+                           const py::array& dO, const py::array& lse, const py::array& dq, const py::array& dk,
+                           const py::array& dv, const std::string& mask_json, std::optional<double> scale,
+                           const std::string& layout_s) {
+    const Layout layout = parse_layout(layout_s);
+    const Problem p = op_problem(q, k, layout, mask_json, scale);
+    if (op_dtype(q) == Dtype::F64) cpu_backward_t<double>(q, k, v, o, dO, lse, dq, dk, dv, p, layout);
+    else cpu_backward_t<float>(q, k, v, o, dO, lse, dq, dk, dv, p, layout);
+  });
+}
