@@ -9,7 +9,7 @@
 #include <random>
 
 #include "burstlab/error.hpp"
-#include "lmhead.hpp"
+#include "reference_lmhead.hpp"
 
 namespace burstlab {
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "burstlab/lmhead.hpp"
-#include "lmhead.hpp"
+#include "reference_lmhead.hpp"
 #include "lmhead_check.hpp"
 #include "testutil.hpp"
 

@@ -1,8 +1,8 @@
-// reference/lmhead.cpp — the naive LM head + cross-entropy (spec §10.2-§10.4). Written to be
+// reference/reference_lmhead.cpp — the naive LM head + cross-entropy (spec §10.2-§10.4). Written to be
 // obviously right, not fast: z = H W^T is one Eigen GEMM into an (N, V) matrix, the softmax and
 // the loss are plain per-element loops in T, dz is formed in place of z, and dH = dz W,
 // dW = dz^T H are two more GEMMs. Eigen maps with runtime strides read the views in place.
-#include "lmhead.hpp"
+#include "reference_lmhead.hpp"
 
 #include <Eigen/Dense>
 #include <cmath>

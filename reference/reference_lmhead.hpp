@@ -1,4 +1,4 @@
-// reference/lmhead.hpp — the naive LM head + cross-entropy (spec §10.2-§10.4): materializes the
+// reference/reference_lmhead.hpp — the naive LM head + cross-entropy (spec §10.2-§10.4): materializes the
 // (N, V) logits. lmhead_forward<double> / lmhead_backward<double> are THE oracle of the operator;
 // <float> measures what a naive fp32 implementation achieves.
 #pragma once
