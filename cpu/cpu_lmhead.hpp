@@ -14,7 +14,7 @@ namespace burstlab::cpu {
 // Br x V accumulators hold a row tile's logits (BurstEngine Algorithm 3: no recomputation in the
 // fused call); Bv is the GEMM width and the unit of work of a thread. Defaults: cpu/README.md.
 struct LmHeadTiles {
-  int64_t Br = 128;  // rows per tile
+  int64_t Br = 256;  // rows per tile
   int64_t Bv = 512;  // vocabulary entries per tile
 };
 void validate_tiles(const LmHeadTiles& t);  // "Bv (0) must be >= 1"

@@ -14,6 +14,9 @@
 #include "burstlab/error.hpp"
 #include "burstlab/lmhead.hpp"
 #include "cpu_lmhead.hpp"
+#ifdef BURSTLAB_HAVE_CUDA
+#include "cuda_lmhead.hpp"
+#endif
 #include "lmhead_check.hpp"
 #include "memcount.hpp"
 #include "reference_lmhead.hpp"
@@ -32,6 +35,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // ---------------------------------------------------------------- implementations
+// The tile knobs of a run: the cpu layer's tiles (defaults filled in) and the raw --br for layers
+// with other defaults (cuda: rows per chunk; 0 = its own default).
+struct LmKnobs {
+  cpu::LmHeadTiles tiles;
+  int64_t chunk_rows = 0;
+};
+
 // One prepared run: inputs converted to the impl's dtype, outputs poisoned (NaN, §9.3). Each
 // function runs once and returns ms; backward() reads the LSE of the last forward().
 struct LmHeadRunner {
@@ -42,10 +52,16 @@ struct LmHeadRunner {
 struct LmHeadImpl {
   std::string name, about;
   std::vector<Dtype> dtypes;
-  std::function<LmHeadRunner(const LmHeadProblem&, const LmHeadInputs&, double g, const cpu::LmHeadTiles&)> prepare;
+  // Throws Error (naming the field and value) when this implementation cannot run the problem; may
+  // be empty. Called before anything is printed.
+  std::function<void(const LmHeadProblem&, Dtype)> check;
+  std::function<LmHeadRunner(const LmHeadProblem&, const LmHeadInputs&, double g, const LmKnobs&)> prepare;
   // Host bytes of a prepared run at its peak (inputs and outputs in its dtype, the fetched fp64
   // copies, its workspace on `threads` threads).
-  std::function<std::vector<MemPart>(const LmHeadProblem&, Dtype, const cpu::LmHeadTiles&, int threads)> footprint;
+  std::function<std::vector<MemPart>(const LmHeadProblem&, Dtype, const LmKnobs&, int threads)> footprint;
+  // Device bytes a forward (backward = false) or fused call allocates beyond its arguments
+  // (empty: a host layer).
+  std::function<int64_t(const LmHeadProblem&, const LmKnobs&, bool backward)> device_bytes;
 };
 
 template <class T>
@@ -148,6 +164,81 @@ LmHeadRunner cpu_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g
   return r;
 }
 
+#ifdef BURSTLAB_HAVE_CUDA
+// HT: the host storage type (bf16_t, f16_t), DT: the device's (cuda::bf16, cuda::f16), the same
+// bits. Every call synchronizes (the entry points do), so host timing is the call's time.
+template <class HT, class DT>
+LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
+  static_assert(sizeof(HT) == sizeof(DT), "host and device 16-bit types share their bits");
+  struct S {
+    LmHeadProblem p;
+    double g = 1;
+    cuda::LmHeadOptions opt;
+    cuda::DeviceBuffer<DT> H, W, dH, dW;  // (N, d), (V, d), (N, d), (V, d)
+    cuda::DeviceBuffer<int64_t> y;        // (N)
+    cuda::DeviceBuffer<float> LSE;        // (N)
+    float L = std::numeric_limits<float>::quiet_NaN();
+  };
+  auto s = std::make_shared<S>();
+  s->p = p;
+  s->g = g;
+  s->opt.chunk_rows = k.chunk_rows;
+  auto upload = [](cuda::DeviceBuffer<DT>& buf, const Matrix<double>& m) {
+    const Matrix<HT> h = to_storage<HT>(m);
+    buf = cuda::DeviceBuffer<DT>(h.data.size());
+    buf.upload(reinterpret_cast<const DT*>(h.data.data()), h.data.size());
+  };
+  upload(s->H, in.H);
+  upload(s->W, in.W);
+  s->dH = cuda::DeviceBuffer<DT>(static_cast<size_t>(p.N * p.d));
+  s->dW = cuda::DeviceBuffer<DT>(static_cast<size_t>(p.V * p.d));
+  s->y = cuda::DeviceBuffer<int64_t>(in.y.size());
+  s->y.upload(in.y.data(), in.y.size());
+  s->LSE = cuda::DeviceBuffer<float>(static_cast<size_t>(p.N));
+  s->dH.poison();
+  s->dW.poison();
+  s->LSE.poison();
+  auto H = [s] { return view2<const DT>(s->H.data(), s->p.N, s->p.d); };
+  auto W = [s] { return view2<const DT>(s->W.data(), s->p.V, s->p.d); };
+  LmHeadRunner r;
+  r.forward = [s, H, W] {
+    const auto t0 = std::chrono::steady_clock::now();
+    s->L = cuda::lmhead_forward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->opt);
+    return ms_since(t0);
+  };
+  r.backward = [s, H, W] {
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::lmhead_backward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->g,
+                              view2<DT>(s->dH.data(), s->p.N, s->p.d), view2<DT>(s->dW.data(), s->p.V, s->p.d),
+                              s->opt);
+    return ms_since(t0);
+  };
+  r.fused = [s, H, W] {
+    const auto t0 = std::chrono::steady_clock::now();
+    s->L = cuda::lmhead_fused<DT>(s->p, H(), W(), s->y.data(), s->g, s->LSE.data(),
+                                  view2<DT>(s->dH.data(), s->p.N, s->p.d), view2<DT>(s->dW.data(), s->p.V, s->p.d),
+                                  s->opt);
+    return ms_since(t0);
+  };
+  r.fetch_forward = [s](double& L, std::vector<double>& LSE) {
+    L = s->L;
+    std::vector<float> h(static_cast<size_t>(s->p.N));
+    s->LSE.download(h.data(), h.size());
+    LSE.assign(h.begin(), h.end());
+  };
+  r.fetch_backward = [s](Matrix<double>& dH, Matrix<double>& dW) {
+    auto fetch = [](const cuda::DeviceBuffer<DT>& buf, int64_t rows, int64_t cols) {
+      Matrix<HT> h = make_matrix<HT>(rows, cols);
+      buf.download(reinterpret_cast<DT*>(h.data.data()), h.data.size());
+      return to_double(h);
+    };
+    dH = fetch(s->dH, s->p.N, s->p.d);
+    dW = fetch(s->dW, s->p.V, s->p.d);
+  };
+  return r;
+}
+#endif
+
 // Inputs and outputs of a run in its dtype, and what fetch_* returns in fp64.
 std::vector<MemPart> io_parts(const LmHeadProblem& p, Dtype t, int64_t acc_bytes) {
   const int64_t Nd = bytes_mul(p.N, p.d), Vd = bytes_mul(p.V, p.d), s = bytes_of(t);
@@ -163,10 +254,10 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
     ref.name = "reference";
     ref.about = "naive: materializes the N x V logits (reference/reference_lmhead.cpp); fp64 is the oracle";
     ref.dtypes = {Dtype::F64, Dtype::F32};
-    ref.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const cpu::LmHeadTiles&) {
+    ref.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs&) {
       return in.dtype == Dtype::F64 ? reference_runner<double>(p, in, g) : reference_runner<float>(p, in, g);
     };
-    ref.footprint = [](const LmHeadProblem& p, Dtype t, const cpu::LmHeadTiles&, int) {
+    ref.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs&, int) {
       std::vector<MemPart> parts = io_parts(p, t, bytes_of(t));
       // z (N, V) in T, and Eigen's dH, dW temporaries before they are stored.
       parts.push_back({"reference: the N x V logits", bytes_mul(bytes_of(t), bytes_mul(p.N, p.V))});
@@ -178,7 +269,8 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
     cpu.name = "cpu";
     cpu.about = "tiled over rows and vocabulary, online log-sum-exp, no N x V buffer (cpu/cpu_lmhead.cpp)";
     cpu.dtypes = {Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16};
-    cpu.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const cpu::LmHeadTiles& tiles) {
+    cpu.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
+      const cpu::LmHeadTiles& tiles = k.tiles;
       switch (in.dtype) {
         case Dtype::F64: return cpu_runner<double>(p, in, g, tiles);
         case Dtype::F32: return cpu_runner<float>(p, in, g, tiles);
@@ -187,13 +279,40 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
       }
       fail("dtype (", to_string(in.dtype), ") is not run by impl cpu");
     };
-    cpu.footprint = [](const LmHeadProblem& p, Dtype t, const cpu::LmHeadTiles& tiles, int threads) {
+    cpu.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs& k, int threads) {
       std::vector<MemPart> parts = io_parts(p, t, t == Dtype::F64 ? 8 : 4);
       parts.push_back({"cpu: workspace (Br x V logits, per-thread dH partials, fp32 W and dW for 16-bit storage)",
-                       cpu::lmhead_workspace_bytes(p, t, true, tiles, threads)});
+                       cpu::lmhead_workspace_bytes(p, t, true, k.tiles, threads)});
       return parts;
     };
     v.push_back(cpu);
+#ifdef BURSTLAB_HAVE_CUDA
+    LmHeadImpl gpu;
+    gpu.name = "cuda";
+    gpu.about = "tensor cores (mma.sync), chunks of rows, no recomputation in the fused call (cuda/lmhead_v1.cu)";
+    gpu.dtypes = {Dtype::BF16, Dtype::F16};
+    gpu.check = [](const LmHeadProblem& p, Dtype) {
+      std::string why;
+      if (!cuda::gpu_available(&why)) fail("impl cuda cannot run: no usable GPU (", why, ")");
+      if (p.d % 8) fail("d (", p.d, ") must be a multiple of 8 for impl cuda");
+    };
+    gpu.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
+      if (in.dtype == Dtype::BF16) return cuda_runner<bf16_t, cuda::bf16>(p, in, g, k);
+      return cuda_runner<f16_t, cuda::f16>(p, in, g, k);
+    };
+    gpu.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs&, int) {
+      std::vector<MemPart> parts = io_parts(p, t, 4);
+      parts.push_back({"cuda: host staging copies of H, W, dH, dW in " + to_string(t),
+                       bytes_mul(2 * bytes_of(t), bytes_mul(p.N + p.V, p.d))});
+      return parts;
+    };
+    gpu.device_bytes = [](const LmHeadProblem& p, const LmKnobs& k, bool backward) {
+      cuda::LmHeadOptions o;
+      o.chunk_rows = k.chunk_rows;
+      return cuda::lmhead_workspace_bytes(p, backward, o);
+    };
+    v.push_back(gpu);
+#endif
     return v;
   }();
   return impls;
@@ -217,9 +336,10 @@ std::vector<const LmHeadImpl*> find_lmhead_impls(const std::string& list) {
   }
   return out;
 }
-void check_lmhead_impl(const LmHeadImpl& m, Dtype t) {
+void check_lmhead_impl(const LmHeadImpl& m, const LmHeadProblem& p, Dtype t) {
   if (std::find(m.dtypes.begin(), m.dtypes.end(), t) == m.dtypes.end())
     fail("impl ", m.name, " does not run ", to_string(t), "; it runs ", dtype_list(m.dtypes));
+  if (m.check) m.check(p, t);
 }
 
 // ---------------------------------------------------------------- the problem and the check
@@ -251,13 +371,14 @@ LmHeadProblem make_lmhead_problem(const ShapeFlags& s, int64_t d, const LmHeadFl
   return p;
 }
 
-cpu::LmHeadTiles tiles_of(const RunFlags& r, const LmHeadFlags& f) {
+LmKnobs knobs_of(const RunFlags& r, const LmHeadFlags& f) {
   if (r.Br < 0) fail("br (", r.Br, ") must be >= 1, or 0 for the implementation's default");
   if (f.Bv < 0) fail("bv (", f.Bv, ") must be >= 1, or 0 for the implementation's default");
-  cpu::LmHeadTiles t;
-  if (r.Br > 0) t.Br = r.Br;
-  if (f.Bv > 0) t.Bv = f.Bv;
-  return t;
+  LmKnobs k;
+  if (r.Br > 0) k.tiles.Br = r.Br;
+  if (f.Bv > 0) k.tiles.Bv = f.Bv;
+  k.chunk_rows = r.Br;
+  return k;
 }
 
 // The inputs in fp64 and the oracle with its bounds (lmhead_check.cpp): reference<double> holds
@@ -282,11 +403,11 @@ MemNeed bounds_need(const LmHeadProblem& p, bool backward) {
   return make_need("computing the §10.8 bounds", parts);
 }
 MemNeed lmhead_case_need(const LmHeadProblem& p, Dtype t, bool backward, const std::vector<const LmHeadImpl*>& impls,
-                         const cpu::LmHeadTiles& tiles, int threads) {
+                         const LmKnobs& knobs, int threads) {
   MemNeed n = peak_of(oracle_need(p, backward), bounds_need(p, backward));
   const MemNeed kept = oracle_need(p, backward);
   for (const LmHeadImpl* m : impls) {
-    std::vector<MemPart> parts = m->footprint(p, t, tiles, threads);
+    std::vector<MemPart> parts = m->footprint(p, t, knobs, threads);
     for (const MemPart& k : kept.parts)
       if (k.what.find("logits") == std::string::npos && k.what.find("temporaries") == std::string::npos)
         parts.push_back(k);
@@ -316,7 +437,7 @@ double best_of(const std::function<double()>& run, int repeat) {
 // Every implementation on one problem: the oracle once, then per impl the requested rows.
 std::vector<Result> run_lmhead_case(const LmHeadProblem& p, Dtype dtype, Values values, uint64_t seed, double ignored,
                                     const LmPasses& ps, const std::vector<const LmHeadImpl*>& impls,
-                                    const cpu::LmHeadTiles& tiles, int repeat) {
+                                    const LmKnobs& knobs, int repeat) {
   const bool backward = ps.bwd || ps.fused;
   const double g = 1.0;  // dL of a loss minimized directly
   const LmHeadInputs in = [&] {
@@ -339,7 +460,7 @@ std::vector<Result> run_lmhead_case(const LmHeadProblem& p, Dtype dtype, Values 
     size_t k = 0;
     try {
       Allocating step("running impl " + m->name + " (" + to_string(dtype) + ")", 0);
-      LmHeadRunner run = m->prepare(p, in, g, tiles);
+      LmHeadRunner run = m->prepare(p, in, g, knobs);
       double L = 0;
       std::vector<double> LSE;
       Matrix<double> dH, dW;
@@ -437,21 +558,22 @@ int run_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, int
   const Values values = parse_values(r.values);
   if (values == Values::WideV) fail("values (widev) does not apply to --op lmhead-ce; use normal, large or ties");
   const LmPasses ps = parse_lm_pass(r.pass);
-  const cpu::LmHeadTiles tiles = tiles_of(r, f);
+  const LmKnobs knobs = knobs_of(r, f);
+  const cpu::LmHeadTiles& tiles = knobs.tiles;
   if (repeat < 1) fail("repeat (", repeat, ") must be >= 1");
   apply_threads(r.threads);
   const std::vector<const LmHeadImpl*> impls = find_lmhead_impls(r.impl);
-  for (const LmHeadImpl* m : impls) check_lmhead_impl(*m, dtype);
+  for (const LmHeadImpl* m : impls) check_lmhead_impl(*m, p, dtype);
   const int threads = max_threads();
   const bool backward = ps.bwd || ps.fused;
   const MemAvailable avail = memory_available();
   auto fits = [&](const LmHeadProblem& q, bool bwd) {
-    return lmhead_case_need(q, dtype, bwd, impls, tiles, threads).bytes <= avail.bytes;
+    return lmhead_case_need(q, dtype, bwd, impls, knobs, threads).bytes <= avail.bytes;
   };
-  require_memory(lmhead_case_need(p, dtype, backward, impls, tiles, threads), avail,
+  require_memory(lmhead_case_need(p, dtype, backward, impls, knobs, threads), avail,
                  [&] { return lmhead_advice(s, p, fits, backward); });
 
-  const std::vector<Result> rs = run_lmhead_case(p, dtype, values, s.seed, f.ignored, ps, impls, tiles, repeat);
+  const std::vector<Result> rs = run_lmhead_case(p, dtype, values, s.seed, f.ignored, ps, impls, knobs, repeat);
   Json header = Json::object();
   header["command"] = "run";
   header["op"] = "lmhead-ce";
@@ -481,13 +603,15 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   const Dtype dtype = parse_dtype(r.dtype);
   const Values values = parse_values(r.values);
   if (values == Values::WideV) fail("values (widev) does not apply to --op lmhead-ce; use normal, large or ties");
-  const cpu::LmHeadTiles tiles = tiles_of(r, f);
+  const LmKnobs knobs = knobs_of(r, f);
+  const cpu::LmHeadTiles& tiles = knobs.tiles;
   if (reps < 1) fail("reps (", reps, ") must be >= 1");
   if (verify != "auto" && verify != "same" && verify != "reduced")
     fail("verify (", verify, ") must be auto, same or reduced");
   if (r.threads < 0) fail("threads (", r.threads, ") must be >= 1, or 0 for all");
   const std::vector<const LmHeadImpl*> impls = find_lmhead_impls(r.impl);
-  for (const LmHeadImpl* m : impls) check_lmhead_impl(*m, dtype);
+  for (const LmHeadImpl* m : impls)
+    for (const LmHeadProblem& p : problems) check_lmhead_impl(*m, p, dtype);
   const int threads = r.threads > 0 ? r.threads : max_threads();
   apply_threads(threads);
 
@@ -506,9 +630,9 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   }
   const MemAvailable avail = memory_available();
   auto need = [&](const LmHeadProblem& timed, const LmHeadProblem& checked) {
-    MemNeed n = lmhead_case_need(checked, dtype, true, impls, tiles, threads);
+    MemNeed n = lmhead_case_need(checked, dtype, true, impls, knobs, threads);
     for (const LmHeadImpl* m : impls) {
-      std::vector<MemPart> parts = m->footprint(timed, dtype, tiles, threads);
+      std::vector<MemPart> parts = m->footprint(timed, dtype, knobs, threads);
       parts.push_back({"inputs H, W in fp64", bytes_mul(8, bytes_mul(timed.N + timed.V, timed.d))});
       n = peak_of(n, make_need("timing impl " + m->name + " (" + to_string(dtype) + ")", parts));
     }
@@ -530,7 +654,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   Progress progress(static_cast<int>(2 * problems.size()));
   for (const LmHeadProblem& q : checks) {
     progress.step("verify " + shape_string(q));
-    const auto part = run_lmhead_case(q, dtype, values, s.seed, f.ignored, {true, false, true}, impls, tiles, 1);
+    const auto part = run_lmhead_case(q, dtype, values, s.seed, f.ignored, {true, false, true}, impls, knobs, 1);
     checked.insert(checked.end(), part.begin(), part.end());
   }
   bool all_pass = !checked.empty();
@@ -550,6 +674,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
     std::string impl, pass;
     double ms, gflops;
     int64_t extra;  // peak extra heap bytes, -1 when not counted
+    int64_t device = -1;  // device bytes the call allocates (a GPU layer), else -1
     double vs_ref_time = NAN, vs_ref_heap = NAN;
   };
   std::vector<Row> rows;
@@ -559,7 +684,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
     const LmHeadInputs in = make_lmhead_inputs(p, dtype, s.seed, values, f.ignored);
     double ref_ms[2] = {NAN, NAN}, ref_extra[2] = {NAN, NAN};
     for (const LmHeadImpl* m : impls) {
-      LmHeadRunner run = m->prepare(p, in, 1.0, tiles);
+      LmHeadRunner run = m->prepare(p, in, 1.0, knobs);
       for (int k = 0; k < 2; ++k) {
         const std::function<double()>& call = k == 0 ? run.forward : run.fused;
         if (reps > 1) call();  // warm-up
@@ -579,6 +704,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
         const double flops = k == 0 ? lmhead_forward_flops(p) : lmhead_forward_flops(p) + lmhead_backward_flops(p);
         row.gflops = flops / (best * 1e-3) / 1e9;
         row.extra = extra;
+        if (m->device_bytes) row.device = m->device_bytes(p, knobs, k == 1);
         if (m->name == "reference") {
           ref_ms[k] = best;
           ref_extra[k] = counting ? double(extra) : NAN;
@@ -595,12 +721,14 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   Table t;
   t.columns = {{"d", "d", false},          {"impl", "impl", true},           {"pass", "pass", true},
                {"time_ms", "best(ms)", false}, {"gflops", "GFLOP/s", false},  {"peak_extra_heap_mib", "peak heap(MiB)", false},
-               {"speedup_vs_reference", "x ref speed", false}, {"heap_vs_reference", "x ref heap", false}};
+               {"speedup_vs_reference", "x ref speed", false}, {"heap_vs_reference", "x ref heap", false},
+               {"device_extra_mib", "device extra(MiB)", false}};
   for (const Row& x : rows)
     t.add({integer(x.d), text(x.impl), text(x.pass), number(x.ms, "%.1f"), number(x.gflops, "%.2f"),
            x.extra < 0 ? missing() : number(double(x.extra) / 1048576.0, "%.1f"),
            std::isnan(x.vs_ref_time) ? missing() : number(x.vs_ref_time, "%.2f"),
-           std::isnan(x.vs_ref_heap) ? missing() : number(x.vs_ref_heap, "%.4f")});
+           std::isnan(x.vs_ref_heap) ? missing() : number(x.vs_ref_heap, "%.4f"),
+           x.device < 0 ? missing() : number(double(x.device) / 1048576.0, "%.1f")});
   if (r.json) {
     Json j = {{"command", "bench"}, {"op", "lmhead-ce"}, {"dtype", to_string(dtype)}, {"reps", reps},
               {"threads", threads}, {"Br", tiles.Br}, {"Bv", tiles.Bv}, {"verified", true},
