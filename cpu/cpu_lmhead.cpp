@@ -257,7 +257,11 @@ int64_t lmhead_workspace_bytes(const LmHeadProblem& p, Dtype dtype, bool backwar
   const int64_t a = dtype == Dtype::F64 ? 8 : 4;
   const int64_t Br = std::min(tiles.Br, p.N), Bv = std::min(tiles.Bv, p.V), n_vt = ceil_div(p.V, Bv);
   int64_t n = Br * p.V + Br * p.d + 3 * Br * n_vt + 2 * Br;  // Z, Hc, partials, tz, Lr
-  if (backward) n += int64_t(std::max(threads, 1)) * Br * p.d;
+  const int64_t T = std::max(threads, 1);
+  if (backward) n += T * Br * p.d;
+  // Eigen packs blocks of both operands of each tile GEMM, at most the operands themselves:
+  // Br x Bv + Bv x d + Br x d per thread bounds every one of the three products.
+  n += T * (Br * Bv + Bv * p.d + Br * p.d);
   const bool sixteen = dtype == Dtype::BF16 || dtype == Dtype::F16;
   if (sixteen) n += p.V * p.d * (backward ? 2 : 1);  // fp32 copy of W, fp32 dW accumulator
   return n * a;

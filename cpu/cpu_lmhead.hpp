@@ -35,8 +35,9 @@ template <class T>
 acc_t<T> lmhead_fused(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g,
                       acc_t<T>* LSE, View2<T> dH, View2<T> dW, LmHeadTiles tiles = {});
 
-// Bytes of workspace a call allocates beyond its arguments, on `threads` OpenMP threads (for the
-// tools' memory estimates; tested against the allocator in tests/cpu).
+// Bytes of workspace a fused (or, backward = false, forward) call allocates beyond its arguments,
+// on `threads` OpenMP threads, Eigen's GEMM packing included as a bound: the tools' memory
+// estimates (held against the measured heap peak in tests/tools/test_resources.cpp).
 int64_t lmhead_workspace_bytes(const LmHeadProblem& p, Dtype dtype, bool backward, LmHeadTiles tiles, int threads);
 
 }  // namespace burstlab::cpu
