@@ -102,45 +102,14 @@ Dtype parse_descr(const std::string& d, const std::string& name) {
   fail(name, ": dtype '", d, "' is not supported; expected '<f8' (fp64), '<f4' (fp32), '<f2' (fp16) or '<V2' (bf16)");
 }
 
-}  // namespace
-
-double half_bits_to_double(uint16_t h) {
-  const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  double v;
-  if (e == 0) v = std::ldexp(static_cast<double>(m), -24);  // zero or subnormal
-  else if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : HUGE_VAL;
-  else v = std::ldexp(static_cast<double>(m | 0x400), e - 25);
-  return sign ? -v : v;
-}
-
-uint16_t double_to_half_bits(double x) {
-  const double r = round_to_fp16(static_cast<float>(x));  // exact fp16 value (or inf / nan)
-  const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
-  const double a = std::fabs(r);
-  if (std::isnan(r)) return sign | 0x7e00;
-  if (std::isinf(a)) return sign | 0x7c00;
-  if (a < std::ldexp(1.0, -14)) return sign | static_cast<uint16_t>(std::ldexp(a, 24));  // subnormal / 0
-  int e;
-  const double f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
-  const uint16_t m = static_cast<uint16_t>(std::ldexp(f, 11)) & 0x3ff;
-  return sign | static_cast<uint16_t>((e + 14) << 10) | m;
-}
-
-double bf16_bits_to_double(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t double_to_bf16_bits(double x) {
-  const float f = round_to_bf16(static_cast<float>(x));
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-NpyArray parse_npy(const std::string& bytes, const std::string& name) {
+// The header of a .npy file, parsed strictly; data_at is the offset of the first element.
+struct Header {
+  std::string descr;
+  std::vector<int64_t> shape;
+  bool fortran = false;
+  size_t data_at = 0;
+};
+Header parse_header(const std::string& bytes, const std::string& name) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (bytes.size() < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0)
     fail(name, ": not a .npy file (missing the \\x93NUMPY magic; ", bytes.size(), " bytes)");
@@ -195,14 +164,19 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   if (ps.at != header.size()) ps.bad("trailing characters after the dict");
   if (!have_descr || !have_order || !have_shape)
     fail(name, ": .npy header lacks '", !have_descr ? "descr" : !have_order ? "fortran_order" : "shape", "'");
-  NpyArray a;
-  a.dtype = parse_descr(descr, name);
-  if (fortran) fail(name, ": fortran_order is True; burstlab reads C order only (save np.ascontiguousarray(a))");
-  a.shape = shape;
+  Header h;
+  h.descr = descr;
+  h.shape = shape;
+  h.fortran = fortran;
+  h.data_at = start + hlen;
+  return h;
+}
 
-  // Size check before any allocation: prod(shape) * itemsize must equal the bytes after the header.
-  const uint64_t have = bytes.size() - start - hlen;
-  const uint64_t isz = static_cast<uint64_t>(itemsize(a.dtype));
+// prod(shape) elements of isz bytes must be exactly what follows the header; checked before any
+// allocation.
+uint64_t element_count(const std::string& bytes, const std::string& name, const Header& h, uint64_t isz) {
+  const uint64_t have = bytes.size() - h.data_at;
+  const std::vector<int64_t>& shape = h.shape;
   std::ostringstream sh;
   for (size_t k = 0; k < shape.size(); ++k) sh << (k ? ", " : "") << shape[k];
   bool zero = false;
@@ -216,12 +190,88 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   }
   if (count > have / isz)
     fail(name, ": truncated data or absurd shape: shape (", sh.str(), ") needs ", count, " x ", isz, " bytes of ",
-         descr, " but ", have, " follow the header");
+         h.descr, " but ", have, " follow the header");
   if (count * isz != have)
-    fail(name, ": trailing data: shape (", sh.str(), ") needs ", count * isz, " bytes of ", descr, " but ", have,
+    fail(name, ": trailing data: shape (", sh.str(), ") needs ", count * isz, " bytes of ", h.descr, " but ", have,
          " follow the header");
+  return count;
+}
+
+// The dict and padding of a version 1.0 header (2.0 when it needs it), for `count` elements.
+std::string header_bytes(const char* descr, const std::vector<int64_t>& shape, size_t n) {
+  size_t count = 1;
+  std::string sh;
+  for (int64_t k : shape) {
+    if (k < 0) fail("npy shape entry (", k, ") must be >= 0");
+    count *= static_cast<size_t>(k);
+    sh += std::to_string(k) + ", ";
+  }
+  if (shape.size() > 1) sh.resize(sh.size() - 2);  // "(2, 3)"
+  else if (shape.size() == 1) sh.resize(sh.size() - 1);  // "(3,)": a one-element tuple
+  if (count != n) fail("npy data size (", n, ") must equal the product of its shape (", count, ")");
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + sh + "), }";
+  // Pad so that magic + length + header is a multiple of 64 bytes, ending in '\n' (format.py).
+  const bool v2 = dict.size() + 11 > 65535;
+  const size_t pre = v2 ? 12 : 10;
+  const size_t total = ((pre + dict.size() + 1 + 63) / 64) * 64;
+  dict.append(total - pre - dict.size() - 1, ' ');
+  dict += '\n';
+  std::string out("\x93NUMPY", 6);
+  out += static_cast<char>(v2 ? 2 : 1);
+  out += '\0';
+  const size_t hl = dict.size();
+  for (size_t k = 0; k < (v2 ? 4u : 2u); ++k) out += static_cast<char>((hl >> (8 * k)) & 0xff);
+  return out + dict;
+}
+
+}  // namespace
+
+double half_bits_to_double(uint16_t h) {
+  const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  double v;
+  if (e == 0) v = std::ldexp(static_cast<double>(m), -24);  // zero or subnormal
+  else if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : HUGE_VAL;
+  else v = std::ldexp(static_cast<double>(m | 0x400), e - 25);
+  return sign ? -v : v;
+}
+
+uint16_t double_to_half_bits(double x) {
+  const double r = round_to_fp16(static_cast<float>(x));  // exact fp16 value (or inf / nan)
+  const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
+  const double a = std::fabs(r);
+  if (std::isnan(r)) return sign | 0x7e00;
+  if (std::isinf(a)) return sign | 0x7c00;
+  if (a < std::ldexp(1.0, -14)) return sign | static_cast<uint16_t>(std::ldexp(a, 24));  // subnormal / 0
+  int e;
+  const double f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  const uint16_t m = static_cast<uint16_t>(std::ldexp(f, 11)) & 0x3ff;
+  return sign | static_cast<uint16_t>((e + 14) << 10) | m;
+}
+
+double bf16_bits_to_double(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t double_to_bf16_bits(double x) {
+  const float f = round_to_bf16(static_cast<float>(x));
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+NpyArray parse_npy(const std::string& bytes, const std::string& name) {
+  const Header h = parse_header(bytes, name);
+  NpyArray a;
+  a.dtype = parse_descr(h.descr, name);
+  if (h.fortran) fail(name, ": fortran_order is True; burstlab reads C order only (save np.ascontiguousarray(a))");
+  a.shape = h.shape;
+  const uint64_t count = element_count(bytes, name, h, static_cast<uint64_t>(itemsize(a.dtype)));
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   a.data.resize(count);
-  const unsigned char* d = p + start + hlen;
+  const unsigned char* d = p + h.data_at;
   for (uint64_t k = 0; k < count; ++k) {
     switch (a.dtype) {
       case Dtype::F64: { const uint64_t u = le(d + 8 * k, 8); double v; std::memcpy(&v, &u, 8); a.data[k] = v; break; }
@@ -251,29 +301,7 @@ void write_file(const std::string& path, const std::string& bytes) {
 NpyArray read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
 std::string format_npy(Dtype dtype, const std::vector<int64_t>& shape, const double* data, size_t n) {
-  size_t count = 1;
-  std::string sh;
-  for (int64_t k : shape) {
-    if (k < 0) fail("npy shape entry (", k, ") must be >= 0");
-    count *= static_cast<size_t>(k);
-    sh += std::to_string(k) + ", ";
-  }
-  if (shape.size() > 1) sh.resize(sh.size() - 2);  // "(2, 3)"
-  else if (shape.size() == 1) sh.resize(sh.size() - 1);  // "(3,)": a one-element tuple
-  if (count != n) fail("npy data size (", n, ") must equal the product of its shape (", count, ")");
-  std::string dict = std::string("{'descr': '") + descr_of(dtype) + "', 'fortran_order': False, 'shape': (" + sh + "), }";
-  // Pad so that magic + length + header is a multiple of 64 bytes, ending in '\n' (format.py).
-  const bool v2 = dict.size() + 11 > 65535;
-  const size_t pre = v2 ? 12 : 10;
-  const size_t total = ((pre + dict.size() + 1 + 63) / 64) * 64;
-  dict.append(total - pre - dict.size() - 1, ' ');
-  dict += '\n';
-  std::string out("\x93NUMPY", 6);
-  out += static_cast<char>(v2 ? 2 : 1);
-  out += '\0';
-  const size_t hl = dict.size();
-  for (size_t k = 0; k < (v2 ? 4u : 2u); ++k) out += static_cast<char>((hl >> (8 * k)) & 0xff);
-  out += dict;
+  std::string out = header_bytes(descr_of(dtype), shape, n);
   const int isz = itemsize(dtype);
   out.reserve(out.size() + n * isz);
   for (size_t k = 0; k < n; ++k) {
@@ -292,6 +320,40 @@ std::string format_npy(Dtype dtype, const std::vector<int64_t>& shape, const dou
 void write_npy(const std::string& path, Dtype dtype, const std::vector<int64_t>& shape, const double* data,
                size_t n) {
   write_file(path, format_npy(dtype, shape, data, n));
+}
+
+NpyInt64 parse_npy_int64(const std::string& bytes, const std::string& name) {
+  const Header h = parse_header(bytes, name);
+  if (h.descr != "<i8" && h.descr != "<i4")
+    fail(name, ": dtype '", h.descr, "' is not supported for integers; expected '<i8' (int64) or '<i4' (int32)");
+  if (h.fortran) fail(name, ": fortran_order is True; burstlab reads C order only (save np.ascontiguousarray(a))");
+  const int isz = h.descr == "<i8" ? 8 : 4;
+  const uint64_t count = element_count(bytes, name, h, static_cast<uint64_t>(isz));
+  NpyInt64 a;
+  a.shape = h.shape;
+  a.data.resize(count);
+  const auto* d = reinterpret_cast<const unsigned char*>(bytes.data()) + h.data_at;
+  for (uint64_t k = 0; k < count; ++k) {
+    const uint64_t u = le(d + isz * k, isz);
+    a.data[k] = isz == 8 ? static_cast<int64_t>(u) : static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(u)));
+  }
+  return a;
+}
+
+NpyInt64 read_npy_int64(const std::string& path) { return parse_npy_int64(read_file(path), path); }
+
+std::string format_npy_int64(const std::vector<int64_t>& shape, const int64_t* data, size_t n) {
+  std::string out = header_bytes("<i8", shape, n);
+  out.reserve(out.size() + n * 8);
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t u = static_cast<uint64_t>(data[k]);
+    for (int b = 0; b < 8; ++b) out += static_cast<char>((u >> (8 * b)) & 0xff);
+  }
+  return out;
+}
+
+void write_npy_int64(const std::string& path, const std::vector<int64_t>& shape, const int64_t* data, size_t n) {
+  write_file(path, format_npy_int64(shape, data, n));
 }
 
 }  // namespace burstlab::check

@@ -32,6 +32,17 @@ std::string format_npy(Dtype dtype, const std::vector<int64_t>& shape, const dou
 void write_npy(const std::string& path, Dtype dtype, const std::vector<int64_t>& shape, const double* data,
                size_t n);
 
+// Integer arrays ('<i8', and '<i4' read as int64), little-endian, C order: the labels of the LM
+// head's case files (check/lmhead_case.hpp). Same strictness as parse_npy; written as '<i8'.
+struct NpyInt64 {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> data;
+};
+NpyInt64 parse_npy_int64(const std::string& bytes, const std::string& name);
+NpyInt64 read_npy_int64(const std::string& path);
+std::string format_npy_int64(const std::vector<int64_t>& shape, const int64_t* data, size_t n);
+void write_npy_int64(const std::string& path, const std::vector<int64_t>& shape, const int64_t* data, size_t n);
+
 // Bit conversions used by the reader/writer (exposed for tests).
 double half_bits_to_double(uint16_t h);
 uint16_t double_to_half_bits(double x);   // round to nearest even, subnormals, inf, nan

@@ -125,8 +125,9 @@ MatD o_bound_raw(const Problem& p, const Precision& pr, const RowFacts& f, const
   return PV;
 }
 
-std::string fmt_coord(const int64_t* idx, int rank) {
-  static const char* names[] = {"b", "h", "i", "k"};
+std::string fmt_coord(const int64_t* idx, int rank, const char* const* names) {
+  static const char* const bhik[] = {"b", "h", "i", "k"};
+  if (!names) names = bhik;
   std::string s = "(";
   for (int a = 0; a < rank; ++a) {
     if (a) s += ", ";
@@ -169,7 +170,8 @@ RuleConstants rule_constants(Dtype s) {
 }
 
 // One element of §9.3. Updates m; returns nothing.
-void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank) {
+void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank,
+                     const char* const* names) {
   ++m.checked;
   bool wrong = false;
   double ratio = 0;
@@ -191,7 +193,7 @@ void compare_element(Metrics& m, double got, double want, double bound, const in
   m.err_bound = std::max(m.err_bound, ratio);
   if (wrong) {
     if (m.wrong == 0)
-      m.first_wrong = fmt_coord(idx, rank) + ": got " + fmt_g(got) + " want " + fmt_g(want) +
+      m.first_wrong = fmt_coord(idx, rank, names) + ": got " + fmt_g(got) + " want " + fmt_g(want) +
                       " bound " + fmt_g(bound);
     ++m.wrong;
   }

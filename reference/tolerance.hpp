@@ -71,7 +71,9 @@ constexpr double kRuleSafety = 2.0;
 inline double rule_eta(const RuleConstants& c, int64_t d, int64_t N_k, double a_i) {
   return 2 * c.gamma(double(d) + 2) * a_i + c.gamma(10.0 * double(N_k) + 16) + c.u_P;
 }
-// One element of §9.3 into m; idx holds `rank` coordinates (b, h, i[, k]) for first_wrong.
-void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank);
+// One element of §9.3 into m; idx holds `rank` coordinates (b, h, i[, k]) for first_wrong, named
+// by `names` when given (the LM head's (i, k), (j, k), §10.8).
+void compare_element(Metrics& m, double got, double want, double bound, const int64_t* idx, int rank,
+                     const char* const* names = nullptr);
 
 }  // namespace burstlab

@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 
 #include "burstlab/error.hpp"
+#include "cmd_lmhead.hpp"
 #include "common.hpp"
 #include "memcount.hpp"
 #include "resources.hpp"
@@ -82,6 +83,7 @@ Command add_bench_command(CLI::App& app) {
     int reps = 3;
     int64_t gemm_n = 2048;
     std::string verify = "auto";
+    LmHeadFlags lm;  // --op lmhead-ce (cmd_lmhead.hpp)
   };
   auto s = std::make_shared<State>();
   s->shape.H_q = s->shape.H_kv = 1;
@@ -104,6 +106,7 @@ Command add_bench_command(CLI::App& app) {
                   "B*H_q*visible_pairs*d <= 2^30)")
       ->capture_default_str();
   add_json_flag(sub, s->run);
+  add_lmhead_flags(sub, s->lm);
   sub->footer(
       "Each implementation is checked against the fp64 oracle first; a failure prints no speed\n"
       "and exits 1. Then forward and backward are timed (best of --reps after a warm-up) on one\n"
@@ -117,13 +120,18 @@ Command add_bench_command(CLI::App& app) {
       "Goals are judged on one thread; 'met'/'NOT met' is informational (exit 0). A failed check\n"
       "exits 1 and prints no speed. A problem whose verification or timing would not fit in memory\n"
       "(estimated first, against MemAvailable, the cgroup limit or BURSTLAB_MEMORY_AVAILABLE=<bytes>)\n"
-      "exits 2 before allocating, naming the flags that make it fit (e.g. --verify reduced).");
+      "exits 2 before allocating, naming the flags that make it fit (e.g. --verify reduced).\n"
+      "--op lmhead-ce --vocab V: the fused LM head + cross-entropy (spec §10), N = B x nq rows, -d hidden\n"
+      "size: verified (on N <= 256 rows when N V d > 2^30), then the forward and the fused call of each\n"
+      "impl timed with the peak extra heap of the timed calls; one run and no warm-up with --reps 1.\n"
+      "  burstlab bench --op lmhead-ce --vocab 32768 --nq 8192 -d 1024 --reps 1");
 
   Command c;
   c.app = sub;
-  c.run = [s]() -> int {
+  c.run = [s, sub]() -> int {
     const ShapeFlags& f = s->shape;
     const RunFlags& r = s->run;
+    if (lmhead_selected(sub, s->lm)) return bench_lmhead(f, r, s->lm, s->reps, s->verify);
     // ---- validate everything first
     const double* scale = *f.scale_opt ? &f.scale : nullptr;
     if (f.d.empty()) fail("d (none) needs at least one value");

@@ -12,6 +12,7 @@
 
 #include "burstlab/error.hpp"
 #include "case.hpp"
+#include "lmhead_case.hpp"
 #include "cmd_case.hpp"
 #include "npy.hpp"
 #include "common.hpp"
@@ -59,7 +60,7 @@ std::string fmt_ratio(double x) {
 
 // ---- gen ---------------------------------------------------------------------------------------
 Command add_gen(CLI::App& app) {
-  struct S { std::string out, dtype = "fp32"; bool quick = false, oracle = false, list = false; };
+  struct S { std::string out, dtype = "fp32", op = "attention"; bool quick = false, oracle = false, list = false; };
   auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand("gen", "Write the conformance suite as case directories (.npy + case.json)");
   sub->add_option("--out", s->out, "directory to write the cases into (created)");
@@ -67,15 +68,44 @@ Command add_gen(CLI::App& app) {
   sub->add_option("--dtype", s->dtype, "input dtype(s), comma-separated: fp64, fp32, bf16, fp16")->capture_default_str();
   sub->add_flag("--oracle", s->oracle, "also write the expected outputs (as `burstlab oracle`)");
   sub->add_flag("--list", s->list, "print the cases and exit");
+  sub->add_option("--op", s->op, "operator: attention | lmhead-ce (the fused LM head + cross-entropy, spec §10)")
+      ->capture_default_str();
   sub->footer(
       "Each case: case.json (shape, layout, dtype, scale, the full mask, seed), q.npy k.npy v.npy dO.npy.\n"
       "Deterministic: the same flags write the same bytes. See docs/conformance.md.\n\n"
       "Examples:\n"
       "  burstlab gen --out cases --quick --oracle\n"
-      "  burstlab gen --out cases-bf16 --dtype bf16 --oracle");
+      "  burstlab gen --out cases-bf16 --dtype bf16 --oracle\n"
+      "  burstlab gen --op lmhead-ce --out lm-cases --quick --oracle   h.npy w.npy y.npy per case (spec §10)");
   Command c;
   c.app = sub;
   c.run = [s]() -> int {
+    if (s->op != "attention" && s->op != "lmhead-ce") fail("op (", s->op, ") must be attention or lmhead-ce");
+    if (s->op == "lmhead-ce") {
+      std::vector<check::LmHeadCaseMeta> metas;
+      for (Dtype t : parse_dtypes(s->dtype)) {
+        const auto part = check::lmhead_suite(s->quick, t);
+        metas.insert(metas.end(), part.begin(), part.end());
+      }
+      if (s->list) {
+        for (const check::LmHeadCaseMeta& m : metas)
+          std::printf("%-44s %s values=%s g=%g\n", m.name.c_str(), shape_string(m.p).c_str(), to_string(m.values).c_str(),
+                      m.g);
+        return kExitPass;
+      }
+      if (s->out.empty()) fail("out (empty) must name a directory: gen --out DIR");
+      Progress progress(static_cast<int>(metas.size()));
+      for (const check::LmHeadCaseMeta& m : metas) {
+        progress.step(m.name);
+        const check::LmHeadCaseData cd = check::make_lmhead_case(m);
+        const std::string dir = (fs::path(s->out) / m.name).string();
+        check::write_lmhead_case(dir, cd);
+        if (s->oracle) check::write_lmhead_expected(dir, check::compute_lmhead_expected(cd));
+      }
+      progress.done();
+      std::printf("wrote %zu cases to %s%s\n", metas.size(), s->out.c_str(), s->oracle ? " (with expected outputs)" : "");
+      return kExitPass;
+    }
     std::vector<CaseMeta> metas;
     for (Dtype t : parse_dtypes(s->dtype)) {
       const auto part = check::suite(s->quick, t);
@@ -108,7 +138,8 @@ Command add_oracle(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand("oracle", "Write the fp64 oracle's O, LSE, dQ, dK, dV into a case (or suite)");
   sub->add_option("--case", *dir, "a case directory, or a suite directory of cases")->required();
-  sub->footer("Writes CASE/expected/{O,LSE,dQ,dK,dV}.npy in fp64 (spec §2, §5), on the case's inputs exactly.");
+  sub->footer("Writes CASE/expected/{O,LSE,dQ,dK,dV}.npy in fp64 (spec §2, §5), on the case's inputs exactly;\n"
+              "for an LM head case (burstlab gen --op lmhead-ce) CASE/expected/{L,LSE,dH,dW}.npy (spec §10).");
   Command c;
   c.app = sub;
   c.run = [dir]() -> int {
@@ -116,6 +147,11 @@ Command add_oracle(CLI::App& app) {
     Progress progress(static_cast<int>(dirs.size()));
     for (const std::string& d : dirs) {
       progress.step(d);
+      if (check::is_lmhead_case(d)) {
+        const check::LmHeadCaseData cd = check::read_lmhead_case(d);
+        check::write_lmhead_expected(d, check::compute_lmhead_expected(cd));
+        continue;
+      }
       const CaseData cd = check::read_case(d);
       check::write_expected(d, cd, check::compute_expected(cd));
     }
@@ -148,6 +184,7 @@ Command add_check(CLI::App& app) {
   sub->add_flag("--json", s->json, "one JSON object per case on stdout");
   sub->footer(
       "Per tensor: max_abs, max_rel, err/bound, #wrong and the first mismatches with (b, h, i|j, k).\n"
+      "An LM head case (burstlab gen --op lmhead-ce) checks L, LSE, dH, dW .npy files under spec §10.8.\n"
       "candidate.json in the candidate directory may state {\"lse_empty\", \"lse_base\", \"dtype\", \"layout\"}.\n"
       "Exit: 0 pass, 1 a tensor failed or is missing, 2 bad input.\n\n"
       "Example:\n"
@@ -168,18 +205,51 @@ Command add_check(CLI::App& app) {
       const size_t comma = std::min(s->tensors.find(',', at), s->tensors.size());
       const std::string one = s->tensors.substr(at, comma - at);
       at = comma + 1;
-      if (one != "O" && one != "LSE" && one != "dQ" && one != "dK" && one != "dV")
-        fail("tensors (", s->tensors, ") has '", one, "'; names: O, LSE, dQ, dK, dV");
+      if (one != "O" && one != "LSE" && one != "dQ" && one != "dK" && one != "dV" && one != "L" && one != "dH" &&
+          one != "dW")
+        fail("tensors (", s->tensors, ") has '", one, "'; names: O, LSE, dQ, dK, dV (attention), L, LSE, dH, dW (LM head)");
       only.push_back(one);
     }
     const auto dirs = case_dirs(s->case_dir);
     const bool single = dirs.size() == 1 && dirs[0] == s->case_dir;
     int failed = 0;
     for (const std::string& d : dirs) {
-      const CaseData cd = check::read_case(d);
-      const check::Expected e = check::read_expected(d, cd.meta);
       const std::string cand_dir = single ? s->cand : (fs::path(s->cand) / fs::path(d).filename()).string();
       check::CheckResult r;
+      if (check::is_lmhead_case(d)) {  // spec §10: L, LSE, dH, dW under §10.8; no LSE conventions apply
+        const check::LmHeadCaseData cd = check::read_lmhead_case(d);
+        const check::LmHeadExpected e = check::read_lmhead_expected(d, cd.meta);
+        if (!fs::is_directory(cand_dir)) {
+          r.case_name = cd.meta.name;
+          r.dtype = cd.meta.dtype;
+          for (const char* t : {"L", "LSE", "dH", "dW"}) {
+            check::TensorCheck tc;
+            tc.m.tensor = t;
+            tc.missing = true;
+            r.tensors.push_back(tc);
+          }
+        } else {
+          const check::LmHeadCandidate cand = check::read_lmhead_candidate(cand_dir, cd.meta, over.dtype);
+          r = check::check_lmhead_candidate(cd, e, cand, cand.dtype, s->max_list);
+        }
+        if (!only.empty()) {
+          std::vector<check::TensorCheck> keep;
+          for (const check::TensorCheck& t : r.tensors)
+            if (std::find(only.begin(), only.end(), t.m.tensor) != only.end()) keep.push_back(t);
+          r.tensors = keep;
+        }
+        failed += !r.pass();
+        if (s->json) std::printf("%s\n", check::check_json(r).c_str());
+        else {
+          std::string text = check::format_check(r);
+          const std::string rule = "bound of spec §9 for", lm_rule = "bound of spec §10.8 for";
+          if (const size_t at = text.find(rule); at != std::string::npos) text.replace(at, rule.size(), lm_rule);
+          std::printf("%s%s", text.c_str(), dirs.size() > 1 ? "\n" : "");
+        }
+        continue;
+      }
+      const CaseData cd = check::read_case(d);
+      const check::Expected e = check::read_expected(d, cd.meta);
       if (!fs::is_directory(cand_dir)) {  // a suite run that skipped a case: every tensor missing
         r.case_name = cd.meta.name;
         r.dtype = cd.meta.dtype;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "burstlab/error.hpp"
+#include "cmd_lmhead.hpp"
 #include "common.hpp"
 #include "resources.hpp"
 
@@ -73,6 +74,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
     ShapeFlags shape;
     RunFlags run;
     int repeat = 1;
+    LmHeadFlags lm;  // --op lmhead-ce (cmd_lmhead.hpp)
   };
   auto s = std::make_shared<State>();
   CLI::App* sub = app.add_subcommand(
@@ -93,6 +95,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       ->capture_default_str();
   add_json_flag(sub, s->run);
   sub->add_flag("-v,--verbose", s->run.verbose, "also print one row per tensor (O, LSE, dQ, dK, dV)");
+  add_lmhead_flags(sub, s->lm);
   sub->footer(
       "Every output element is compared with the fp64 oracle under its derived bound (spec §9):\n"
       "err/bound <= 1 everywhere means PASS. One row per impl x pass, its numbers the worst over\n"
@@ -113,14 +116,18 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
       "  burstlab run --impl cpu --algo ring,burst --single --world 4 --partition zigzag --mask causal\n"
       "  burstlab run --impl cuda --algo burst --transport nccl --world 2 --dtype bf16 --mask causal --partition zigzag\n"
       "  mpirun -np 2 burstlab run --impl cuda --algo ring,burst --transport nccl --single --dtype bf16 --repeat 5\n"
+      "  burstlab run --op lmhead-ce --vocab 32000 --nq 512 -d 256 --label-smoothing 0.1 --dtype bf16 --impl cpu\n"
       "Mask grammar: parts joined by '+': none | causal | window:L,R | document[:n] |\n"
-      "block[:BQxBK[@density]]. Rows: one per impl x pass, numbers = worst over its tensors.");
+      "block[:BQxBK[@density]]. Rows: one per impl x pass, numbers = worst over its tensors.\n"
+      "--op lmhead-ce: the fused LM head + cross-entropy (spec §10): N = B x nq rows, -d hidden size,\n"
+      "--vocab V; rows fwd (L, LSE), bwd (dH, dW), fused (one call); --pass both = all three.");
 
   Command c;
   c.app = sub;
-  c.run = [s, &hooks]() -> int {
+  c.run = [s, sub, &hooks]() -> int {
     const ShapeFlags& f = s->shape;
     const RunFlags& r = s->run;
+    if (lmhead_selected(sub, s->lm)) return run_lmhead(f, r, s->lm, s->repeat);
     // Validate everything before printing anything.
     const double* scale = *f.scale_opt ? &f.scale : nullptr;
     const Problem p = make_problem(f.B, f.H_q, f.H_kv, f.N_q, f.N_k, f.d.at(0), f.mask, f.seed, scale);

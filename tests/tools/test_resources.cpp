@@ -13,7 +13,10 @@
 #include <string>
 
 #include "burstlab/error.hpp"
+#include "burstlab/lmhead.hpp"
 #include "common.hpp"
+#include "cpu_lmhead.hpp"
+#include "lmhead_check.hpp"
 #include "memcount.hpp"
 #include "resources.hpp"
 
@@ -317,6 +320,58 @@ TEST(OutOfMemory, MessageNamesTheStepItsBytesAndTheAdvice) {
   { Allocating done("a step that finished", 1); }
   msg = out_of_memory_message(std::bad_alloc());
   EXPECT_FALSE(has(msg, "while")) << msg;
+}
+
+}  // namespace
+}  // namespace burstlab::tools
+
+namespace burstlab::tools {
+namespace {
+
+// cpu::lmhead_workspace_bytes (the LM head's footprint in `run --op lmhead-ce`) against the heap
+// peak of the calls it describes: it must cover the peak and not be far above it (its GEMM packing
+// term is a bound, hence 1.5x rather than 1.25x).
+TEST(Estimate, LmHeadWorkspaceCoversTheMeasuredHeap) {
+  if (!heap_counting()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
+  OneThread one;
+  LmHeadProblem p;
+  p.N = 700;
+  p.d = 96;
+  p.V = 5003;
+  p.label_smoothing = 0.1;
+  const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 3, Values::Normal, 0.1);
+  for (Dtype t : {Dtype::F32, Dtype::BF16})
+    for (bool backward : {false, true}) {
+      const cpu::LmHeadTiles tiles{128, 512};
+      int64_t measured = 0;
+      if (t == Dtype::F32) {
+        Matrix<float> H = make_matrix<float>(p.N, p.d), W = make_matrix<float>(p.V, p.d);
+        for (size_t e = 0; e < H.data.size(); ++e) H.data[e] = float(in.H.data[e]);
+        for (size_t e = 0; e < W.data.size(); ++e) W.data[e] = float(in.W.data[e]);
+        Matrix<float> dH = make_matrix<float>(p.N, p.d), dW = make_matrix<float>(p.V, p.d);
+        std::vector<float> LSE(static_cast<size_t>(p.N));
+        measured = measured_peak([&] {
+          if (backward) cpu::lmhead_fused<float>(p, H.view(), W.view(), in.y.data(), 1.0, LSE.data(), dH.view(), dW.view(), tiles);
+          else cpu::lmhead_forward<float>(p, H.view(), W.view(), in.y.data(), LSE.data(), tiles);
+        });
+      } else {
+        Matrix<bf16_t> H = make_matrix<bf16_t>(p.N, p.d), W = make_matrix<bf16_t>(p.V, p.d);
+        for (size_t e = 0; e < H.data.size(); ++e) H.data[e] = bf16_t(float(in.H.data[e]));
+        for (size_t e = 0; e < W.data.size(); ++e) W.data[e] = bf16_t(float(in.W.data[e]));
+        Matrix<bf16_t> dH = make_matrix<bf16_t>(p.N, p.d), dW = make_matrix<bf16_t>(p.V, p.d);
+        std::vector<float> LSE(static_cast<size_t>(p.N));
+        measured = measured_peak([&] {
+          if (backward) cpu::lmhead_fused<bf16_t>(p, H.view(), W.view(), in.y.data(), 1.0, LSE.data(), dH.view(), dW.view(), tiles);
+          else cpu::lmhead_forward<bf16_t>(p, H.view(), W.view(), in.y.data(), LSE.data(), tiles);
+        });
+      }
+      const int64_t estimate = cpu::lmhead_workspace_bytes(p, t, backward, tiles, 1);
+      const std::string what = "cpu lmhead " + to_string(t) + (backward ? " fused" : " forward");
+      std::printf("  %s: estimate %lld, measured %lld (x%.3f)\n", what.c_str(), static_cast<long long>(estimate),
+                  static_cast<long long>(measured), double(estimate) / double(measured));
+      EXPECT_GE(estimate, measured) << what;
+      EXPECT_LE(double(estimate), 1.5 * double(measured)) << what;
+    }
 }
 
 }  // namespace

@@ -1,0 +1,479 @@
+// cuda/lmhead_v1.cu — the fused LM head + cross-entropy on tensor cores (spec §10; the API and
+// its contract: cuda_lmhead.hpp). Per chunk of Nc rows, on one stream:
+//   1. Z = H_rows W^T                (eq. 10.1)  tensor-core product, fp32 (Nc, Vp) buffer
+//   2. one CTA per row: max, sum of exp, LSE (10.2), the row's loss (10.3) and, for the backward,
+//      dz (10.7) rounded to T into an (Nc, Vp) buffer whose padding columns are zeros
+//   3. dH_rows = dz W                (eq. 10.8)  stored in T
+//   4. dW_acc += dz^T H_rows         (eq. 10.9)  an fp32 (V, d) accumulator, converted at the end
+// One product kernel serves 1, 3 and 4: C(m, n) = sum_k A(m, k) B(n, k) with A and B each stored
+// k-contiguous or transposed (ldmatrix .trans), 128 x 128 x 64 CTA tiles, 8 warps of 64 x 32,
+// mma.sync m16n8k16 with fp32 accumulation, operands double-buffered by cp.async in cuda/mma.cuh's
+// XOR-swizzled layout (the fragment addressing of v2's S = Q K^T and O += P V, plus A transposed).
+// Deterministic: no atomics in the arithmetic; the loss is summed by one CTA in a fixed order.
+#include "cuda_lmhead.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "burstlab/error.hpp"
+#include "detail.cuh"
+#include "mma.cuh"
+
+namespace burstlab::cuda {
+namespace detail::lmhead {
+
+using v2::cp_async16;
+using v2::cp_async_commit;
+using v2::cp_async_wait;
+using v2::ldsm_x4;
+using v2::ldsm_x4_t;
+using v2::Mma;
+using v2::swz;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64, kThreads = 256;
+constexpr int kTile = kBM * kBK;  // elements of one operand tile (kBN == kBM)
+constexpr size_t kSmemBytes = size_t(2) * 2 * kTile * 2;  // 2 stages x 2 operands x 16-bit: 64 KiB
+constexpr int kRowThreads = 256;
+
+// One operand of C(m, n) = sum_k A(m, k) B(n, k) as STORED: element (r, c) at p[r * ld + c];
+// rows >= `rows` and 16-byte chunks reaching past `cols` (a multiple of 8) are read as zeros.
+template <class T>
+struct Operand {
+  const T* p;
+  int64_t ld, rows, cols;
+};
+
+enum class Epi { StoreF32, StoreT, AddF32 };
+template <class T>
+struct Out {
+  float* f = nullptr;  // StoreF32, AddF32: (M, N) with row stride ldf
+  int64_t ldf = 0;
+  View2<T> t;          // StoreT
+};
+
+// A ROWS x COLS tile of the stored matrix at (r0, c0) into shared memory (swz<COLS>).
+template <class T, int ROWS, int COLS>
+__device__ __forceinline__ void stage(T* s, const Operand<T>& o, int64_t r0, int64_t c0, int tid) {
+  constexpr int CH = COLS / 8;
+#pragma unroll
+  for (int i = tid; i < ROWS * CH; i += kThreads) {
+    const int r = i / CH, c = i % CH;
+    const int64_t gr = r0 + r, gc = c0 + 8 * c;
+    const bool ok = gr < o.rows && gc + 8 <= o.cols;
+    cp_async16(s + swz<COLS>(r, c), ok ? o.p + gr * o.ld + gc : o.p, ok ? 16 : 0);
+  }
+}
+
+// AT: A stored (K, M) (k-major), else (M, K). BT: B stored (K, N), else (N, K).
+template <class T, bool AT, bool BT, Epi E>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(Operand<T> A, Operand<T> B, int64_t M, int64_t N, int64_t K,
+                                                        Out<T> out) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sbase = reinterpret_cast<T*>(smem_raw);  // stage s: A at s * 2 kTile, B after it
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 64 x 32 of C each
+  const int64_t m0 = int64_t(blockIdx.x) * kBM, n0 = int64_t(blockIdx.y) * kBN;
+
+  auto load = [&](int st, int64_t k0) {
+    T* sA = sbase + st * 2 * kTile;
+    T* sB = sA + kTile;
+    if constexpr (AT) stage<T, kBK, kBM>(sA, A, k0, m0, tid);
+    else stage<T, kBM, kBK>(sA, A, m0, k0, tid);
+    if constexpr (BT) stage<T, kBK, kBN>(sB, B, k0, n0, tid);
+    else stage<T, kBN, kBK>(sB, B, n0, k0, tid);
+    cp_async_commit();
+  };
+
+  float acc[4][4][4];  // [m16 tile][n8 tile][mma C fragment]
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+
+  const int64_t nk = (K + kBK - 1) / kBK;
+  if (nk > 0) load(0, 0);
+  for (int64_t kt = 0; kt < nk; ++kt) {
+    if (kt + 1 < nk) {
+      load(static_cast<int>((kt + 1) & 1), (kt + 1) * kBK);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* sA = sbase + (kt & 1) * 2 * kTile;
+    const T* sB = sA + kTile;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t af[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const int mr = wm * 64 + mt * 16;
+        if constexpr (AT)  // stored (k, m): 8x8 blocks transposed into the row-major A fragment
+          ldsm_x4_t(af[mt], sA + swz<kBM>(kk * 16 + 8 * (lane >> 4) + (lane & 7), (mr >> 3) + ((lane >> 3) & 1)));
+        else
+          ldsm_x4(af[mt], sA + swz<kBK>(mr + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)));
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int nc = wn * 32 + np * 16;
+        uint32_t bf[4];
+        if constexpr (BT)  // stored (k, n): as v2's V in O += P V
+          ldsm_x4_t(bf, sB + swz<kBN>(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), (nc >> 3) + (lane >> 4)));
+        else  // stored (n, k): as v2's K in S = Q K^T
+          ldsm_x4(bf, sB + swz<kBK>(nc + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          Mma<T>::run(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+          Mma<T>::run(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage just read is the one the next iteration's load overwrites
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = m0 + wm * 64 + mt * 16 + g + 8 * (e >> 1);
+        const int64_t col = n0 + wn * 32 + nt * 8 + 2 * t4 + (e & 1);
+        if (row >= M || col >= N) continue;
+        const float v = acc[mt][nt][e];
+        if constexpr (E == Epi::StoreF32) out.f[row * out.ldf + col] = v;
+        else if constexpr (E == Epi::AddF32) out.f[row * out.ldf + col] += v;
+        else out.t(row, col) = Store<T>::from(v);
+      }
+}
+
+template <class T, bool AT, bool BT, Epi E>
+void gemm(const Operand<T>& A, const Operand<T>& B, int64_t M, int64_t N, int64_t K, const Out<T>& out,
+          cudaStream_t s) {
+  if (M <= 0 || N <= 0) return;
+  auto* k = gemm_kernel<T, AT, BT, E>;
+  BURSTLAB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+  const dim3 grid(static_cast<unsigned>((M + kBM - 1) / kBM), static_cast<unsigned>((N + kBN - 1) / kBN));
+  k<<<grid, kThreads, kSmemBytes, s>>>(A, B, M, N, K, out);
+  BURSTLAB_CUDA_LAUNCH_CHECK("lmhead gemm_kernel");
+}
+
+// Sum or max over the CTA, the same fixed order in every thread; red: one float per warp.
+__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kRowThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();  // red is written again by the next reduction
+  return r;
+}
+
+template <class T>
+struct RowArgs {
+  const float* Z;            // (rows, Vp) logits of the chunk
+  int64_t ldz;
+  T* dz;                     // (rows, Vp) or null (forward only)
+  const int64_t* y;          // (N) global labels
+  int64_t r0, V, Vp, ignore_index;
+  float smooth, keep, lam, c;  // eps / V, 1 - eps, lambda, g w
+  bool eps_on;
+  const float* LSE_in;       // given (separate backward), or null: computed here
+  float* LSE_out;            // (N)
+  float* loss_rows;          // (N): l_i, 0 on ignored rows
+};
+
+// One CTA per row of the chunk: eq. (10.2)-(10.3), then (10.6)-(10.7).
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) row_kernel(RowArgs<T> a) {
+  __shared__ float red[kRowThreads / 32];
+  const int tid = threadIdx.x;
+  const int64_t i = blockIdx.x, gi = a.r0 + i;
+  const float* z = a.Z + i * a.ldz;
+  const int64_t yi = a.y[gi];
+  const bool counted = yi != a.ignore_index;
+  float L;
+  if (!a.LSE_in) {
+    float m = -INFINITY;
+    for (int64_t j = tid; j < a.V; j += kRowThreads) m = fmaxf(m, z[j]);
+    m = block_reduce(m, red, true);
+    float s = 0.f;
+    for (int64_t j = tid; j < a.V; j += kRowThreads) s += expf(z[j] - m);
+    s = block_reduce(s, red, false);
+    L = m + logf(s);
+    float zs = 0.f;
+    if (a.eps_on) {
+      for (int64_t j = tid; j < a.V; j += kRowThreads) zs += z[j];
+      zs = block_reduce(zs, red, false);
+    }
+    if (tid == 0) {
+      a.LSE_out[gi] = L;
+      a.loss_rows[gi] = counted ? L - a.keep * z[yi] - a.smooth * zs + a.lam * L * L : 0.f;
+    }
+  } else {
+    L = a.LSE_in[gi];
+  }
+  if (!a.dz) return;
+  T* out = a.dz + i * a.Vp;
+  const float c = counted ? a.c : 0.f;
+  const float q = c * (1.f + 2.f * a.lam * L);
+  for (int64_t j = tid; j < a.Vp; j += kRowThreads) {
+    float v = 0.f;  // ignored rows and the padding columns: exact zeros
+    if (counted && j < a.V) {
+      v = q * expf(z[j] - L) - c * a.smooth;
+      if (j == yi) v -= c * a.keep;
+    }
+    out[j] = Store<T>::from(v);
+  }
+}
+
+// Counts the rows that count and finds the first label outside [0, V) (its index, else ~0).
+__global__ void labels_kernel(const int64_t* y, int64_t N, int64_t V, int64_t ignore_index,
+                              unsigned long long* counted, unsigned long long* first_bad) {
+  unsigned long long n = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = y[i];
+    if (v == ignore_index) continue;
+    if (v < 0 || v >= V) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    else ++n;
+  }
+  if (n) atomicAdd(counted, n);
+}
+
+// sum_i loss_rows[i] by one CTA, a fixed order: thread t sums rows t, t + 1024, ... in order.
+__global__ void __launch_bounds__(1024) loss_sum_kernel(const float* rows, int64_t N, float* sum) {
+  __shared__ float part[1024];
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < N; i += 1024) s += rows[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = 512; w > 0; w >>= 1) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *sum = part[0];
+}
+
+template <class T>
+__global__ void store_dw_kernel(const float* acc, int64_t V, int64_t d, View2<T> dW) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < V * d; e += int64_t(gridDim.x) * blockDim.x)
+    dW(e / d, e % d) = Store<T>::from(acc[e]);
+}
+
+// Stream-ordered device scratch, freed in stream order.
+template <class U>
+struct Scratch {
+  U* p = nullptr;
+  cudaStream_t s = nullptr;
+  Scratch(size_t n, cudaStream_t st) : s(st) {
+    if (n) BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), n * sizeof(U), s));
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (p) cudaFreeAsync(p, s);  // no throw from a destructor path
+  }
+};
+
+enum class Mode { Forward, Backward, Fused };
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+template <class T>
+void validate_call(const LmHeadProblem& p, const View2<const T>& H, const View2<const T>& W, const int64_t* y,
+                   const float* LSE, const char* lse_name) {
+  validate(p);
+  validate_view2("H", H.dim, H.data, p.N, "N", p.d, "d");
+  validate_view2("W", W.dim, W.data, p.V, "V", p.d, "d");
+  if (!y) fail("y (null) must point to N (", p.N, ") labels on the device");
+  if (!LSE) fail(lse_name, " (null) must point to N (", p.N, ") floats on the device");
+  const std::string why = lmhead_unsupported<T>(p, H, W);
+  if (!why.empty()) fail(why);
+}
+
+template <class T>
+float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g, Mode mode,
+          const float* LSE_in, float* LSE_out, View2<T> dH, View2<T> dW, const LmHeadOptions& opt) {
+  const cudaStream_t s = opt.stream;
+  const bool bwd = mode != Mode::Forward, partials = mode != Mode::Backward;
+  const int64_t N = p.N, d = p.d, V = p.V, Vp = round_up(V, 8);
+  const int64_t Nc = lmhead_chunk_rows(p, opt);
+
+  // Labels on the device: every label valid (else the first bad one is named), n_R.
+  Scratch<unsigned long long> cnt(2, s);
+  BURSTLAB_CUDA_CHECK(cudaMemsetAsync(cnt.p, 0, sizeof(unsigned long long), s));
+  BURSTLAB_CUDA_CHECK(cudaMemsetAsync(cnt.p + 1, 0xff, sizeof(unsigned long long), s));
+  const int lgrid = static_cast<int>(std::min<int64_t>((N + 255) / 256, 1024));
+  labels_kernel<<<lgrid, 256, 0, s>>>(y, N, V, p.ignore_index, cnt.p, cnt.p + 1);
+  BURSTLAB_CUDA_LAUNCH_CHECK("lmhead labels_kernel");
+  unsigned long long host_cnt[2];
+  BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(host_cnt, cnt.p, sizeof host_cnt, cudaMemcpyDeviceToHost, s));
+  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (host_cnt[1] != ~0ull) {
+    int64_t bad = 0;
+    BURSTLAB_CUDA_CHECK(cudaMemcpy(&bad, y + host_cnt[1], sizeof bad, cudaMemcpyDeviceToHost));
+    fail("y[", host_cnt[1], "] (", bad, ") must be in [0, V) = [0, ", V, ") or equal ignore_index (", p.ignore_index,
+         ")");
+  }
+  const int64_t n_R = static_cast<int64_t>(host_cnt[0]);
+  const double w = loss_weight(p, n_R);
+
+  Scratch<float> Z(static_cast<size_t>(Nc * Vp), s);                   // (Nc, Vp)
+  Scratch<T> dz(bwd ? static_cast<size_t>(Nc * Vp) : 0, s);           // (Nc, Vp)
+  Scratch<float> loss_rows(partials ? static_cast<size_t>(N) : 0, s);  // (N)
+  Scratch<float> dW_acc(bwd ? static_cast<size_t>(V * d) : 0, s);      // (V, d)
+  Scratch<float> sum(partials ? 1 : 0, s);
+  if (bwd) BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dW_acc.p, 0, size_t(V * d) * sizeof(float), s));
+
+  RowArgs<T> ra;
+  ra.Z = Z.p;
+  ra.ldz = Vp;
+  ra.dz = bwd ? dz.p : nullptr;
+  ra.y = y;
+  ra.V = V;
+  ra.Vp = Vp;
+  ra.ignore_index = p.ignore_index;
+  ra.smooth = static_cast<float>(p.label_smoothing / double(V));
+  ra.keep = static_cast<float>(1.0 - p.label_smoothing);
+  ra.lam = static_cast<float>(p.z_loss);
+  ra.c = static_cast<float>(g * w);
+  ra.eps_on = p.label_smoothing != 0;
+  ra.LSE_in = partials ? nullptr : LSE_in;
+  ra.LSE_out = LSE_out;
+  ra.loss_rows = loss_rows.p;
+
+  const Operand<T> Wk{W.data, W.stride[0], V, d};  // W stored (V, d)
+  for (int64_t r0 = 0; r0 < N; r0 += Nc) {
+    const int64_t rows = std::min(Nc, N - r0);
+    const Operand<T> Hc{H.data + r0 * H.stride[0], H.stride[0], rows, d};  // (rows, d)
+    Out<T> zout;
+    zout.f = Z.p;
+    zout.ldf = Vp;
+    gemm<T, false, false, Epi::StoreF32>(Hc, Wk, rows, V, d, zout, s);  // eq. (10.1)
+    ra.r0 = r0;
+    row_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(ra);
+    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead row_kernel");
+    if (!bwd) continue;
+    const Operand<T> dzo{dz.p, Vp, rows, Vp};  // dz stored (rows, Vp)
+    Out<T> ho;
+    ho.t = dH;
+    ho.t.data = dH.data + r0 * dH.stride[0];
+    ho.t.dim[0] = rows;
+    gemm<T, false, true, Epi::StoreT>(dzo, Wk, rows, d, Vp, ho, s);  // eq. (10.8): dH = dz W
+    Out<T> wo;
+    wo.f = dW_acc.p;
+    wo.ldf = d;
+    gemm<T, true, true, Epi::AddF32>(dzo, Hc, V, d, rows, wo, s);  // eq. (10.9): dW += dz^T H
+  }
+  if (bwd) {
+    const int grid = static_cast<int>(std::min<int64_t>((V * d + 255) / 256, 65535));
+    store_dw_kernel<T><<<grid, 256, 0, s>>>(dW_acc.p, V, d, dW);
+    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead store_dw_kernel");
+  }
+  float L = 0.f;
+  if (partials) {
+    loss_sum_kernel<<<1, 1024, 0, s>>>(loss_rows.p, N, sum.p);
+    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead loss_sum_kernel");
+    float total = 0.f;
+    BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(&total, sum.p, sizeof total, cudaMemcpyDeviceToHost, s));
+    BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+    L = static_cast<float>(w) * total;  // eq. (10.4), in the accumulation type as cpu/
+  }
+  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
+  return L;
+}
+
+}  // namespace detail::lmhead
+
+template <class T>
+std::string lmhead_unsupported(const LmHeadProblem& p, View2<const T> H, View2<const T> W) {
+  if constexpr (!(std::is_same_v<T, bf16> || std::is_same_v<T, f16>)) {
+    return "the cuda LM head runs bf16 and fp16 storage only";
+  } else {
+    if (p.d % 8) return "d (" + std::to_string(p.d) + ") must be a multiple of 8 for the cuda LM head";
+    const View2<const T>* views[2] = {&H, &W};
+    const char* names[2] = {"H", "W"};
+    for (int k = 0; k < 2; ++k) {
+      const View2<const T>& v = *views[k];
+      const std::string n = names[k];
+      if (v.stride[1] != 1) return n + ".stride[1] (" + std::to_string(v.stride[1]) + ") must be 1 for the cuda LM head";
+      if (v.dim[0] > 1 && v.stride[0] % 8)
+        return n + ".stride[0] (" + std::to_string(v.stride[0]) + ") must be a multiple of 8 for the cuda LM head";
+      if (reinterpret_cast<uintptr_t>(v.data) % 16) return n + ".data must be 16-byte aligned for the cuda LM head";
+    }
+    if ((p.V + detail::lmhead::kBN - 1) / detail::lmhead::kBN > 65535)
+      return "V (" + std::to_string(p.V) + ") must be at most " + std::to_string(65535LL * detail::lmhead::kBN) +
+             " for the cuda LM head";
+    return "";
+  }
+}
+
+int64_t lmhead_chunk_rows(const LmHeadProblem& p, const LmHeadOptions& opt) {
+  validate(p);
+  if (opt.chunk_rows < 0) fail("chunk_rows (", opt.chunk_rows, ") must be >= 1, or 0 for the default");
+  if (opt.chunk_rows > 0) return std::min(opt.chunk_rows, p.N);
+  // About 1 GiB of chunk buffers (fp32 logits + 16-bit dz per row), in multiples of the CTA tile.
+  const int64_t per_row = detail::lmhead::round_up(p.V, 8) * 6;
+  const int64_t rows = std::max<int64_t>(128, (int64_t(1) << 30) / per_row / 128 * 128);
+  return std::min(rows, p.N);
+}
+
+int64_t lmhead_workspace_bytes(const LmHeadProblem& p, bool backward, const LmHeadOptions& opt) {
+  const int64_t Nc = lmhead_chunk_rows(p, opt), Vp = detail::lmhead::round_up(p.V, 8);
+  int64_t b = 2 * 8 + Nc * Vp * 4 + p.N * 4 + 4;  // label counters, logits, row losses, the sum
+  if (backward) b += Nc * Vp * 2 + p.V * p.d * 4;  // dz (16-bit), the fp32 dW accumulator
+  return b;
+}
+
+template <class T>
+float lmhead_forward(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, float* LSE,
+                     LmHeadOptions opt) {
+  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
+  return detail::lmhead::run<T>(p, H, W, y, 0.0, detail::lmhead::Mode::Forward, nullptr, LSE, View2<T>(),
+                                View2<T>(), opt);
+}
+
+template <class T>
+void lmhead_backward(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y,
+                     const float* LSE, double g, View2<T> dH, View2<T> dW, LmHeadOptions opt) {
+  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
+  if (!std::isfinite(g)) fail("g (", g, ") must be finite");
+  validate_view2("dH", dH.dim, dH.data, p.N, "N", p.d, "d");
+  validate_view2("dW", dW.dim, dW.data, p.V, "V", p.d, "d");
+  detail::lmhead::run<T>(p, H, W, y, g, detail::lmhead::Mode::Backward, LSE, nullptr, dH, dW, opt);
+}
+
+template <class T>
+float lmhead_fused(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g,
+                   float* LSE, View2<T> dH, View2<T> dW, LmHeadOptions opt) {
+  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
+  if (!std::isfinite(g)) fail("g (", g, ") must be finite");
+  validate_view2("dH", dH.dim, dH.data, p.N, "N", p.d, "d");
+  validate_view2("dW", dW.dim, dW.data, p.V, "V", p.d, "d");
+  return detail::lmhead::run<T>(p, H, W, y, g, detail::lmhead::Mode::Fused, nullptr, LSE, dH, dW, opt);
+}
+
+#define BURSTLAB_CUDA_LMHEAD_INSTANTIATE(T)                                                                        \
+  template std::string lmhead_unsupported<T>(const LmHeadProblem&, View2<const T>, View2<const T>);               \
+  template float lmhead_forward<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, float*,   \
+                                   LmHeadOptions);                                                                 \
+  template void lmhead_backward<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*,          \
+                                   const float*, double, View2<T>, View2<T>, LmHeadOptions);                      \
+  template float lmhead_fused<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, double,    \
+                                 float*, View2<T>, View2<T>, LmHeadOptions);
+
+BURSTLAB_CUDA_LMHEAD_INSTANTIATE(bf16)
+BURSTLAB_CUDA_LMHEAD_INSTANTIATE(f16)
+template std::string lmhead_unsupported<float>(const LmHeadProblem&, View2<const float>, View2<const float>);
+
+}  // namespace burstlab::cuda

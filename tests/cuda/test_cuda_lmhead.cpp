@@ -1,0 +1,231 @@
+// tests/cuda/test_cuda_lmhead.cpp — the CUDA LM head + cross-entropy (cuda/cuda_lmhead.hpp,
+// spec §10) against the fp64 oracle under the §10.8 rule, bf16 and fp16: ragged N and V (V not
+// a multiple of 8 or of the 128-wide tile, V = 1), d from 8 to 136, several chunks of rows,
+// ignore_index rows, all-ignored batches, label smoothing, z-loss, both reductions, logits of
+// 1e4, ties, strided H; the fused call, forward + separate backward; bitwise repeatability;
+// bad input. Outputs are poisoned (0xff: NaN) before every run. Without a GPU every test skips;
+// with BURSTLAB_REQUIRE_GPU=1 a skip fails.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "burstlab/error.hpp"
+#include "burstlab/storage.hpp"
+#include "cuda_lmhead.hpp"
+#include "lmhead_check.hpp"
+#include "testutil.hpp"
+
+namespace {
+
+using namespace burstlab;
+namespace bc = burstlab::cuda;
+using ::testing::HasSubstr;
+
+bool require_gpu_env() {
+  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
+  return e && std::strcmp(e, "0") != 0 && *e;
+}
+
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    std::string why_;                                                                          \
+    if (!bc::gpu_available(&why_)) {                                                           \
+      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
+      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
+                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
+    }                                                                                          \
+  } while (0)
+
+LmHeadProblem make(int64_t N, int64_t d, int64_t V, double eps = 0, double lambda = 0,
+                   Reduction red = Reduction::Mean) {
+  LmHeadProblem p;
+  p.N = N; p.d = d; p.V = V;
+  p.label_smoothing = eps;
+  p.z_loss = lambda;
+  p.reduction = red;
+  return p;
+}
+
+// HT: burstlab's host 16-bit type, DT: the device's; the same bits.
+template <class DT> struct HostOf;
+template <> struct HostOf<bc::bf16> { using type = bf16_t; };
+template <> struct HostOf<bc::f16> { using type = f16_t; };
+
+template <class DT>
+struct GpuRun {
+  float L = NAN;
+  std::vector<float> LSE;
+  Matrix<double> dH, dW;
+};
+
+// ldh: row stride of H on the device (>= d, a multiple of 8).
+template <class DT>
+GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool fused, int64_t chunk_rows,
+                   int64_t ldh = 0) {
+  using HT = typename HostOf<DT>::type;
+  if (ldh == 0) ldh = p.d;
+  std::vector<HT> h(static_cast<size_t>(p.N * ldh), from_double<HT>(7.0)), w(static_cast<size_t>(p.V * p.d));
+  for (int64_t i = 0; i < p.N; ++i)
+    for (int64_t k = 0; k < p.d; ++k) h[i * ldh + k] = from_double<HT>(in.H.data[i * p.d + k]);
+  for (size_t e = 0; e < w.size(); ++e) w[e] = from_double<HT>(in.W.data[e]);
+  bc::DeviceBuffer<DT> H(h.size()), W(w.size()), dH(static_cast<size_t>(p.N * p.d)), dW(w.size());
+  H.upload(reinterpret_cast<const DT*>(h.data()), h.size());
+  W.upload(reinterpret_cast<const DT*>(w.data()), w.size());
+  bc::DeviceBuffer<int64_t> y(in.y.size());
+  y.upload(in.y.data(), in.y.size());
+  bc::DeviceBuffer<float> LSE(static_cast<size_t>(p.N));
+  dH.poison();
+  dW.poison();
+  LSE.poison();
+  View2<const DT> Hv;
+  Hv.data = H.data(); Hv.dim[0] = p.N; Hv.dim[1] = p.d; Hv.stride[0] = ldh; Hv.stride[1] = 1;
+  const View2<const DT> Wv = view2<const DT>(W.data(), p.V, p.d);
+  const View2<DT> dHv = view2<DT>(dH.data(), p.N, p.d), dWv = view2<DT>(dW.data(), p.V, p.d);
+  bc::LmHeadOptions opt;
+  opt.chunk_rows = chunk_rows;
+  GpuRun<DT> r;
+  if (fused) {
+    r.L = bc::lmhead_fused<DT>(p, Hv, Wv, y.data(), g, LSE.data(), dHv, dWv, opt);
+  } else {
+    r.L = bc::lmhead_forward<DT>(p, Hv, Wv, y.data(), LSE.data(), opt);
+    bc::lmhead_backward<DT>(p, Hv, Wv, y.data(), LSE.data(), g, dHv, dWv, opt);
+  }
+  r.LSE.resize(static_cast<size_t>(p.N));
+  LSE.download(r.LSE.data(), r.LSE.size());
+  auto fetch = [](const bc::DeviceBuffer<DT>& b, int64_t rows, int64_t cols) {
+    std::vector<HT> x(static_cast<size_t>(rows * cols));
+    b.download(reinterpret_cast<DT*>(x.data()), x.size());
+    Matrix<double> m = make_matrix<double>(rows, cols);
+    for (size_t e = 0; e < x.size(); ++e) m.data[e] = static_cast<double>(x[e]);
+    return m;
+  };
+  r.dH = fetch(dH, p.N, p.d);
+  r.dW = fetch(dW, p.V, p.d);
+  return r;
+}
+
+template <class DT>
+std::vector<Metrics> check(const LmHeadOracle& o, const GpuRun<DT>& r) {
+  return testutil::cat(check_lmhead_forward(o, r.L, r.LSE.data()),
+                       check_lmhead_backward<double>(o, r.dH.view(), r.dW.view()));
+}
+
+template <class DT>
+Dtype dtype_of_dev() {
+  return std::is_same_v<DT, bc::bf16> ? Dtype::BF16 : Dtype::F16;
+}
+
+template <class DT>
+void sweep(std::map<std::string, double>& worst) {
+  const Dtype dt = dtype_of_dev<DT>();
+  struct S { int64_t N, d, V, chunk; };
+  // V below, at and above the 128-wide tile, not a multiple of 8; chunks that split N unevenly.
+  const S shapes[] = {{1, 8, 1, 0},       {37, 16, 2, 0},      {113, 64, 203, 0},  {300, 72, 1000, 128},
+                      {64, 8, 4099, 0},   {200, 128, 129, 64}, {257, 136, 517, 100}, {130, 32, 128, 0}};
+  uint64_t seed = 1;
+  for (const S& s : shapes)
+    for (Values v : {Values::Normal, Values::Large, Values::Ties})
+      for (int opt = 0; opt < 3; ++opt) {
+        const LmHeadProblem p = opt == 0 ? make(s.N, s.d, s.V)
+                                : opt == 1 ? make(s.N, s.d, s.V, 0.1, 1e-4, Reduction::Sum)
+                                           : make(s.N, s.d, s.V, 0.3, 0.0, Reduction::Mean);
+        const LmHeadInputs in = make_lmhead_inputs(p, dt, seed++, v, opt == 2 ? 0.5 : 0.1);
+        const double g = opt == 1 ? 0.75 : 1.0;
+        const LmHeadOracle o = lmhead_oracle(p, in, g, true);
+        for (bool fused : {true, false}) {
+          const std::vector<Metrics> ms = check(o, run_gpu<DT>(p, in, g, fused, s.chunk));
+          testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
+                                        " chunk=" + std::to_string(s.chunk) + (fused ? " fused" : " fwd+bwd"));
+          for (const Metrics& m : ms) {
+            double& w = worst[to_string(dt) + " " + m.tensor];
+            w = std::max(w, m.err_bound);
+          }
+        }
+      }
+}
+
+TEST(CudaLmHead, SweepMatchesOracle) {
+  REQUIRE_GPU();
+  std::map<std::string, double> worst;
+  sweep<bc::bf16>(worst);
+  sweep<bc::f16>(worst);
+  std::printf("  cuda lmhead, worst err/bound per dtype and tensor:\n");
+  for (const auto& [k, w] : worst) std::printf("    %-10s %.2e\n", k.c_str(), w);
+}
+
+TEST(CudaLmHead, AllIgnoredAndStridedH) {
+  REQUIRE_GPU();
+  for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
+    const LmHeadProblem p = make(50, 16, 77, 0.1, 1e-2, red);
+    const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 5, Values::Normal, 1.0);
+    const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 16);
+    EXPECT_EQ(r.L, 0.0f);
+    for (double x : r.dH.data) EXPECT_EQ(x, 0.0);
+    for (double x : r.dW.data) EXPECT_EQ(x, 0.0);
+  }
+  const LmHeadProblem p = make(41, 24, 95, 0.2, 1e-3, Reduction::Sum);
+  const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F16, 21, Values::Normal, 0.25);
+  const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
+  testutil::expect_pass(check(o, run_gpu<bc::f16>(p, in, 1.0, true, 16, p.d + 8)), "strided H");
+}
+
+// No atomics in the arithmetic: two runs are bitwise equal.
+TEST(CudaLmHead, BitwiseRepeatable) {
+  REQUIRE_GPU();
+  const LmHeadProblem p = make(300, 64, 1000, 0.1, 1e-4);
+  const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 3, Values::Normal, 0.1);
+  const GpuRun<bc::bf16> a = run_gpu<bc::bf16>(p, in, 1.0, true, 128), b = run_gpu<bc::bf16>(p, in, 1.0, true, 128);
+  EXPECT_EQ(a.L, b.L);
+  EXPECT_EQ(a.LSE, b.LSE);
+  EXPECT_EQ(a.dH.data, b.dH.data);
+  EXPECT_EQ(a.dW.data, b.dW.data);
+}
+
+TEST(CudaLmHead, BadInputNamesTheField) {
+  auto msg = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // Host-side checks come before any device work: they run without a GPU.
+  LmHeadProblem p = make(4, 12, 10);
+  View2<const bc::bf16> H, W;
+  alignas(16) static bc::bf16 dummy[64];
+  H.data = dummy; H.dim[0] = 4; H.dim[1] = 12; H.stride[0] = 12; H.stride[1] = 1;
+  W.data = dummy; W.dim[0] = 10; W.dim[1] = 12; W.stride[0] = 12; W.stride[1] = 1;
+  float lse[4];
+  const int64_t* y = reinterpret_cast<const int64_t*>(dummy);
+  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("d (12) must be a multiple of 8"));
+  p = make(4, 16, 0);
+  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("V (0) must be >= 1"));
+  p = make(4, 16, 10);
+  H.dim[1] = W.dim[1] = 16;
+  H.stride[0] = W.stride[0] = 16;
+  H.stride[1] = 2;
+  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("H.stride[1] (2) must be 1"));
+  H.stride[1] = 1;
+  W.dim[0] = 11;
+  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
+  W.dim[0] = 10;
+  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
+  // Labels are checked on the device.
+  REQUIRE_GPU();
+  const LmHeadProblem q = make(6, 8, 10);
+  LmHeadInputs in = make_lmhead_inputs(q, Dtype::BF16, 1, Values::Normal, 0.0);
+  in.y[4] = 10;
+  EXPECT_THAT(msg([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0); }),
+              HasSubstr("y[4] (10) must be in [0, V) = [0, 10) or equal ignore_index (-100)"));
+}
+
+}  // namespace
