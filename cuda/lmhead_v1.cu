@@ -54,6 +54,7 @@ struct Out {
   float* f = nullptr;  // StoreF32, AddF32: (M, N) with row stride ldf
   int64_t ldf = 0;
   View2<T> t;          // StoreT
+  float alpha = 1.f;   // every product is multiplied by it (a power of two: exact)
 };
 
 // A ROWS x COLS tile of the stored matrix at (r0, c0) into shared memory (swz<COLS>).
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(Operand<T> A, Operand<T>
         const int64_t row = m0 + wm * 64 + mt * 16 + g + 8 * (e >> 1);
         const int64_t col = n0 + wn * 32 + nt * 8 + 2 * t4 + (e & 1);
         if (row >= M || col >= N) continue;
-        const float v = acc[mt][nt][e];
+        const float v = acc[mt][nt][e] * out.alpha;
         if constexpr (E == Epi::StoreF32) out.f[row * out.ldf + col] = v;
         else if constexpr (E == Epi::AddF32) out.f[row * out.ldf + col] += v;
         else out.t(row, col) = Store<T>::from(v);
@@ -346,7 +347,14 @@ float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int6
   ra.smooth = static_cast<float>(p.label_smoothing / double(V));
   ra.keep = static_cast<float>(1.0 - p.label_smoothing);
   ra.lam = static_cast<float>(p.z_loss);
-  ra.c = static_cast<float>(g * w);
+  // dz is stored as dz * 2^k with c 2^k in [0.5, 1): with c = 1/n_R its entries would otherwise
+  // sit near 1/n_R, below fp16's normal range at a few thousand rows, where rounding to T loses
+  // the relative precision u_P that (10.19) assumes. The products that read dz undo the 2^k.
+  int e = 0;
+  const double c = g * w;
+  if (c != 0 && std::isfinite(c)) std::frexp(c, &e);
+  ra.c = static_cast<float>(std::ldexp(c, -e));
+  const float undo = static_cast<float>(std::ldexp(1.0, e));
   ra.eps_on = p.label_smoothing != 0;
   ra.LSE_in = partials ? nullptr : LSE_in;
   ra.LSE_out = LSE_out;
@@ -369,10 +377,12 @@ float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int6
     ho.t = dH;
     ho.t.data = dH.data + r0 * dH.stride[0];
     ho.t.dim[0] = rows;
+    ho.alpha = undo;
     gemm<T, false, true, Epi::StoreT>(dzo, Wk, rows, d, Vp, ho, s);  // eq. (10.8): dH = dz W
     Out<T> wo;
     wo.f = dW_acc.p;
     wo.ldf = d;
+    wo.alpha = undo;
     gemm<T, true, true, Epi::AddF32>(dzo, Hc, V, d, rows, wo, s);  // eq. (10.9): dW += dz^T H
   }
   if (bwd) {
