@@ -113,7 +113,8 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   o.sim.gpus_per_node = f.gpus_per_node;
   o.backward = true;
   if (!f.grid.empty()) {
-    if (f.algo != "attention2d") fail("grid (", f.grid, ") is an attention2d option, not one of ", f.algo);
+    if (o.algo != "attention2d" && o.algo != "attention2d-o")
+      fail("grid (", f.grid, ") is an attention2d and attention2d-o option, not one of ", f.algo);
     o.grid = dist::parse_grid(f.grid);
     if (o.grid.size() != o.world)
       fail("grid (", f.grid, " = ", o.grid.size(), " ranks) must have world (", o.world, ") ranks");
@@ -126,8 +127,8 @@ dist::AlgoOptions options_of(const DistFlags& f) {
     fail("transport (nccl) needs a build with CUDA and NCCL; this binary has no NCCL transport (see the CMake "
          "feature summary)");
 #endif
-  if (f.algo == "attention2d" && o.partition != dist::PartitionKind::Striped)
-    fail("attention2d needs --partition striped (the cyclic distribution), not ", f.partition);
+  if ((o.algo == "attention2d" || o.algo == "attention2d-o") && o.partition != dist::PartitionKind::Striped)
+    fail(o.algo, " needs --partition striped (the cyclic distribution), not ", f.partition);
   return o;
 }
 
