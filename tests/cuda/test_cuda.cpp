@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda.hpp"
+#include "gpu_skip.hpp"
 #include "harness.hpp"
 #include "testutil.hpp"
 
@@ -24,11 +25,6 @@ using namespace burstlab;
 namespace bc = burstlab::cuda;
 using testutil::make_problem;
 
-bool require_gpu_env() {
-  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
-  return e && std::strcmp(e, "0") != 0 && *e;
-}
-
 // v3 is sm_90a code: on another GPU its cases skip (Auto's choice is asserted separately).
 #define REQUIRE_VARIANT(v)                                                                     \
   do {                                                                                         \
@@ -36,15 +32,7 @@ bool require_gpu_env() {
     if (!bc::variant_available(v, &why_v_)) GTEST_SKIP() << why_v_;                            \
   } while (0)
 
-#define REQUIRE_GPU()                                                                          \
-  do {                                                                                         \
-    std::string why_;                                                                          \
-    if (!bc::gpu_available(&why_)) {                                                           \
-      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
-      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
-                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
-    }                                                                                          \
-  } while (0)
+#define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(bc::gpu_available)
 
 // ---------------------------------------------------------------- host <-> device helpers
 template <class T> T from_double(double x) { return static_cast<T>(x); }

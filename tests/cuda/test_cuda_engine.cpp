@@ -14,6 +14,7 @@
 
 #include "algorithm.hpp"
 #include "cuda_engine.hpp"
+#include "gpu_skip.hpp"
 #include "harness.hpp"
 #include "sim_run.hpp"
 #include "testutil.hpp"
@@ -21,19 +22,7 @@
 namespace burstlab {
 namespace {
 
-bool require_gpu_env() {
-  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
-  return e && std::strcmp(e, "0") != 0 && *e;
-}
-#define REQUIRE_GPU()                                                                          \
-  do {                                                                                         \
-    std::string why_;                                                                          \
-    if (!cuda::gpu_available(&why_)) {                                                         \
-      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
-      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
-                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
-    }                                                                                          \
-  } while (0)
+#define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(cuda::gpu_available)
 
 template <class U>
 Tensor4<double> widen(const Tensor4<U>& x) {

@@ -14,23 +14,19 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "gpu_skip.hpp"
 #include "nccl_comm.hpp"
 #include "world.hpp"
 
 namespace burstlab::nccl {
 namespace {
 
-bool require_gpu_env() {
-  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
-  return e && std::strcmp(e, "0") != 0 && *e;
+bool device_visible(std::string* why) {
+  if (device_count() >= 1) return true;
+  *why = "no CUDA device is visible";
+  return false;
 }
-#define REQUIRE_GPU()                                                                          \
-  do {                                                                                         \
-    if (device_count() < 1) {                                                                  \
-      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no CUDA device is visible"; \
-      GTEST_SKIP() << "no CUDA GPU; set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
-    }                                                                                          \
-  } while (0)
+#define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(device_visible)
 
 std::string message_of(const std::function<void()>& fn) {
   try {
