@@ -20,22 +20,16 @@
 #include "burstlab/storage.hpp"
 #include "cpu_lmhead.hpp"
 #include "lmhead_check.hpp"
+#include "lmhead_testutil.hpp"
 #include "testutil.hpp"
 
 namespace burstlab {
 namespace {
 
 using ::testing::HasSubstr;
-
-LmHeadProblem make(int64_t N, int64_t d, int64_t V, double eps = 0, double lambda = 0,
-                   Reduction red = Reduction::Mean) {
-  LmHeadProblem p;
-  p.N = N; p.d = d; p.V = V;
-  p.label_smoothing = eps;
-  p.z_loss = lambda;
-  p.reduction = red;
-  return p;
-}
+using testutil::error_message;
+using testutil::for_each_lmhead_case;
+using testutil::lmhead_problem;
 
 template <class T>
 Matrix<T> to_storage(const Matrix<double>& m) {
@@ -78,22 +72,8 @@ std::vector<Metrics> check(const LmHeadOracle& o, const CpuRun<T>& r) {
                        check_lmhead_backward(o, as_const(r.dH.view()), as_const(r.dW.view())));
 }
 
-struct Worst {
-  std::map<std::string, double> w;
-  void add(Dtype t, const std::vector<Metrics>& ms) {
-    for (const Metrics& m : ms) {
-      double& x = w[to_string(t) + " " + m.tensor];
-      x = std::max(x, m.err_bound);
-    }
-  }
-  void print(const char* what) const {
-    std::printf("  %s, worst err/bound per dtype and tensor:\n", what);
-    for (const auto& [k, x] : w) std::printf("    %-10s %.2e\n", k.c_str(), x);
-  }
-};
-
 template <class T>
-void sweep_dtype(Worst& worst) {
+void sweep_dtype(testutil::WorstErrBound& worst) {
   const Dtype dt = dtype_of<T>();
   struct S { int64_t N, d, V; cpu::LmHeadTiles tiles; };
   // Tiles that do not divide N or V, tiles of 1, tiles larger than the problem, the defaults.
@@ -102,26 +82,21 @@ void sweep_dtype(Worst& worst) {
                       {200, 16, 129, {64, 1}}, {70, 8, 300, {1000, 1000}}};
   uint64_t seed = 1;
   for (const S& s : shapes)
-    for (Values v : {Values::Normal, Values::Large, Values::Ties})
-      for (int opt = 0; opt < 3; ++opt) {
-        const LmHeadProblem p = opt == 0 ? make(s.N, s.d, s.V)
-                                : opt == 1 ? make(s.N, s.d, s.V, 0.1, 1e-4, Reduction::Sum)
-                                           : make(s.N, s.d, s.V, 0.3, 0.0, Reduction::Mean);
-        const LmHeadInputs in = make_lmhead_inputs(p, dt, seed++, v, opt == 2 ? 0.5 : 0.1);
-        const double g = opt == 1 ? 0.75 : 1.0;
-        const LmHeadOracle o = lmhead_oracle(p, in, g, true);
-        for (bool fused : {true, false}) {
-          const std::vector<Metrics> ms = check(o, run_cpu<T>(p, in, g, fused, s.tiles));
-          testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
-                                        " Br=" + std::to_string(s.tiles.Br) + " Bv=" + std::to_string(s.tiles.Bv) +
-                                        (fused ? " fused" : " forward+backward"));
-          worst.add(dt, ms);
-        }
+    for_each_lmhead_case(s.N, s.d, s.V, dt, seed, [&](const LmHeadProblem& p, const LmHeadInputs& in, Values v, int opt) {
+      const double g = opt == 1 ? 0.75 : 1.0;
+      const LmHeadOracle o = lmhead_oracle(p, in, g, true);
+      for (bool fused : {true, false}) {
+        const std::vector<Metrics> ms = check(o, run_cpu<T>(p, in, g, fused, s.tiles));
+        testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
+                                      " Br=" + std::to_string(s.tiles.Br) + " Bv=" + std::to_string(s.tiles.Bv) +
+                                      (fused ? " fused" : " forward+backward"));
+        worst.add(dt, ms);
       }
+    });
 }
 
 TEST(CpuLmHead, SweepMatchesOracleEveryDtype) {
-  Worst worst;
+  testutil::WorstErrBound worst;
   sweep_dtype<double>(worst);
   sweep_dtype<float>(worst);
   sweep_dtype<bf16_t>(worst);
@@ -131,7 +106,7 @@ TEST(CpuLmHead, SweepMatchesOracleEveryDtype) {
 
 // fp64 is the layer where structural errors show: ~1e-12 relative agreement (§10.9).
 TEST(CpuLmHead, Fp64AgreesToAboutOneInATrillion) {
-  const LmHeadProblem p = make(113, 32, 1023, 0.1, 1e-3);
+  const LmHeadProblem p = lmhead_problem(113, 32, 1023, 0.1, 1e-3);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F64, 3, Values::Normal, 0.2);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
   const CpuRun<double> r = run_cpu<double>(p, in, 1.0, true, {16, 100});
@@ -143,7 +118,7 @@ TEST(CpuLmHead, Fp64AgreesToAboutOneInATrillion) {
 
 TEST(CpuLmHead, AllIgnoredBatchHasZeroLossAndGradients) {
   for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
-    const LmHeadProblem p = make(50, 8, 77, 0.1, 1e-2, red);
+    const LmHeadProblem p = lmhead_problem(50, 8, 77, 0.1, 1e-2, red);
     const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 5, Values::Normal, 1.0);
     const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
     for (bool fused : {true, false}) {
@@ -159,8 +134,8 @@ TEST(CpuLmHead, AllIgnoredBatchHasZeroLossAndGradients) {
 
 // Logits of magnitude 1e4 (value mode large): finite and within the rule in every dtype.
 TEST(CpuLmHead, LogitsOfTenThousand) {
-  const LmHeadProblem p = make(64, 16, 333, 0.05, 1e-4);
-  Worst worst;
+  const LmHeadProblem p = lmhead_problem(64, 16, 333, 0.05, 1e-4);
+  testutil::WorstErrBound worst;
   auto one = [&](auto tag) {
     using T = decltype(tag);
     const LmHeadInputs in = make_lmhead_inputs(p, dtype_of<T>(), 8, Values::Large, 0.1);
@@ -183,7 +158,7 @@ TEST(CpuLmHead, LogitsOfTenThousand) {
 
 // The fused call and forward + backward run the same arithmetic: bitwise equal.
 TEST(CpuLmHead, FusedEqualsForwardThenBackward) {
-  const LmHeadProblem p = make(99, 24, 517, 0.1, 1e-3);
+  const LmHeadProblem p = lmhead_problem(99, 24, 517, 0.1, 1e-3);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 12, Values::Normal, 0.2);
   const CpuRun<float> a = run_cpu<float>(p, in, 0.5, true, {32, 100});
   const CpuRun<float> b = run_cpu<float>(p, in, 0.5, false, {32, 100});
@@ -195,7 +170,7 @@ TEST(CpuLmHead, FusedEqualsForwardThenBackward) {
 
 // L, LSE and dW do not depend on the thread count (cpu/cpu_lmhead.cpp); dH stays within the rule.
 TEST(CpuLmHead, ThreadCountChangesNeitherLossNorDW) {
-  const LmHeadProblem p = make(80, 16, 700, 0.1, 0.0);
+  const LmHeadProblem p = lmhead_problem(80, 16, 700, 0.1, 0.0);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 2, Values::Normal, 0.1);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -212,7 +187,7 @@ TEST(CpuLmHead, ThreadCountChangesNeitherLossNorDW) {
 
 // Strided views: H with padded rows, W and dW transposed in memory (column stride V), dH padded.
 TEST(CpuLmHead, StridedViews) {
-  const LmHeadProblem p = make(41, 7, 95, 0.2, 1e-3, Reduction::Sum);
+  const LmHeadProblem p = lmhead_problem(41, 7, 95, 0.2, 1e-3, Reduction::Sum);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 21, Values::Normal, 0.25);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
   const int64_t ldh = p.d + 5;
@@ -240,43 +215,35 @@ TEST(CpuLmHead, StridedViews) {
 }
 
 TEST(CpuLmHead, BadInputNamesTheField) {
-  const LmHeadProblem p = make(3, 2, 4);
+  const LmHeadProblem p = lmhead_problem(3, 2, 4);
   Matrix<float> H = make_matrix<float>(3, 2, 1.0f), W = make_matrix<float>(4, 2, 1.0f);
   Matrix<float> dH = make_matrix<float>(3, 2), dW = make_matrix<float>(4, 2);
   std::vector<float> LSE(3);
   std::vector<int64_t> y = {0, 3, -100};
-  auto msg = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
-  EXPECT_THAT(msg([&] { cpu::lmhead_forward<float>(p, H.view(), W.view(), y.data(), LSE.data(), {0, 8}); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_forward<float>(p, H.view(), W.view(), y.data(), LSE.data(), {0, 8}); }),
               HasSubstr("Br (0) must be >= 1"));
-  EXPECT_THAT(msg([&] { cpu::lmhead_forward<float>(p, H.view(), W.view(), y.data(), LSE.data(), {8, 0}); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_forward<float>(p, H.view(), W.view(), y.data(), LSE.data(), {8, 0}); }),
               HasSubstr("Bv (0) must be >= 1"));
   y[2] = 4;
-  EXPECT_THAT(msg([&] { cpu::lmhead_fused<float>(p, H.view(), W.view(), y.data(), 1.0, LSE.data(), dH.view(), dW.view()); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_fused<float>(p, H.view(), W.view(), y.data(), 1.0, LSE.data(), dH.view(), dW.view()); }),
               HasSubstr("y[2] (4) must be in [0, V) = [0, 4)"));
   y[2] = 1;
-  EXPECT_THAT(msg([&] { cpu::lmhead_fused<float>(make(3, 2, 0), H.view(), W.view(), y.data(), 1.0, LSE.data(),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_fused<float>(lmhead_problem(3, 2, 0), H.view(), W.view(), y.data(), 1.0, LSE.data(),
                                                  dH.view(), dW.view()); }),
               HasSubstr("V (0) must be >= 1"));
   Matrix<float> W5 = make_matrix<float>(5, 2, 1.0f);
-  EXPECT_THAT(msg([&] { cpu::lmhead_fused<float>(p, H.view(), W5.view(), y.data(), 1.0, LSE.data(), dH.view(), dW.view()); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_fused<float>(p, H.view(), W5.view(), y.data(), 1.0, LSE.data(), dH.view(), dW.view()); }),
               HasSubstr("W.dim[0] (5) must equal V (4)"));
-  EXPECT_THAT(msg([&] { cpu::lmhead_backward<float>(p, H.view(), W.view(), y.data(), LSE.data(), 1.0, dH.view(), W5.view()); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_backward<float>(p, H.view(), W.view(), y.data(), LSE.data(), 1.0, dH.view(), W5.view()); }),
               HasSubstr("dW.dim[0] (5) must equal V (4)"));
-  EXPECT_THAT(msg([&] { cpu::lmhead_backward<float>(p, H.view(), W.view(), y.data(), nullptr, 1.0, dH.view(), dW.view()); }),
+  EXPECT_THAT(error_message([&] { cpu::lmhead_backward<float>(p, H.view(), W.view(), y.data(), nullptr, 1.0, dH.view(), dW.view()); }),
               HasSubstr("LSE (null)"));
 }
 
 // Memory O(N d + V (d + Br)) (§10.5): never N x V. At N = 1M, V = 128K, d = 4096 the workspace
 // is a small fraction of one fp32 N x V buffer.
 TEST(CpuLmHead, WorkspaceIsLinearInNAndV) {
-  LmHeadProblem p = make(1 << 20, 4096, 128 * 1024);
+  LmHeadProblem p = lmhead_problem(1 << 20, 4096, 128 * 1024);
   const cpu::LmHeadTiles t;
   const double nv = double(p.N) * double(p.V) * 4;
   for (Dtype dt : {Dtype::F32, Dtype::BF16}) {
@@ -286,7 +253,7 @@ TEST(CpuLmHead, WorkspaceIsLinearInNAndV) {
   }
   p.N *= 2;  // doubling N does not change it
   EXPECT_EQ(cpu::lmhead_workspace_bytes(p, Dtype::F32, true, t, 16),
-            cpu::lmhead_workspace_bytes(make(1 << 20, 4096, 128 * 1024), Dtype::F32, true, t, 16));
+            cpu::lmhead_workspace_bytes(lmhead_problem(1 << 20, 4096, 128 * 1024), Dtype::F32, true, t, 16));
 }
 
 }  // namespace

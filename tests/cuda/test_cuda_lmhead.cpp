@@ -20,7 +20,9 @@
 #include "burstlab/error.hpp"
 #include "burstlab/storage.hpp"
 #include "cuda_lmhead.hpp"
+#include "gpu_skip.hpp"
 #include "lmhead_check.hpp"
+#include "lmhead_testutil.hpp"
 #include "testutil.hpp"
 
 namespace {
@@ -28,31 +30,11 @@ namespace {
 using namespace burstlab;
 namespace bc = burstlab::cuda;
 using ::testing::HasSubstr;
+using testutil::error_message;
+using testutil::for_each_lmhead_case;
+using testutil::lmhead_problem;
 
-bool require_gpu_env() {
-  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
-  return e && std::strcmp(e, "0") != 0 && *e;
-}
-
-#define REQUIRE_GPU()                                                                          \
-  do {                                                                                         \
-    std::string why_;                                                                          \
-    if (!bc::gpu_available(&why_)) {                                                           \
-      if (require_gpu_env()) FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_;   \
-      GTEST_SKIP() << "no CUDA GPU (" << why_                                                  \
-                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure"; \
-    }                                                                                          \
-  } while (0)
-
-LmHeadProblem make(int64_t N, int64_t d, int64_t V, double eps = 0, double lambda = 0,
-                   Reduction red = Reduction::Mean) {
-  LmHeadProblem p;
-  p.N = N; p.d = d; p.V = V;
-  p.label_smoothing = eps;
-  p.z_loss = lambda;
-  p.reduction = red;
-  return p;
-}
+#define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(bc::gpu_available)
 
 // HT: burstlab's host 16-bit type, DT: the device's; the same bits.
 template <class DT> struct HostOf;
@@ -124,7 +106,7 @@ Dtype dtype_of_dev() {
 }
 
 template <class DT>
-void sweep(std::map<std::string, double>& worst) {
+void sweep(testutil::WorstErrBound& worst) {
   const Dtype dt = dtype_of_dev<DT>();
   struct S { int64_t N, d, V, chunk; };
   // V below, at and above the 128-wide tile, not a multiple of 8; chunks that split N unevenly.
@@ -132,46 +114,37 @@ void sweep(std::map<std::string, double>& worst) {
                       {64, 8, 4099, 0},   {200, 128, 129, 64}, {257, 136, 517, 100}, {130, 32, 128, 0}};
   uint64_t seed = 1;
   for (const S& s : shapes)
-    for (Values v : {Values::Normal, Values::Large, Values::Ties})
-      for (int opt = 0; opt < 3; ++opt) {
-        const LmHeadProblem p = opt == 0 ? make(s.N, s.d, s.V)
-                                : opt == 1 ? make(s.N, s.d, s.V, 0.1, 1e-4, Reduction::Sum)
-                                           : make(s.N, s.d, s.V, 0.3, 0.0, Reduction::Mean);
-        const LmHeadInputs in = make_lmhead_inputs(p, dt, seed++, v, opt == 2 ? 0.5 : 0.1);
-        const double g = opt == 1 ? 0.75 : 1.0;
-        const LmHeadOracle o = lmhead_oracle(p, in, g, true);
-        for (bool fused : {true, false}) {
-          const std::vector<Metrics> ms = check(o, run_gpu<DT>(p, in, g, fused, s.chunk));
-          testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
-                                        " chunk=" + std::to_string(s.chunk) + (fused ? " fused" : " fwd+bwd"));
-          for (const Metrics& m : ms) {
-            double& w = worst[to_string(dt) + " " + m.tensor];
-            w = std::max(w, m.err_bound);
-          }
-        }
+    for_each_lmhead_case(s.N, s.d, s.V, dt, seed, [&](const LmHeadProblem& p, const LmHeadInputs& in, Values v, int opt) {
+      const double g = opt == 1 ? 0.75 : 1.0;
+      const LmHeadOracle o = lmhead_oracle(p, in, g, true);
+      for (bool fused : {true, false}) {
+        const std::vector<Metrics> ms = check(o, run_gpu<DT>(p, in, g, fused, s.chunk));
+        testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
+                                      " chunk=" + std::to_string(s.chunk) + (fused ? " fused" : " fwd+bwd"));
+        worst.add(dt, ms);
       }
+    });
 }
 
 TEST(CudaLmHead, SweepMatchesOracle) {
   REQUIRE_GPU();
-  std::map<std::string, double> worst;
+  testutil::WorstErrBound worst;
   sweep<bc::bf16>(worst);
   sweep<bc::f16>(worst);
-  std::printf("  cuda lmhead, worst err/bound per dtype and tensor:\n");
-  for (const auto& [k, w] : worst) std::printf("    %-10s %.2e\n", k.c_str(), w);
+  worst.print("cuda lmhead");
 }
 
 TEST(CudaLmHead, AllIgnoredAndStridedH) {
   REQUIRE_GPU();
   for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
-    const LmHeadProblem p = make(50, 16, 77, 0.1, 1e-2, red);
+    const LmHeadProblem p = lmhead_problem(50, 16, 77, 0.1, 1e-2, red);
     const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 5, Values::Normal, 1.0);
     const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 16);
     EXPECT_EQ(r.L, 0.0f);
     for (double x : r.dH.data) EXPECT_EQ(x, 0.0);
     for (double x : r.dW.data) EXPECT_EQ(x, 0.0);
   }
-  const LmHeadProblem p = make(41, 24, 95, 0.2, 1e-3, Reduction::Sum);
+  const LmHeadProblem p = lmhead_problem(41, 24, 95, 0.2, 1e-3, Reduction::Sum);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F16, 21, Values::Normal, 0.25);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
   testutil::expect_pass(check(o, run_gpu<bc::f16>(p, in, 1.0, true, 16, p.d + 8)), "strided H");
@@ -180,7 +153,7 @@ TEST(CudaLmHead, AllIgnoredAndStridedH) {
 // No atomics in the arithmetic: two runs are bitwise equal.
 TEST(CudaLmHead, BitwiseRepeatable) {
   REQUIRE_GPU();
-  const LmHeadProblem p = make(300, 64, 1000, 0.1, 1e-4);
+  const LmHeadProblem p = lmhead_problem(300, 64, 1000, 0.1, 1e-4);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 3, Values::Normal, 0.1);
   const GpuRun<bc::bf16> a = run_gpu<bc::bf16>(p, in, 1.0, true, 128), b = run_gpu<bc::bf16>(p, in, 1.0, true, 128);
   EXPECT_EQ(a.L, b.L);
@@ -190,41 +163,33 @@ TEST(CudaLmHead, BitwiseRepeatable) {
 }
 
 TEST(CudaLmHead, BadInputNamesTheField) {
-  auto msg = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   // Host-side checks come before any device work: they run without a GPU.
-  LmHeadProblem p = make(4, 12, 10);
+  LmHeadProblem p = lmhead_problem(4, 12, 10);
   View2<const bc::bf16> H, W;
   alignas(16) static bc::bf16 dummy[64];
   H.data = dummy; H.dim[0] = 4; H.dim[1] = 12; H.stride[0] = 12; H.stride[1] = 1;
   W.data = dummy; W.dim[0] = 10; W.dim[1] = 12; W.stride[0] = 12; W.stride[1] = 1;
   float lse[4];
   const int64_t* y = reinterpret_cast<const int64_t*>(dummy);
-  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("d (12) must be a multiple of 8"));
-  p = make(4, 16, 0);
-  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("V (0) must be >= 1"));
-  p = make(4, 16, 10);
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("d (12) must be a multiple of 8"));
+  p = lmhead_problem(4, 16, 0);
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("V (0) must be >= 1"));
+  p = lmhead_problem(4, 16, 10);
   H.dim[1] = W.dim[1] = 16;
   H.stride[0] = W.stride[0] = 16;
   H.stride[1] = 2;
-  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("H.stride[1] (2) must be 1"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("H.stride[1] (2) must be 1"));
   H.stride[1] = 1;
   W.dim[0] = 11;
-  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
   W.dim[0] = 10;
-  EXPECT_THAT(msg([&] { bc::lmhead_forward<bc::bf16>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
   // Labels are checked on the device.
   REQUIRE_GPU();
-  const LmHeadProblem q = make(6, 8, 10);
+  const LmHeadProblem q = lmhead_problem(6, 8, 10);
   LmHeadInputs in = make_lmhead_inputs(q, Dtype::BF16, 1, Values::Normal, 0.0);
   in.y[4] = 10;
-  EXPECT_THAT(msg([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0); }),
+  EXPECT_THAT(error_message([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0); }),
               HasSubstr("y[4] (10) must be in [0, V) = [0, 10) or equal ignore_index (-100)"));
 }
 

@@ -20,22 +20,16 @@
 #include "burstlab/lmhead.hpp"
 #include "reference_lmhead.hpp"
 #include "lmhead_check.hpp"
+#include "lmhead_testutil.hpp"
 #include "testutil.hpp"
 
 namespace burstlab {
 namespace {
 
 using ::testing::HasSubstr;
-
-LmHeadProblem make(int64_t N, int64_t d, int64_t V, double eps = 0, double lambda = 0,
-                   Reduction red = Reduction::Mean) {
-  LmHeadProblem p;
-  p.N = N; p.d = d; p.V = V;
-  p.label_smoothing = eps;
-  p.z_loss = lambda;
-  p.reduction = red;
-  return p;
-}
+using testutil::error_message;
+using testutil::for_each_lmhead_case;
+using testutil::lmhead_problem;
 
 std::string ctx(const LmHeadProblem& p, Values v, Dtype t) {
   return shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(t);
@@ -61,7 +55,7 @@ TEST(LmHeadHand, TinyCaseEveryOption) {
   for (Reduction red : {Reduction::Mean, Reduction::Sum})
     for (double eps : {0.0, 0.1})
       for (double lam : {0.0, 0.01}) {
-        LmHeadProblem p = make(3, 1, 2, eps, lam, red);
+        LmHeadProblem p = lmhead_problem(3, 1, 2, eps, lam, red);
         Matrix<double> H = make_matrix<double>(3, 1), W = make_matrix<double>(2, 1);
         H.data = {1, 2, 0.5};
         W.data = {1, -1};
@@ -94,7 +88,7 @@ TEST(LmHeadHand, TinyCaseEveryOption) {
 
 TEST(LmHeadHand, AllIgnoredGivesZeroLossAndGradients) {
   for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
-    LmHeadProblem p = make(4, 3, 5, 0.1, 0.01, red);
+    LmHeadProblem p = lmhead_problem(4, 3, 5, 0.1, 0.01, red);
     LmHeadInputs in = make_lmhead_inputs(p, Dtype::F64, 7, Values::Normal, 1.0);
     for (int64_t yi : in.y) ASSERT_EQ(yi, p.ignore_index);
     const Fwd64 f = fwd64(p, in.H, in.W, in.y);
@@ -109,7 +103,7 @@ TEST(LmHeadHand, AllIgnoredGivesZeroLossAndGradients) {
 
 // V = 1: LSE_i = z_i0 and l_i = lambda z_i0^2 whatever eps (eq. 10.3: z - (1-eps) z - eps z).
 TEST(LmHeadHand, OneWordVocabulary) {
-  LmHeadProblem p = make(3, 2, 1, 0.3, 0.5, Reduction::Sum);
+  LmHeadProblem p = lmhead_problem(3, 2, 1, 0.3, 0.5, Reduction::Sum);
   Matrix<double> H = make_matrix<double>(3, 2), W = make_matrix<double>(1, 2);
   H.data = {1, 2, -1, 0.5, 3, -2};
   W.data = {0.25, -0.5};
@@ -163,20 +157,20 @@ TEST(LmHeadFiniteDiff, EveryOption) {
   };
   uint64_t seed = 11;
   for (const C& c : cases) {
-    const LmHeadProblem p = make(c.N, c.d, c.V, c.eps, c.lam, c.red);
+    const LmHeadProblem p = lmhead_problem(c.N, c.d, c.V, c.eps, c.lam, c.red);
     fd_check(p, make_lmhead_inputs(p, Dtype::F64, seed++, Values::Normal, c.ignored), 1.3);
   }
 }
 
 TEST(LmHeadFiniteDiff, AllIgnoredIsFlat) {
-  const LmHeadProblem p = make(4, 3, 6, 0.1, 0.02, Reduction::Mean);
+  const LmHeadProblem p = lmhead_problem(4, 3, 6, 0.1, 0.02, Reduction::Mean);
   fd_check(p, make_lmhead_inputs(p, Dtype::F64, 5, Values::Normal, 1.0), 1.0);
 }
 
 // §10.4: every row of dz sums to 2 lambda c_i LSE_i, so sum_j dW_jk = sum_i 2 lambda c_i LSE_i H_ik.
 TEST(LmHeadIdentity, RowsOfDzSumToTheZLossTerm) {
   for (double lam : {0.0, 0.03}) {
-    const LmHeadProblem p = make(9, 4, 11, 0.1, lam, Reduction::Mean);
+    const LmHeadProblem p = lmhead_problem(9, 4, 11, 0.1, lam, Reduction::Mean);
     const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F64, 3, Values::Normal, 0.3);
     const Fwd64 f = fwd64(p, in.H, in.W, in.y);
     Matrix<double> dH = make_matrix<double>(p.N, p.d), dW = make_matrix<double>(p.V, p.d);
@@ -222,31 +216,26 @@ TEST(LmHeadTolerance, NaiveFp32PassesOnASweep) {
   std::map<std::string, double> worst;
   uint64_t seed = 1;
   for (const S& s : shapes)
-    for (Values v : {Values::Normal, Values::Large, Values::Ties})
-      for (int opt = 0; opt < 3; ++opt) {
-        const LmHeadProblem p = opt == 0 ? make(s.N, s.d, s.V)
-                                : opt == 1 ? make(s.N, s.d, s.V, 0.1, 1e-4, Reduction::Sum)
-                                           : make(s.N, s.d, s.V, 0.3, 0.0, Reduction::Mean);
-        const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, seed++, v, opt == 2 ? 0.5 : 0.1);
-        const double g = 1.25;
-        const LmHeadOracle o = lmhead_oracle(p, in, g, true);
-        const FloatRun r = run_float(p, in, float(g));
-        const std::vector<Metrics> ms =
-            testutil::cat(check_lmhead_forward(o, r.L, r.LSE.data()),
-                          check_lmhead_backward(o, as_const(r.dH.view()), as_const(r.dW.view())));
-        testutil::expect_pass(ms, ctx(p, v, Dtype::F32));
-        for (const Metrics& m : ms) {
-          double& w = worst[to_string(v) + " " + m.tensor];
-          w = std::max(w, m.err_bound);
-        }
+    for_each_lmhead_case(s.N, s.d, s.V, Dtype::F32, seed, [&](const LmHeadProblem& p, const LmHeadInputs& in, Values v, int) {
+      const double g = 1.25;
+      const LmHeadOracle o = lmhead_oracle(p, in, g, true);
+      const FloatRun r = run_float(p, in, float(g));
+      const std::vector<Metrics> ms =
+          testutil::cat(check_lmhead_forward(o, r.L, r.LSE.data()),
+                        check_lmhead_backward(o, as_const(r.dH.view()), as_const(r.dW.view())));
+      testutil::expect_pass(ms, ctx(p, v, Dtype::F32));
+      for (const Metrics& m : ms) {
+        double& w = worst[to_string(v) + " " + m.tensor];
+        w = std::max(w, m.err_bound);
       }
+    });
   std::printf("  naive fp32, worst err/bound per value mode and tensor:\n");
   for (const auto& [k, w] : worst) std::printf("    %-14s %.2e\n", k.c_str(), w);
 }
 
 // V = 23: the rule's relative width grows with gamma(10 V) (§10.9), 1e-3 must stand out.
 TEST(LmHeadTolerance, PerturbedOrIncompleteOutputsFail) {
-  const LmHeadProblem p = make(37, 16, 23, 0.1, 1e-3, Reduction::Mean);
+  const LmHeadProblem p = lmhead_problem(37, 16, 23, 0.1, 1e-3, Reduction::Mean);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F32, 4, Values::Normal, 0.2);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
   FloatRun r = run_float(p, in, 1.0f);
@@ -284,7 +273,7 @@ TEST(LmHeadTolerance, PerturbedOrIncompleteOutputsFail) {
 
 // A structural error (one vocabulary entry lost: the last, ragged tile one short) fails in fp64.
 TEST(LmHeadTolerance, LostVocabularyEntryFailsInFp64) {
-  const LmHeadProblem p = make(64, 8, 1000), short_p = make(64, 8, 999);
+  const LmHeadProblem p = lmhead_problem(64, 8, 1000), short_p = lmhead_problem(64, 8, 999);
   LmHeadInputs in = make_lmhead_inputs(p, Dtype::F64, 9, Values::Normal, 0.0);
   for (int64_t& yi : in.y) yi = yi % 999;  // labels valid for both
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, false);
@@ -300,27 +289,19 @@ TEST(LmHeadTolerance, LostVocabularyEntryFailsInFp64) {
 
 // ------------------------------------------------------------------ bad input
 TEST(LmHeadValidation, ErrorsNameTheFieldAndValue) {
-  auto msg = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
-  LmHeadProblem p = make(3, 2, 4);
+  LmHeadProblem p = lmhead_problem(3, 2, 4);
   Matrix<double> H = make_matrix<double>(3, 2, 1.0), W = make_matrix<double>(4, 2, 1.0);
   std::vector<double> LSE(3);
   std::vector<int64_t> y = {0, 3, -100};
   auto fwd = [&](const LmHeadProblem& q, const Matrix<double>& h, const Matrix<double>& w, const int64_t* yy) {
-    return msg([&] { reference::lmhead_forward<double>(q, h.view(), w.view(), yy, LSE.data()); });
+    return error_message([&] { reference::lmhead_forward<double>(q, h.view(), w.view(), yy, LSE.data()); });
   };
   EXPECT_EQ(fwd(p, H, W, y.data()), "no error");
-  EXPECT_THAT(fwd(make(3, 2, 0), H, W, y.data()), HasSubstr("V (0) must be >= 1"));
-  EXPECT_THAT(fwd(make(0, 2, 4), H, W, y.data()), HasSubstr("N (0) must be >= 1"));
-  EXPECT_THAT(fwd(make(3, 2, 4, 1.5), H, W, y.data()), HasSubstr("label_smoothing (1.5) must be in [0, 1]"));
-  EXPECT_THAT(fwd(make(3, 2, 4, 0, -1), H, W, y.data()), HasSubstr("z_loss (-1) must be finite and >= 0"));
-  EXPECT_THAT(fwd(make(3, 2, 4, std::nan("")), H, W, y.data()), HasSubstr("label_smoothing (nan)"));
+  EXPECT_THAT(fwd(lmhead_problem(3, 2, 0), H, W, y.data()), HasSubstr("V (0) must be >= 1"));
+  EXPECT_THAT(fwd(lmhead_problem(0, 2, 4), H, W, y.data()), HasSubstr("N (0) must be >= 1"));
+  EXPECT_THAT(fwd(lmhead_problem(3, 2, 4, 1.5), H, W, y.data()), HasSubstr("label_smoothing (1.5) must be in [0, 1]"));
+  EXPECT_THAT(fwd(lmhead_problem(3, 2, 4, 0, -1), H, W, y.data()), HasSubstr("z_loss (-1) must be finite and >= 0"));
+  EXPECT_THAT(fwd(lmhead_problem(3, 2, 4, std::nan("")), H, W, y.data()), HasSubstr("label_smoothing (nan)"));
   std::vector<int64_t> bad = {0, 4, 1};
   EXPECT_THAT(fwd(p, H, W, bad.data()), HasSubstr("y[1] (4) must be in [0, V) = [0, 4) or equal ignore_index (-100)"));
   bad = {0, 1, -1};
@@ -330,18 +311,18 @@ TEST(LmHeadValidation, ErrorsNameTheFieldAndValue) {
   EXPECT_THAT(fwd(p, H, make_matrix<double>(4, 3, 1.0), y.data()), HasSubstr("W.dim[1] (3) must equal d (2)"));
   EXPECT_THAT(fwd(p, make_matrix<double>(2, 2, 1.0), W, y.data()), HasSubstr("H.dim[0] (2) must equal N (3)"));
   Matrix<double> dH = make_matrix<double>(3, 2), dW = make_matrix<double>(3, 2);
-  EXPECT_THAT(msg([&] {
+  EXPECT_THAT(error_message([&] {
                 reference::lmhead_backward<double>(p, H.view(), W.view(), y.data(), LSE.data(), 1.0, dH.view(), dW.view());
               }),
               HasSubstr("dW.dim[0] (3) must equal V (4)"));
   dW = make_matrix<double>(4, 2);
-  EXPECT_THAT(msg([&] {
+  EXPECT_THAT(error_message([&] {
                 reference::lmhead_backward<double>(p, H.view(), W.view(), y.data(), LSE.data(), std::nan(""), dH.view(),
                                                    dW.view());
               }),
               HasSubstr("g (nan) must be finite"));
-  EXPECT_THAT(msg([] { parse_reduction("avg"); }), HasSubstr("reduction (avg) must be mean or sum"));
-  EXPECT_THAT(msg([&] { make_lmhead_inputs(p, Dtype::F32, 1, Values::WideV); }), HasSubstr("values (widev)"));
+  EXPECT_THAT(error_message([] { parse_reduction("avg"); }), HasSubstr("reduction (avg) must be mean or sum"));
+  EXPECT_THAT(error_message([&] { make_lmhead_inputs(p, Dtype::F32, 1, Values::WideV); }), HasSubstr("values (widev)"));
 }
 
 }  // namespace
