@@ -47,20 +47,6 @@ struct DistFlags {
   bool single = false;            // --single: also the whole problem on one device
 };
 
-// "ring,burst" -> {"ring", "burst"}
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= s.size() && !s.empty()) {
-    const size_t c = s.find(',', at);
-    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
-    if (!part.empty()) out.push_back(part);
-    if (c == std::string::npos) break;
-    at = c + 1;
-  }
-  return out;
-}
-
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f) {
@@ -693,13 +679,14 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {
     // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
     std::vector<DistFlags> per_algo;
-    for (const std::string& a : split_list(st->f.algo)) {
+    const std::vector<std::string> names =
+        st->f.algo.empty() ? std::vector<std::string>{} : split_list(st->f.algo, "algo", dist::algorithm_names());
+    for (const std::string& a : names) {
       DistFlags fa = st->f;
       fa.algo = a;
       options_of(fa);
       per_algo.push_back(fa);
     }
-    if (!st->f.algo.empty() && per_algo.empty()) fail("algo (", st->f.algo, ") names no algorithm");
     std::vector<Impl> out;
     for (const Impl* m : impls) {
       // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).

@@ -363,8 +363,8 @@ std::string dtype_list(const std::vector<Dtype>& ts) {
   return s;
 }
 
-std::vector<const Impl*> find_impls(const std::string& list) {
-  std::vector<const Impl*> out;
+std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known) {
+  std::vector<std::string> out;
   size_t start = 0;
   while (start <= list.size()) {
     size_t end = list.find(',', start);
@@ -372,13 +372,21 @@ std::vector<const Impl*> find_impls(const std::string& list) {
     std::string name = list.substr(start, end - start);
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
-    if (name.empty()) fail("impl (", list, ") has an empty entry; give a comma-separated list of: ", registry_names());
+    if (name.empty()) fail(field, " (", list, ") has an empty entry; give a comma-separated list of: ", known);
+    out.push_back(name);
+    start = end + 1;
+  }
+  return out;
+}
+
+std::vector<const Impl*> find_impls(const std::string& list) {
+  std::vector<const Impl*> out;
+  for (const std::string& name : split_list(list, "impl", registry_names())) {
     const Impl* found = nullptr;
     for (const Impl& m : registry())
       if (m.name == name) found = &m;
     if (!found) fail("impl (", name, ") is not built into this binary; known: ", registry_names());
     if (std::find(out.begin(), out.end(), found) == out.end()) out.push_back(found);
-    start = end + 1;
   }
   return out;
 }

@@ -80,6 +80,10 @@ struct Impl {
 const std::vector<Impl>& registry();
 std::string registry_names();  // "reference, cpu"
 
+// "a, b,c" -> {"a", "b", "c"}, entries trimmed: the list syntax of --impl and --algo. An empty
+// entry is an Error naming `field`, the list and what it may hold (`known`).
+std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known);
+
 // Looks up a comma-separated list ("reference,cpu"); throws Error naming an unknown entry.
 std::vector<const Impl*> find_impls(const std::string& list);
 // Throws Error unless `impl` runs `dtype` ("impl cpu does not run bf16; it runs fp64, fp32"),
