@@ -22,6 +22,7 @@
 
 #include "burstlab/error.hpp"
 #include "detail.cuh"
+#include "lmhead_common.cuh"
 #include "mma.cuh"
 
 namespace burstlab::cuda {
@@ -38,7 +39,6 @@ using v2::swz;
 constexpr int kBM = 128, kBN = 128, kBK = 64, kThreads = 256;
 constexpr int kTile = kBM * kBK;  // elements of one operand tile (kBN == kBM)
 constexpr size_t kSmemBytes = size_t(2) * 2 * kTile * 2;  // 2 stages x 2 operands x 16-bit: 64 KiB
-constexpr int kRowThreads = 256;
 
 // One operand of C(m, n) = sum_k A(m, k) B(n, k) as STORED: element (r, c) at p[r * ld + c];
 // rows >= `rows` and 16-byte chunks reaching past `cols` (a multiple of 8) are read as zeros.
@@ -164,22 +164,6 @@ void gemm(const Operand<T>& A, const Operand<T>& B, int64_t M, int64_t N, int64_
   BURSTLAB_CUDA_LAUNCH_CHECK("lmhead gemm_kernel");
 }
 
-// Sum or max over the CTA, the same fixed order in every thread; red: one float per warp.
-__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = red[0];
-  for (int w = 1; w < kRowThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-  __syncthreads();  // red is written again by the next reduction
-  return r;
-}
-
 template <class T>
 struct RowArgs {
   const float* Z;            // (rows, Vp) logits of the chunk
@@ -238,102 +222,26 @@ __global__ void __launch_bounds__(kRowThreads) row_kernel(RowArgs<T> a) {
   }
 }
 
-// Counts the rows that count and finds the first label outside [0, V) (its index, else ~0).
-__global__ void labels_kernel(const int64_t* y, int64_t N, int64_t V, int64_t ignore_index,
-                              unsigned long long* counted, unsigned long long* first_bad) {
-  unsigned long long n = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t v = y[i];
-    if (v == ignore_index) continue;
-    if (v < 0 || v >= V) atomicMin(first_bad, static_cast<unsigned long long>(i));
-    else ++n;
-  }
-  if (n) atomicAdd(counted, n);
-}
-
-// sum_i loss_rows[i] by one CTA, a fixed order: thread t sums rows t, t + 1024, ... in order.
-__global__ void __launch_bounds__(1024) loss_sum_kernel(const float* rows, int64_t N, float* sum) {
-  __shared__ float part[1024];
-  float s = 0.f;
-  for (int64_t i = threadIdx.x; i < N; i += 1024) s += rows[i];
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = 512; w > 0; w >>= 1) {
-    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *sum = part[0];
-}
-
 template <class T>
 __global__ void store_dw_kernel(const float* acc, int64_t V, int64_t d, View2<T> dW) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < V * d; e += int64_t(gridDim.x) * blockDim.x)
     dW(e / d, e % d) = Store<T>::from(acc[e]);
 }
 
-// Stream-ordered device scratch, freed in stream order.
-template <class U>
-struct Scratch {
-  U* p = nullptr;
-  cudaStream_t s = nullptr;
-  Scratch(size_t n, cudaStream_t st) : s(st) {
-    if (n) BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), n * sizeof(U), s));
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (p) cudaFreeAsync(p, s);  // no throw from a destructor path
-  }
-};
-
-enum class Mode { Forward, Backward, Fused };
-
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 template <class T>
-void validate_call(const LmHeadProblem& p, const View2<const T>& H, const View2<const T>& W, const int64_t* y,
-                   const float* LSE, const char* lse_name) {
-  validate(p);
-  validate_view2("H", H.dim, H.data, p.N, "N", p.d, "d");
-  validate_view2("W", W.dim, W.data, p.V, "V", p.d, "d");
-  if (!y) fail("y (null) must point to N (", p.N, ") labels on the device");
-  if (!LSE) fail(lse_name, " (null) must point to N (", p.N, ") floats on the device");
-  const std::string why = lmhead_unsupported<T>(p, H, W);
-  if (!why.empty()) fail(why);
-}
-
-template <class T>
-float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g, Mode mode,
-          const float* LSE_in, float* LSE_out, View2<T> dH, View2<T> dW, const LmHeadOptions& opt) {
+float run_v1(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g, Mode mode,
+             const float* LSE_in, float* LSE_out, View2<T> dH, View2<T> dW, const LmHeadOptions& opt) {
   const cudaStream_t s = opt.stream;
   const bool bwd = mode != Mode::Forward, partials = mode != Mode::Backward;
   const int64_t N = p.N, d = p.d, V = p.V, Vp = round_up(V, 8);
-  const int64_t Nc = lmhead_chunk_rows(p, opt);
+  const int64_t Nc = lmhead_chunk_rows(p, 1, opt);
 
-  // Labels on the device: every label valid (else the first bad one is named), n_R.
-  Scratch<unsigned long long> cnt(2, s);
-  BURSTLAB_CUDA_CHECK(cudaMemsetAsync(cnt.p, 0, sizeof(unsigned long long), s));
-  BURSTLAB_CUDA_CHECK(cudaMemsetAsync(cnt.p + 1, 0xff, sizeof(unsigned long long), s));
-  const int lgrid = static_cast<int>(std::min<int64_t>((N + 255) / 256, 1024));
-  labels_kernel<<<lgrid, 256, 0, s>>>(y, N, V, p.ignore_index, cnt.p, cnt.p + 1);
-  BURSTLAB_CUDA_LAUNCH_CHECK("lmhead labels_kernel");
-  unsigned long long host_cnt[2];
-  BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(host_cnt, cnt.p, sizeof host_cnt, cudaMemcpyDeviceToHost, s));
-  BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (host_cnt[1] != ~0ull) {
-    int64_t bad = 0;
-    BURSTLAB_CUDA_CHECK(cudaMemcpy(&bad, y + host_cnt[1], sizeof bad, cudaMemcpyDeviceToHost));
-    fail("y[", host_cnt[1], "] (", bad, ") must be in [0, V) = [0, ", V, ") or equal ignore_index (", p.ignore_index,
-         ")");
-  }
-  const int64_t n_R = static_cast<int64_t>(host_cnt[0]);
-  const double w = loss_weight(p, n_R);
+  const Weights wt = check_labels(p, y, g, s);
 
   Scratch<float> Z(static_cast<size_t>(Nc * Vp), s);                   // (Nc, Vp)
   Scratch<T> dz(bwd ? static_cast<size_t>(Nc * Vp) : 0, s);           // (Nc, Vp)
   Scratch<float> loss_rows(partials ? static_cast<size_t>(N) : 0, s);  // (N)
   Scratch<float> dW_acc(bwd ? static_cast<size_t>(V * d) : 0, s);      // (V, d)
-  Scratch<float> sum(partials ? 1 : 0, s);
   if (bwd) BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dW_acc.p, 0, size_t(V * d) * sizeof(float), s));
 
   RowArgs<T> ra;
@@ -347,14 +255,8 @@ float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int6
   ra.smooth = static_cast<float>(p.label_smoothing / double(V));
   ra.keep = static_cast<float>(1.0 - p.label_smoothing);
   ra.lam = static_cast<float>(p.z_loss);
-  // dz is stored as dz * 2^k with c 2^k in [0.5, 1): with c = 1/n_R its entries would otherwise
-  // sit near 1/n_R, below fp16's normal range at a few thousand rows, where rounding to T loses
-  // the relative precision u_P that (10.19) assumes. The products that read dz undo the 2^k.
-  int e = 0;
-  const double c = g * w;
-  if (c != 0 && std::isfinite(c)) std::frexp(c, &e);
-  ra.c = static_cast<float>(std::ldexp(c, -e));
-  const float undo = static_cast<float>(std::ldexp(1.0, e));
+  ra.c = wt.c;
+  const float undo = wt.undo;
   ra.eps_on = p.label_smoothing != 0;
   ra.LSE_in = partials ? nullptr : LSE_in;
   ra.LSE_out = LSE_out;
@@ -390,18 +292,16 @@ float run(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int6
     store_dw_kernel<T><<<grid, 256, 0, s>>>(dW_acc.p, V, d, dW);
     BURSTLAB_CUDA_LAUNCH_CHECK("lmhead store_dw_kernel");
   }
-  float L = 0.f;
-  if (partials) {
-    loss_sum_kernel<<<1, 1024, 0, s>>>(loss_rows.p, N, sum.p);
-    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead loss_sum_kernel");
-    float total = 0.f;
-    BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(&total, sum.p, sizeof total, cudaMemcpyDeviceToHost, s));
-    BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
-    L = static_cast<float>(w) * total;  // eq. (10.4), in the accumulation type as cpu/
-  }
+  const float L = partials ? loss_of(loss_rows.p, N, wt.w, s) : 0.f;
   BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
   return L;
 }
+
+#define BURSTLAB_LMHEAD_V1(T)                                                                                  \
+  template float run_v1<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, double, Mode,   \
+                           const float*, float*, View2<T>, View2<T>, const LmHeadOptions&);
+BURSTLAB_LMHEAD_V1(bf16)
+BURSTLAB_LMHEAD_V1(f16)
 
 }  // namespace detail::lmhead
 
@@ -428,62 +328,8 @@ std::string lmhead_unsupported(const LmHeadProblem& p, View2<const T> H, View2<c
   }
 }
 
-int64_t lmhead_chunk_rows(const LmHeadProblem& p, const LmHeadOptions& opt) {
-  validate(p);
-  if (opt.chunk_rows < 0) fail("chunk_rows (", opt.chunk_rows, ") must be >= 1, or 0 for the default");
-  if (opt.chunk_rows > 0) return std::min(opt.chunk_rows, p.N);
-  // About 1 GiB of chunk buffers (fp32 logits + 16-bit dz per row), in multiples of the CTA tile.
-  const int64_t per_row = detail::lmhead::round_up(p.V, 8) * 6;
-  const int64_t rows = std::max<int64_t>(128, (int64_t(1) << 30) / per_row / 128 * 128);
-  return std::min(rows, p.N);
-}
-
-int64_t lmhead_workspace_bytes(const LmHeadProblem& p, bool backward, const LmHeadOptions& opt) {
-  const int64_t Nc = lmhead_chunk_rows(p, opt), Vp = detail::lmhead::round_up(p.V, 8);
-  int64_t b = 2 * 8 + Nc * Vp * 4 + p.N * 4 + 4;  // label counters, logits, row losses, the sum
-  if (backward) b += Nc * Vp * 2 + p.V * p.d * 4;  // dz (16-bit), the fp32 dW accumulator
-  return b;
-}
-
-template <class T>
-float lmhead_forward(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, float* LSE,
-                     LmHeadOptions opt) {
-  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
-  return detail::lmhead::run<T>(p, H, W, y, 0.0, detail::lmhead::Mode::Forward, nullptr, LSE, View2<T>(),
-                                View2<T>(), opt);
-}
-
-template <class T>
-void lmhead_backward(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y,
-                     const float* LSE, double g, View2<T> dH, View2<T> dW, LmHeadOptions opt) {
-  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
-  if (!std::isfinite(g)) fail("g (", g, ") must be finite");
-  validate_view2("dH", dH.dim, dH.data, p.N, "N", p.d, "d");
-  validate_view2("dW", dW.dim, dW.data, p.V, "V", p.d, "d");
-  detail::lmhead::run<T>(p, H, W, y, g, detail::lmhead::Mode::Backward, LSE, nullptr, dH, dW, opt);
-}
-
-template <class T>
-float lmhead_fused(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g,
-                   float* LSE, View2<T> dH, View2<T> dW, LmHeadOptions opt) {
-  detail::lmhead::validate_call(p, H, W, y, LSE, "LSE");
-  if (!std::isfinite(g)) fail("g (", g, ") must be finite");
-  validate_view2("dH", dH.dim, dH.data, p.N, "N", p.d, "d");
-  validate_view2("dW", dW.dim, dW.data, p.V, "V", p.d, "d");
-  return detail::lmhead::run<T>(p, H, W, y, g, detail::lmhead::Mode::Fused, nullptr, LSE, dH, dW, opt);
-}
-
-#define BURSTLAB_CUDA_LMHEAD_INSTANTIATE(T)                                                                        \
-  template std::string lmhead_unsupported<T>(const LmHeadProblem&, View2<const T>, View2<const T>);               \
-  template float lmhead_forward<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, float*,   \
-                                   LmHeadOptions);                                                                 \
-  template void lmhead_backward<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*,          \
-                                   const float*, double, View2<T>, View2<T>, LmHeadOptions);                      \
-  template float lmhead_fused<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, double,    \
-                                 float*, View2<T>, View2<T>, LmHeadOptions);
-
-BURSTLAB_CUDA_LMHEAD_INSTANTIATE(bf16)
-BURSTLAB_CUDA_LMHEAD_INSTANTIATE(f16)
+template std::string lmhead_unsupported<bf16>(const LmHeadProblem&, View2<const bf16>, View2<const bf16>);
+template std::string lmhead_unsupported<f16>(const LmHeadProblem&, View2<const f16>, View2<const f16>);
 template std::string lmhead_unsupported<float>(const LmHeadProblem&, View2<const float>, View2<const float>);
 
 }  // namespace burstlab::cuda

@@ -107,6 +107,7 @@ void lmhead_bounds(const LmHeadProblem& p, Dtype dtype, View2<const double> H, V
   if (backward) {
     out.bound_dH = make_matrix<double>(N, d);
     out.bound_dW = make_matrix<double>(V, d);
+    out.bound_dW_round = make_matrix<double>(V, d);
     sumEH = MatD::Zero(V, d);
     sumDH = MatD::Zero(V, d);
   }
@@ -167,10 +168,21 @@ void lmhead_bounds(const LmHeadProblem& p, Dtype dtype, View2<const double> H, V
   out.bound_L = kSafety * (w * sum_err + c.tiny_a);  // eq. (10.16)
   if (!backward) return;
   for (int64_t j = 0; j < V; ++j)
-    for (int64_t k = 0; k < d; ++k)  // eq. (10.21); n_R = 0: dW = 0 exactly
-      out.bound_dW.data[static_cast<size_t>(j * d + k)] =
+    for (int64_t k = 0; k < d; ++k) {  // eq. (10.21) with r_W = 1; n_R = 0: dW = 0 exactly
+      const size_t e = static_cast<size_t>(j * d + k);
+      out.bound_dW.data[e] =
           n_R == 0 ? c.tiny_s
                    : kSafety * (sumEH(j, k) + (g_R + c.u_s) * sumDH(j, k) + double(n_R) * c.tiny_a * floorH(k) + c.tiny_s);
+      out.bound_dW_round.data[e] = n_R == 0 ? 0.0 : kSafety * c.u_s * sumDH(j, k);
+    }
+}
+
+Matrix<double> dW_bound(const LmHeadOracle& o, int64_t r_W) {
+  if (r_W < 1) fail("dW_roundings (", r_W, ") must be >= 1");
+  Matrix<double> b = o.bound_dW;
+  if (r_W > 1)
+    for (size_t e = 0; e < b.data.size(); ++e) b.data[e] += double(r_W - 1) * o.bound_dW_round.data[e];
+  return b;
 }
 
 LmHeadOracle lmhead_oracle(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool backward) {

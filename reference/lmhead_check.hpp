@@ -34,8 +34,12 @@ struct LmHeadOracle {
   double L = 0, bound_L = 0;              // eq. (10.4), (10.16)
   std::vector<double> LSE, bound_LSE;     // (N)       eq. (10.2), (10.14)
   Matrix<double> dH, bound_dH;            // (N, d)    eq. (10.8), (10.20)   (backward only)
-  Matrix<double> dW, bound_dW;            // (V, d)    eq. (10.9), (10.21)   (backward only)
+  Matrix<double> dW, bound_dW;            // (V, d)    eq. (10.9), (10.21) with r_W = 1   (backward only)
+  Matrix<double> bound_dW_round;          // (V, d)    what each further rounding of dW to s adds (r_W)
 };
+// bound(dW) of (10.21) for a candidate that rounds partial sums of dW to its storage type r_W
+// times (e.g. once per chunk of rows when dW is accumulated in s).
+Matrix<double> dW_bound(const LmHeadOracle& o, int64_t r_W);
 // reference::lmhead_forward<double> (and _backward with incoming gradient g), then the bounds.
 LmHeadOracle lmhead_oracle(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool backward);
 // The bounds of §10.8 alone, from the inputs and the oracle's LSE (N); fills bound_* of `out`.
@@ -74,9 +78,12 @@ template <class A>
 std::vector<Metrics> check_lmhead_forward(const LmHeadOracle& o, A L, const A* LSE) {
   return {compare_loss(static_cast<double>(L), o.L, o.bound_L), compare_lse(LSE, o.LSE, o.bound_LSE)};
 }
+// r_W: how often the candidate rounds a partial sum of dW to its storage type (10.21).
 template <class T>
-std::vector<Metrics> check_lmhead_backward(const LmHeadOracle& o, View2<const T> dH, View2<const T> dW) {
-  return {compare_matrix("dH", "i", dH, o.dH, o.bound_dH), compare_matrix("dW", "j", dW, o.dW, o.bound_dW)};
+std::vector<Metrics> check_lmhead_backward(const LmHeadOracle& o, View2<const T> dH, View2<const T> dW,
+                                           int64_t r_W = 1) {
+  return {compare_matrix("dH", "i", dH, o.dH, o.bound_dH),
+          compare_matrix("dW", "j", dW, o.dW, r_W == 1 ? o.bound_dW : dW_bound(o, r_W))};
 }
 
 }  // namespace burstlab

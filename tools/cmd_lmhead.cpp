@@ -48,6 +48,8 @@ struct LmHeadRunner {
   std::function<double()> forward, backward, fused;
   std::function<void(double& L, std::vector<double>& LSE)> fetch_forward;
   std::function<void(Matrix<double>& dH, Matrix<double>& dW)> fetch_backward;
+  int64_t dW_roundings = 1;             // r_W of (10.21): partial sums of dW rounded to the storage type
+  std::function<int64_t()> device_peak;  // measured device workspace of the last call (a GPU layer)
 };
 struct LmHeadImpl {
   std::string name, about;
@@ -168,7 +170,7 @@ LmHeadRunner cpu_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g
 // HT: the host storage type (bf16_t, f16_t), DT: the device's (cuda::bf16, cuda::f16), the same
 // bits. Every call synchronizes (the entry points do), so host timing is the call's time.
 template <class HT, class DT>
-LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
+LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k, int variant) {
   static_assert(sizeof(HT) == sizeof(DT), "host and device 16-bit types share their bits");
   struct S {
     LmHeadProblem p;
@@ -178,11 +180,13 @@ LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double 
     cuda::DeviceBuffer<int64_t> y;        // (N)
     cuda::DeviceBuffer<float> LSE;        // (N)
     float L = std::numeric_limits<float>::quiet_NaN();
+    int64_t peak = -1;                    // the last call's pool high-water mark
   };
   auto s = std::make_shared<S>();
   s->p = p;
   s->g = g;
   s->opt.chunk_rows = k.chunk_rows;
+  s->opt.variant = variant;
   auto upload = [](cuda::DeviceBuffer<DT>& buf, const Matrix<double>& m) {
     const Matrix<HT> h = to_storage<HT>(m);
     buf = cuda::DeviceBuffer<DT>(h.data.size());
@@ -201,25 +205,41 @@ LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double 
   auto H = [s] { return view2<const DT>(s->H.data(), s->p.N, s->p.d); };
   auto W = [s] { return view2<const DT>(s->W.data(), s->p.V, s->p.d); };
   LmHeadRunner r;
+  // Every call starts the pool's high-water mark afresh (nothing of ours is live between calls).
   r.forward = [s, H, W] {
+    cuda::reset_pool_peak();
     const auto t0 = std::chrono::steady_clock::now();
     s->L = cuda::lmhead_forward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->opt);
-    return ms_since(t0);
+    const double ms = ms_since(t0);
+    s->peak = cuda::pool_peak_bytes();
+    return ms;
   };
   r.backward = [s, H, W] {
+    cuda::reset_pool_peak();
     const auto t0 = std::chrono::steady_clock::now();
     cuda::lmhead_backward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->g,
                               view2<DT>(s->dH.data(), s->p.N, s->p.d), view2<DT>(s->dW.data(), s->p.V, s->p.d),
                               s->opt);
-    return ms_since(t0);
+    const double ms = ms_since(t0);
+    s->peak = cuda::pool_peak_bytes();
+    return ms;
   };
   r.fused = [s, H, W] {
+    cuda::reset_pool_peak();
     const auto t0 = std::chrono::steady_clock::now();
     s->L = cuda::lmhead_fused<DT>(s->p, H(), W(), s->y.data(), s->g, s->LSE.data(),
                                   view2<DT>(s->dH.data(), s->p.N, s->p.d), view2<DT>(s->dW.data(), s->p.V, s->p.d),
                                   s->opt);
-    return ms_since(t0);
+    const double ms = ms_since(t0);
+    s->peak = cuda::pool_peak_bytes();
+    return ms;
   };
+  r.device_peak = [s] { return s->peak; };
+  {
+    const int v = cuda::lmhead_variant<DT>(p, view2<DT>(s->dH.data(), p.N, p.d), view2<DT>(s->dW.data(), p.V, p.d),
+                                           s->opt);
+    r.dW_roundings = cuda::lmhead_dW_roundings(p, v, s->opt);
+  }
   r.fetch_forward = [s](double& L, std::vector<double>& LSE) {
     L = s->L;
     std::vector<float> h(static_cast<size_t>(s->p.N));
@@ -287,31 +307,48 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
     };
     v.push_back(cpu);
 #ifdef BURSTLAB_HAVE_CUDA
-    LmHeadImpl gpu;
-    gpu.name = "cuda";
-    gpu.about = "tensor cores (mma.sync), chunks of rows, no recomputation in the fused call (cuda/lmhead_v1.cu)";
-    gpu.dtypes = {Dtype::BF16, Dtype::F16};
-    gpu.check = [](const LmHeadProblem& p, Dtype) {
-      std::string why;
-      if (!cuda::gpu_available(&why)) fail("impl cuda cannot run: no usable GPU (", why, ")");
-      if (p.d % 8) fail("d (", p.d, ") must be a multiple of 8 for impl cuda");
+    // "cuda" is the variant the entry points pick (variant 0); cuda-vN names one.
+    struct GpuVariant {
+      int variant;
+      const char* name;
+      const char* about;
     };
-    gpu.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
-      if (in.dtype == Dtype::BF16) return cuda_runner<bf16_t, cuda::bf16>(p, in, g, k);
-      return cuda_runner<f16_t, cuda::f16>(p, in, g, k);
-    };
-    gpu.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs&, int) {
-      std::vector<MemPart> parts = io_parts(p, t, 4);
-      parts.push_back({"cuda: host staging copies of H, W, dH, dW in " + to_string(t),
-                       bytes_mul(2 * bytes_of(t), bytes_mul(p.N + p.V, p.d))});
-      return parts;
-    };
-    gpu.device_bytes = [](const LmHeadProblem& p, const LmKnobs& k, bool backward) {
-      cuda::LmHeadOptions o;
-      o.chunk_rows = k.chunk_rows;
-      return cuda::lmhead_workspace_bytes(p, backward, o);
-    };
-    v.push_back(gpu);
+    const GpuVariant gpus[] = {
+        {0, "cuda", "the variant the cuda layer picks (cuda-v3 for contiguous outputs)"},
+        {1, "cuda-v1", "own mma.sync products, dz buffer and fp32 dW accumulator (cuda/lmhead_v1.cu)"},
+        {2, "cuda-v2", "cuBLAS products, one-read row pass, v1's buffers (cuda/lmhead_v2.cu)"},
+        {3, "cuda-v3", "v2 with dz over the logits and dW summed in the storage type per chunk (cuda/lmhead_v2.cu)"}};
+    for (const GpuVariant& gv : gpus) {
+      LmHeadImpl gpu;
+      gpu.name = gv.name;
+      gpu.about = gv.about;
+      gpu.dtypes = {Dtype::BF16, Dtype::F16};
+      const std::string name = gv.name;
+      gpu.check = [name](const LmHeadProblem& p, Dtype) {
+        std::string why;
+        if (!cuda::gpu_available(&why)) fail("impl ", name, " cannot run: no usable GPU (", why, ")");
+        if (p.d % 8) fail("d (", p.d, ") must be a multiple of 8 for impl ", name);
+      };
+      const int variant = gv.variant;
+      gpu.prepare = [variant](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
+        if (in.dtype == Dtype::BF16) return cuda_runner<bf16_t, cuda::bf16>(p, in, g, k, variant);
+        return cuda_runner<f16_t, cuda::f16>(p, in, g, k, variant);
+      };
+      gpu.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs&, int) {
+        std::vector<MemPart> parts = io_parts(p, t, 4);
+        parts.push_back({"cuda: host staging copies of H, W, dH, dW in " + to_string(t),
+                         bytes_mul(2 * bytes_of(t), bytes_mul(p.N + p.V, p.d))});
+        return parts;
+      };
+      gpu.device_bytes = [variant](const LmHeadProblem& p, const LmKnobs& k, bool backward) {
+        cuda::LmHeadOptions o;
+        o.chunk_rows = k.chunk_rows;
+        o.variant = variant;
+        const int v = cuda::lmhead_variant<cuda::bf16>(p, View2<cuda::bf16>(), View2<cuda::bf16>(), o);
+        return cuda::lmhead_workspace_bytes(p, v, backward, o);
+      };
+      v.push_back(gpu);
+    }
 #endif
     return v;
   }();
@@ -474,13 +511,13 @@ std::vector<Result> run_lmhead_case(const LmHeadProblem& p, Dtype dtype, Values 
           if (!ps.fwd) run.forward();  // the backward reads this implementation's own LSE
           r.ms = best_of(run.backward, repeat);
           run.fetch_backward(dH, dW);
-          r.tensors = check_lmhead_backward<double>(want, dH.view(), dW.view());
+          r.tensors = check_lmhead_backward<double>(want, dH.view(), dW.view(), run.dW_roundings);
         } else {
           r.ms = best_of(run.fused, repeat);
           run.fetch_forward(L, LSE);
           run.fetch_backward(dH, dW);
           r.tensors = cat(check_lmhead_forward(want, L, LSE.data()),
-                          check_lmhead_backward<double>(want, dH.view(), dW.view()));
+                          check_lmhead_backward<double>(want, dH.view(), dW.view(), run.dW_roundings));
         }
         r.all = combine(r.tensors.data(), static_cast<int>(r.tensors.size()));
         out.push_back(r);
@@ -674,7 +711,8 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
     std::string impl, pass;
     double ms, gflops;
     int64_t extra;  // peak extra heap bytes, -1 when not counted
-    int64_t device = -1;  // device bytes the call allocates (a GPU layer), else -1
+    int64_t device = -1;        // measured device workspace peak of the timed calls (a GPU layer), else -1
+    int64_t device_model = -1;  // what the layer says it allocates (lmhead_workspace_bytes), else -1
     double vs_ref_time = NAN, vs_ref_heap = NAN;
   };
   std::vector<Row> rows;
@@ -689,12 +727,13 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
         const std::function<double()>& call = k == 0 ? run.forward : run.fused;
         if (reps > 1) call();  // warm-up
         double best = std::numeric_limits<double>::infinity();
-        int64_t extra = -1;
+        int64_t extra = -1, device = -1;
         for (int rep = 0; rep < reps; ++rep) {
           heap_reset_peak();
           const int64_t base = heap_live();
           best = std::min(best, call());
           if (counting) extra = std::max(extra, heap_peak() - base);
+          if (run.device_peak) device = std::max(device, run.device_peak());
         }
         Row row;
         row.d = p.d;
@@ -704,7 +743,8 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
         const double flops = k == 0 ? lmhead_forward_flops(p) : lmhead_forward_flops(p) + lmhead_backward_flops(p);
         row.gflops = flops / (best * 1e-3) / 1e9;
         row.extra = extra;
-        if (m->device_bytes) row.device = m->device_bytes(p, knobs, k == 1);
+        row.device = device;
+        if (m->device_bytes) row.device_model = m->device_bytes(p, knobs, k == 1);
         if (m->name == "reference") {
           ref_ms[k] = best;
           ref_extra[k] = counting ? double(extra) : NAN;
@@ -722,13 +762,14 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   t.columns = {{"d", "d", false},          {"impl", "impl", true},           {"pass", "pass", true},
                {"time_ms", "best(ms)", false}, {"gflops", "GFLOP/s", false},  {"peak_extra_heap_mib", "peak heap(MiB)", false},
                {"speedup_vs_reference", "x ref speed", false}, {"heap_vs_reference", "x ref heap", false},
-               {"device_extra_mib", "device extra(MiB)", false}};
+               {"device_extra_mib", "device peak(MiB)", false}, {"device_model_mib", "device model(MiB)", false}};
   for (const Row& x : rows)
     t.add({integer(x.d), text(x.impl), text(x.pass), number(x.ms, "%.1f"), number(x.gflops, "%.2f"),
            x.extra < 0 ? missing() : number(double(x.extra) / 1048576.0, "%.1f"),
            std::isnan(x.vs_ref_time) ? missing() : number(x.vs_ref_time, "%.2f"),
            std::isnan(x.vs_ref_heap) ? missing() : number(x.vs_ref_heap, "%.4f"),
-           x.device < 0 ? missing() : number(double(x.device) / 1048576.0, "%.1f")});
+           x.device < 0 ? missing() : number(double(x.device) / 1048576.0, "%.1f"),
+           x.device_model < 0 ? missing() : number(double(x.device_model) / 1048576.0, "%.1f")});
   if (r.json) {
     Json j = {{"command", "bench"}, {"op", "lmhead-ce"}, {"dtype", to_string(dtype)}, {"reps", reps},
               {"threads", threads}, {"Br", tiles.Br}, {"Bv", tiles.Bv}, {"verified", true},

@@ -1,5 +1,6 @@
 // tests/cuda/test_cuda_lmhead.cpp — the CUDA LM head + cross-entropy (cuda/cuda_lmhead.hpp,
-// spec §10) against the fp64 oracle under the §10.8 rule, bf16 and fp16: ragged N and V (V not
+// spec §10), every variant (v1, v2, v3; v3 under (10.21) with its r_W roundings of dW), against
+// the fp64 oracle under the §10.8 rule, bf16 and fp16: ragged N and V (V not
 // a multiple of 8 or of the 128-wide tile, V = 1), d from 8 to 136, several chunks of rows,
 // ignore_index rows, all-ignored batches, label smoothing, z-loss, both reductions, logits of
 // 1e4, ties, strided H; the fused call, forward + separate backward; bitwise repeatability;
@@ -46,12 +47,16 @@ struct GpuRun {
   float L = NAN;
   std::vector<float> LSE;
   Matrix<double> dH, dW;
+  int64_t r_W = 1;                // roundings of dW to the storage type (10.21)
+  int64_t peak = -1, model = -1;  // measured pool peak of the last call, and lmhead_workspace_bytes
 };
+
+constexpr int kVariants[] = {1, 2, 3};
 
 // ldh: row stride of H on the device (>= d, a multiple of 8).
 template <class DT>
 GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool fused, int64_t chunk_rows,
-                   int64_t ldh = 0) {
+                   int variant, int64_t ldh = 0) {
   using HT = typename HostOf<DT>::type;
   if (ldh == 0) ldh = p.d;
   std::vector<HT> h(static_cast<size_t>(p.N * ldh), from_double<HT>(7.0)), w(static_cast<size_t>(p.V * p.d));
@@ -73,12 +78,20 @@ GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, boo
   const View2<DT> dHv = view2<DT>(dH.data(), p.N, p.d), dWv = view2<DT>(dW.data(), p.V, p.d);
   bc::LmHeadOptions opt;
   opt.chunk_rows = chunk_rows;
+  opt.variant = variant;
   GpuRun<DT> r;
+  const int v = bc::lmhead_variant<DT>(p, dHv, dWv, opt);
+  r.r_W = bc::lmhead_dW_roundings(p, v, opt);
+  r.model = bc::lmhead_workspace_bytes(p, v, true, opt);
   if (fused) {
+    bc::reset_pool_peak();
     r.L = bc::lmhead_fused<DT>(p, Hv, Wv, y.data(), g, LSE.data(), dHv, dWv, opt);
+    r.peak = bc::pool_peak_bytes();
   } else {
     r.L = bc::lmhead_forward<DT>(p, Hv, Wv, y.data(), LSE.data(), opt);
+    bc::reset_pool_peak();
     bc::lmhead_backward<DT>(p, Hv, Wv, y.data(), LSE.data(), g, dHv, dWv, opt);
+    r.peak = bc::pool_peak_bytes();
   }
   r.LSE.resize(static_cast<size_t>(p.N));
   LSE.download(r.LSE.data(), r.LSE.size());
@@ -97,7 +110,7 @@ GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, boo
 template <class DT>
 std::vector<Metrics> check(const LmHeadOracle& o, const GpuRun<DT>& r) {
   return testutil::cat(check_lmhead_forward(o, r.L, r.LSE.data()),
-                       check_lmhead_backward<double>(o, r.dH.view(), r.dW.view()));
+                       check_lmhead_backward<double>(o, r.dH.view(), r.dW.view(), r.r_W));
 }
 
 template <class DT>
@@ -117,12 +130,17 @@ void sweep(testutil::WorstErrBound& worst) {
     for_each_lmhead_case(s.N, s.d, s.V, dt, seed, [&](const LmHeadProblem& p, const LmHeadInputs& in, Values v, int opt) {
       const double g = opt == 1 ? 0.75 : 1.0;
       const LmHeadOracle o = lmhead_oracle(p, in, g, true);
-      for (bool fused : {true, false}) {
-        const std::vector<Metrics> ms = check(o, run_gpu<DT>(p, in, g, fused, s.chunk));
-        testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
-                                      " chunk=" + std::to_string(s.chunk) + (fused ? " fused" : " fwd+bwd"));
-        worst.add(dt, ms);
-      }
+      for (int variant : kVariants)
+        for (bool fused : {true, false}) {
+          const GpuRun<DT> r = run_gpu<DT>(p, in, g, fused, s.chunk, variant);
+          const std::vector<Metrics> ms = check(o, r);
+          testutil::expect_pass(ms, shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(dt) +
+                                        " chunk=" + std::to_string(s.chunk) + " v" + std::to_string(variant) +
+                                        " r_W=" + std::to_string(r.r_W) + (fused ? " fused" : " fwd+bwd"));
+          // The workspace the layer reports is what the pool handed out, within its rounding.
+          EXPECT_LE(r.peak, r.model + (int64_t(4) << 20)) << "v" << variant << " " << shape_string(p);
+          worst.add(dt, ms);
+        }
     });
 }
 
@@ -139,15 +157,35 @@ TEST(CudaLmHead, AllIgnoredAndStridedH) {
   for (Reduction red : {Reduction::Mean, Reduction::Sum}) {
     const LmHeadProblem p = lmhead_problem(50, 16, 77, 0.1, 1e-2, red);
     const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 5, Values::Normal, 1.0);
-    const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 16);
-    EXPECT_EQ(r.L, 0.0f);
-    for (double x : r.dH.data) EXPECT_EQ(x, 0.0);
-    for (double x : r.dW.data) EXPECT_EQ(x, 0.0);
+    for (int variant : kVariants) {
+      const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 16, variant);
+      EXPECT_EQ(r.L, 0.0f);
+      for (double x : r.dH.data) EXPECT_EQ(x, 0.0);
+      for (double x : r.dW.data) EXPECT_EQ(x, 0.0);
+    }
   }
   const LmHeadProblem p = lmhead_problem(41, 24, 95, 0.2, 1e-3, Reduction::Sum);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F16, 21, Values::Normal, 0.25);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
-  testutil::expect_pass(check(o, run_gpu<bc::f16>(p, in, 1.0, true, 16, p.d + 8)), "strided H");
+  for (int variant : kVariants)
+    testutil::expect_pass(check(o, run_gpu<bc::f16>(p, in, 1.0, true, 16, variant, p.d + 8)),
+                          "strided H v" + std::to_string(variant));
+}
+
+// v3 rounds dW to the storage type once per chunk: with 64 chunks its dW meets (10.21) with
+// r_W = 64 (the value printed under r_W = 1 shows how much of the term the roundings used).
+TEST(CudaLmHead, ChunkRoundingsOfDwAreCounted) {
+  REQUIRE_GPU();
+  const LmHeadProblem p = lmhead_problem(512, 64, 300);
+  const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 9, Values::Normal, 0.0);
+  const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
+  const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 8, 3);
+  EXPECT_EQ(r.r_W, 64);
+  const std::vector<Metrics> ms = check(o, r);
+  testutil::expect_pass(ms, "v3, 64 chunks");
+  const Metrics dW1 = check_lmhead_backward<double>(o, r.dH.view(), r.dW.view(), 1)[1];
+  std::printf("  v3 with 64 chunks: dW err/bound %.3f under r_W = 64, %.3f under r_W = 1\n", ms.back().err_bound,
+              dW1.err_bound);
 }
 
 // No atomics in the arithmetic: two runs are bitwise equal.
@@ -155,11 +193,14 @@ TEST(CudaLmHead, BitwiseRepeatable) {
   REQUIRE_GPU();
   const LmHeadProblem p = lmhead_problem(300, 64, 1000, 0.1, 1e-4);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 3, Values::Normal, 0.1);
-  const GpuRun<bc::bf16> a = run_gpu<bc::bf16>(p, in, 1.0, true, 128), b = run_gpu<bc::bf16>(p, in, 1.0, true, 128);
-  EXPECT_EQ(a.L, b.L);
-  EXPECT_EQ(a.LSE, b.LSE);
-  EXPECT_EQ(a.dH.data, b.dH.data);
-  EXPECT_EQ(a.dW.data, b.dW.data);
+  for (int variant : kVariants) {
+    const GpuRun<bc::bf16> a = run_gpu<bc::bf16>(p, in, 1.0, true, 128, variant),
+                           b = run_gpu<bc::bf16>(p, in, 1.0, true, 128, variant);
+    EXPECT_EQ(a.L, b.L) << "v" << variant;
+    EXPECT_EQ(a.LSE, b.LSE) << "v" << variant;
+    EXPECT_EQ(a.dH.data, b.dH.data) << "v" << variant;
+    EXPECT_EQ(a.dW.data, b.dW.data) << "v" << variant;
+  }
 }
 
 TEST(CudaLmHead, BadInputNamesTheField) {
@@ -184,12 +225,28 @@ TEST(CudaLmHead, BadInputNamesTheField) {
   EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
   W.dim[0] = 10;
   EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
+  // The variant: a number the layer has, and outputs cuBLAS can write (host-side choice).
+  bc::LmHeadOptions opt;
+  opt.variant = 4;
+  View2<bc::bf16> dH, dW;
+  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bc::bf16>(p, dH, dW, opt); }),
+              HasSubstr("variant (4) must be 0 (the first that supports the call), 1, 2 or 3"));
+  dW.data = dummy; dW.dim[0] = 10; dW.dim[1] = 16; dW.stride[0] = 32; dW.stride[1] = 2;
+  opt.variant = 3;
+  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bc::bf16>(p, dH, dW, opt); }),
+              HasSubstr("variant (3) writes dH and dW through cuBLAS: dW.stride[1] (2) must be 1"));
+  opt.variant = 0;
+  EXPECT_EQ(bc::lmhead_variant<bc::bf16>(p, dH, dW, opt), 1);
+  dW.stride[1] = 1;
+  EXPECT_EQ(bc::lmhead_variant<bc::bf16>(p, dH, dW, opt), 3);
+  EXPECT_THAT(error_message([&] { bc::lmhead_chunk_rows(p, 0, opt); }), HasSubstr("variant (0) must be 1, 2 or 3"));
   // Labels are checked on the device.
   REQUIRE_GPU();
   const LmHeadProblem q = lmhead_problem(6, 8, 10);
   LmHeadInputs in = make_lmhead_inputs(q, Dtype::BF16, 1, Values::Normal, 0.0);
   in.y[4] = 10;
-  EXPECT_THAT(error_message([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0); }),
+  for (int variant : kVariants)
+    EXPECT_THAT(error_message([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0, variant); }),
               HasSubstr("y[4] (10) must be in [0, V) = [0, 10) or equal ignore_index (-100)"));
 }
 
