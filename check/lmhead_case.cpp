@@ -258,7 +258,7 @@ LmHeadCandidate read_lmhead_candidate(const std::string& dir, const LmHeadCaseMe
 }
 
 CheckResult check_lmhead_candidate(const LmHeadCaseData& c, const LmHeadExpected& e, const LmHeadCandidate& cand,
-                                   Dtype dtype, int max_list) {
+                                   Dtype dtype, int max_list, int64_t r_W) {
   const LmHeadProblem& p = c.meta.p;
   LmHeadOracle o;
   lmhead_bounds(p, dtype, c.in.H.view(), c.in.W.view(), c.in.y.data(), e.LSE.data(), c.meta.g, c.meta.backward, o);
@@ -271,8 +271,9 @@ CheckResult check_lmhead_candidate(const LmHeadCaseData& c, const LmHeadExpected
   if (c.meta.backward) {
     r.tensors.push_back(check_values("dH", cand.has_dH, {"i", "k"}, p.d, cand.dH.data.data(), e.dH.data.data(),
                                      o.bound_dH.data.data(), e.dH.data.size(), max_list));
+    const Matrix<double> bound_dW = dW_bound(o, r_W);
     r.tensors.push_back(check_values("dW", cand.has_dW, {"j", "k"}, p.d, cand.dW.data.data(), e.dW.data.data(),
-                                     o.bound_dW.data.data(), e.dW.data.size(), max_list));
+                                     bound_dW.data.data(), e.dW.data.size(), max_list));
   }
   return r;
 }

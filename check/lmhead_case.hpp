@@ -68,9 +68,10 @@ struct LmHeadCandidate {
 LmHeadCandidate read_lmhead_candidate(const std::string& dir, const LmHeadCaseMeta& m, const std::string& dtype);
 
 // The §10.8 bounds for `dtype`, recomputed from the case's inputs and the expected LSE; tensors
-// L, LSE (and dH, dW for backward cases); a missing file fails.
+// L, LSE (and dH, dW for backward cases); a missing file fails. r_W: the candidate's roundings of
+// dW to its storage type (10.21).
 CheckResult check_lmhead_candidate(const LmHeadCaseData& c, const LmHeadExpected& e, const LmHeadCandidate& cand,
-                                   Dtype dtype, int max_list = 5);
+                                   Dtype dtype, int max_list = 5, int64_t r_W = 1);
 
 // The curated LM head suite (fixed seeds): V = 1, ragged N and V, V above a tile, every row
 // ignored, label smoothing, z-loss, both reductions, logits ~1e4, ties, one row. quick: CI subset.

@@ -168,6 +168,7 @@ Command add_check(CLI::App& app) {
     std::string case_dir, cand, dtype, lse_empty = "-inf", lse_base = "e", layout, tensors;
     bool json = false;
     int max_list = 5;
+    int64_t dW_roundings = 1;
   };
   auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand("check", "Check a candidate's outputs against the oracle (spec §9 rule)");
@@ -181,6 +182,11 @@ Command add_check(CLI::App& app) {
   sub->add_option("--layout", s->layout, "layout of the candidate's O, dQ, dK, dV (default: the case's)");
   sub->add_option("--tensors", s->tensors, "only these tensors, comma-separated (default: O,LSE and, for backward cases, dQ,dK,dV)");
   sub->add_option("--max-list", s->max_list, "mismatches listed per tensor")->capture_default_str();
+  sub->add_option("--dw-roundings", s->dW_roundings,
+                  "LM head cases: how often the candidate rounds a partial sum of dW to its storage type (r_W of spec "
+                  "(10.21)): 1 when it sums in fp32 and stores once; the number of row chunks when it adds each "
+                  "chunk into a bf16/fp16 dW (as liger-kernel does)")
+      ->capture_default_str();
   sub->add_flag("--json", s->json, "one JSON object per case on stdout");
   sub->footer(
       "Per tensor: max_abs, max_rel, err/bound, #wrong and the first mismatches with (b, h, i|j, k).\n"
@@ -200,6 +206,7 @@ Command add_check(CLI::App& app) {
     if (!s->dtype.empty()) { parse_dtype(s->dtype); over.dtype = s->dtype; }
     if (!s->layout.empty()) { parse_layout(s->layout); over.layout = s->layout; }
     if (s->max_list < 0) fail("max-list (", s->max_list, ") must be >= 0");
+    if (s->dW_roundings < 1) fail("dw-roundings (", s->dW_roundings, ") must be >= 1");
     std::vector<std::string> only;
     for (size_t at = 0; at <= s->tensors.size() && !s->tensors.empty();) {
       const size_t comma = std::min(s->tensors.find(',', at), s->tensors.size());
@@ -230,7 +237,7 @@ Command add_check(CLI::App& app) {
           }
         } else {
           const check::LmHeadCandidate cand = check::read_lmhead_candidate(cand_dir, cd.meta, over.dtype);
-          r = check::check_lmhead_candidate(cd, e, cand, cand.dtype, s->max_list);
+          r = check::check_lmhead_candidate(cd, e, cand, cand.dtype, s->max_list, s->dW_roundings);
         }
         if (!only.empty()) {
           std::vector<check::TensorCheck> keep;

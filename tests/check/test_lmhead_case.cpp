@@ -145,6 +145,39 @@ TEST(LmHeadCase, CpuCandidatePassesPerturbedFails) {
   EXPECT_FALSE(is_lmhead_case((root / "nothing").string()));
 }
 
+// r_W of (10.21): a dW error between the bound for one rounding and the bound for three passes
+// with r_W = 3 (a kernel that adds three chunks into a bf16 dW) and fails with r_W = 1.
+TEST(LmHeadCase, DwRoundingsWidenOnlyTheDwBound) {
+  const fs::path root = fresh_dir("rw");
+  const LmHeadCaseMeta m = lmhead_suite(true, Dtype::BF16).front();
+  ASSERT_TRUE(m.backward);
+  const fs::path dir = root / m.name;
+  write_lmhead_case(dir.string(), make_lmhead_case(m));
+  const LmHeadCaseData c = read_lmhead_case(dir.string());
+  write_lmhead_expected(dir.string(), compute_lmhead_expected(c));
+  const LmHeadExpected e = read_lmhead_expected(dir.string(), c.meta);
+  const fs::path cand = root / "cand";
+  write_cpu_candidate(cand, c);
+  LmHeadCandidate k = read_lmhead_candidate(cand.string(), c.meta, "");
+  LmHeadOracle o;
+  lmhead_bounds(c.meta.p, k.dtype, c.in.H.view(), c.in.W.view(), c.in.y.data(), e.LSE.data(), c.meta.g, true, o);
+  size_t at = 0;  // the element where a rounding adds most, relative to the bound
+  for (size_t i = 0; i < o.bound_dW.data.size(); ++i)
+    if (o.bound_dW_round.data[i] / o.bound_dW.data[i] > o.bound_dW_round.data[at] / o.bound_dW.data[at]) at = i;
+  ASSERT_GT(o.bound_dW_round.data[at], 0.0);
+  k.dW.data[at] = e.dW.data[at] + o.bound_dW.data[at] + 1.5 * o.bound_dW_round.data[at];
+  const CheckResult one = check_lmhead_candidate(c, e, k, k.dtype, 5, 1), three = check_lmhead_candidate(c, e, k, k.dtype, 5, 3);
+  EXPECT_FALSE(one.tensors[3].pass()) << format_check(one);
+  EXPECT_TRUE(three.pass()) << format_check(three);
+  EXPECT_EQ(dW_bound(o, 1).data, o.bound_dW.data);
+  try {
+    dW_bound(o, 0);
+    ADD_FAILURE() << "dW_bound(o, 0) did not throw";
+  } catch (const Error& x) {
+    EXPECT_THAT(x.what(), HasSubstr("dW_roundings (0) must be >= 1"));
+  }
+}
+
 TEST(LmHeadCase, MissingOrMisshapenCandidateFiles) {
   const fs::path root = fresh_dir("missing");
   const LmHeadCaseMeta m = lmhead_suite(true, Dtype::F32).front();
