@@ -75,34 +75,36 @@ TEST(Attention2D, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
   EXPECT_EQ(runs, 120);
 }
 
-// Paper form for P | N, n = N / P, square grid s x s: forward per rank
+// Paper form for P | N, n = N / P, square grid p_r = p_c = sqrt(P), s bytes per element (eb):
+// forward per rank
 //   s B n [(H_q d + 2 H_kv d + H_q (d + 1)) (sqrt(P) - 1)] + transpose 2 H_kv d n (unless fixed),
 // i.e. ~ N / sqrt(P): it shrinks like 1/sqrt(P) at fixed N.
 TEST(Attention2D, BytesShrinkLikeOneOverSqrtP) {
   const int64_t B = 1, Hq = 8, Hkv = 8, N = 14400, d = 64, eb = 2;
   const Problem p = testutil::make_problem(B, Hq, Hkv, N, N, d, "causal", 1);
   double prev = 0;
-  for (int s : {2, 3, 4, 5, 6, 8}) {
-    const int P = s * s;
+  for (int side : {2, 3, 4, 5, 6, 8}) {  // p_r = p_c = sqrt(P)
+    const int P = side * side;
     const Partition part = make_partition(PartitionKind::Striped, N, P);
-    const Grid g{s, s};
+    const Grid g{side, side};
     const int64_t n = N / P;
     int64_t max_sent = 0;
     for (int r = 0; r < P; ++r) {
       const int64_t tr = g.row_major(r) == r ? 0 : 2 * Hkv * d * n;
-      const int64_t want = eb * B * ((Hq * d + 2 * Hkv * d + Hq * (d + 1)) * n * (s - 1) + tr);
+      const int64_t want = eb * B * ((Hq * d + 2 * Hkv * d + Hq * (d + 1)) * n * (side - 1) + tr);
       EXPECT_EQ(attention2d_bytes(Phase::Forward, p, g, part, part, r, true, eb), want) << "P=" << P << " r=" << r;
       max_sent = std::max(max_sent, want);
     }
-    // bytes x sqrt(P) / N tends to a constant: (s - 1) / s -> 1 (plus the transpose, 1/s). With
-    // C = H_q d + 2 H_kv d + H_q (d + 1): max_sent s / (eb B N C) = ((s - 1) C + 2 H_kv d) / (s C).
-    // Every quantity is an integer (n = N / s^2 exactly), so compare the cross-multiplied form
+    // bytes x sqrt(P) / N tends to a constant: (side - 1) / side -> 1 (plus the transpose, 1/side).
+    // With C = H_q d + 2 H_kv d + H_q (d + 1):
+    //   max_sent side / (eb B N C) = ((side - 1) C + 2 H_kv d) / (side C).
+    // Every quantity is an integer (n = N / side^2 exactly), so compare the cross-multiplied form
     // exactly in int64 (both sides < 5e8).
     if (prev > 0) {
       EXPECT_LT(double(max_sent), prev) << "P=" << P;
     }
     const int64_t C = Hq * d + 2 * Hkv * d + Hq * (d + 1);
-    EXPECT_EQ(max_sent * s * s, eb * B * N * ((s - 1) * C + 2 * Hkv * d)) << "P=" << P;
+    EXPECT_EQ(max_sent * side * side, eb * B * N * ((side - 1) * C + 2 * Hkv * d)) << "P=" << P;
     prev = double(max_sent);
   }
 }
