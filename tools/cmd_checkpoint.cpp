@@ -346,7 +346,7 @@ Command add_checkpoint_command(CLI::App& app) {
   sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str();
   sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str();
   sub->add_option("--nq", f->N, "sequence length N (N_k = N_q: self-attention)")->capture_default_str();
-  sub->add_option("-d", f->d, "head dimension")->capture_default_str();
+  sub->add_option("-d", f->d, "head dimension d")->capture_default_str();
   sub->add_option("--width", f->D, "model width D (0: H_q d)")->capture_default_str();
   sub->add_option("--ffn", f->F, "MLP width F (0: 4 D)")->capture_default_str();
   sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
@@ -356,10 +356,14 @@ Command add_checkpoint_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--keep", f->keep, "sequence placement: the fraction of rows whose attention output is kept")
       ->capture_default_str();
-  sub->add_option("--algo", f->algo, "run the layer's attention distributed on SimComm with this algorithm");
+  sub->add_option("--algo", f->algo,
+                  "run the layer's attention distributed on SimComm with this algorithm: " + dist::algorithm_names() +
+                      " (default: on one device)");
   sub->add_option("--world", f->world, "ranks G (with --algo)")->capture_default_str();
   sub->add_option("--partition", f->partition, "contiguous | zigzag | striped (default: the algorithm's own, else contiguous)");
-  sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node (double-ring, usp)")->capture_default_str();
+  sub->add_option("--gpus-per-node", f->gpus_per_node,
+                  "GPUs per node K (0 = one node): double-ring's K, usp's group size")
+      ->capture_default_str();
   sub->add_flag("--json", f->json, "JSON instead of tables");
   sub->footer(
       "Exit: 0 when every placement's gradients equal those of `none` bitwise, every distributed pass sent\n"

@@ -231,6 +231,45 @@ TEST(Help, EveryCommandTeachesWithExamples) {
   }
 }
 
+// Every value a flag's --help lists ("a | b | c") is one the command accepts.
+struct Listed {
+  const char* command;  // the subcommand, whose --help is read
+  const char* flag;
+  const char* args;     // a quick run, the flag's value appended
+};
+TEST(Help, EveryListedValueIsAccepted) {
+  for (const Listed& l : {Listed{"schedule", "--dtype", "schedule --algo ring --world 2 --nq 4 --nk 4 -d 2 --dtype "},
+                          Listed{"schedule", "--partition", "schedule --algo ring --world 2 --nq 4 --nk 4 -d 2 --partition "},
+                          Listed{"checkpoint", "--dtype", "checkpoint --nq 16 --tile 8 -d 4 --hq 2 --hkv 2 --json --dtype "},
+                          Listed{"simulate", "--partition", "simulate --seq 4096 --algo ring --json --partition "},
+                          Listed{"conform", "--partition", "conform --world 2 --impl ring --dtype fp64 --json --partition "}}) {
+    const Output h = burstlab(std::string(l.command) + " --help");
+    ASSERT_EQ(h.rc, 0) << l.command;
+    std::istringstream lines(h.out);
+    std::string desc;
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(std::string("  ") + l.flag + " ", 0) == 0) desc = line;
+    ASSERT_FALSE(desc.empty()) << l.command << " --help has no " << l.flag << "\n" << h.out;
+    const size_t bar = desc.find(" | ");
+    ASSERT_NE(bar, std::string::npos) << desc;
+    // the values: the words around the first " | " run
+    size_t begin = desc.rfind(' ', bar - 1) + 1, end = desc.find_first_of(" ,;()", desc.rfind(" | ") + 3);
+    std::string list = desc.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (!list.empty() && list.back() == ':') list.pop_back();
+    int values = 0;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t next = std::min(list.find(" | ", at), list.size());
+      const std::string v = list.substr(at, next - at);
+      at = next + 3;
+      const Output o = burstlab(l.args + v);
+      EXPECT_EQ(o.rc, 0) << l.command << " " << l.flag << " " << v << " is listed in --help (" << desc
+                         << ") but refused:\n" << o.err;
+      ++values;
+    }
+    EXPECT_GE(values, 2) << desc;
+  }
+}
+
 // ---------------------------------------------------------------- a wrong implementation fails
 TEST(Broken, RunPrintsFailAndExitsOne) {
   const Output o = burstlab("run --impl cpu,broken", "BURSTLAB_TEST_BROKEN_IMPL=1");
