@@ -554,8 +554,8 @@ int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Pa
   check_attention2d(g, qp.G, qp, kp);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
   const int i = g.row(r), j = g.col(r), rt = g.row_major(r);
-  auto nq = [&](int s) { return qp.local_size(s); };
-  auto nk = [&](int s) { return kp.local_size(s); };
+  auto nq = [&](int x) { return qp.local_size(x); };  // n_q(x), n_k(x) of (7.22): striped shard x
+  auto nk = [&](int x) { return kp.local_size(x); };
   int64_t q_others = 0, k_others = 0;  // rows of the other row members (q) / column members (k)
   for (int jj = 0; jj < g.p_c; ++jj) if (jj != j) q_others += nq(g.rank(i, jj));
   for (int ii = 0; ii < g.p_r; ++ii) if (ii != i) k_others += nk(g.row_major(g.rank(ii, j)));

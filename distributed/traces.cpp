@@ -279,9 +279,201 @@ Trace distflash_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
   return {out, true};
 }
 
+namespace {
+
+// spec §7.13: Attention2D-O step by step, as attention2d_o_forward / _backward post it. The step
+// numbers are the transport's: 0 the transpose, 1 .. p_r the column ring (phase A), p_r + 1 the
+// own query block out, p_r + 1 + v the row ring (phase B); backward p_r + p_c + 1 the column
+// reduce-scatter of dK, dV (phase C) and p_r + p_c + 2 their transpose back. A step's transfers
+// are posted before its compute, which they overlap. Bytes are rows x row width of each message,
+// compared with (7.26); the pairs of all steps with Attention2D-NO's one block.
+Trace attention2d_o_steps(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
+  const Problem& p = pl.p;
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  const Grid& g = pl.grid;
+  const MaskParams m = pl.mask.params();
+  const int P = qp.G, pr = g.p_r, pc = g.p_c;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, t = w.t, a = w.a;
+  auto md = [](int x, int n) { return ((x % n) + n) % n; };
+  auto nq = [&](int rank) { return qp.local_size(rank); };   // striped: rank x holds query shard x
+  auto nk = [&](int shard) { return kp.local_size(shard); };
+  auto pairs = [&](int q_rank, int k_shard) {  // visible pairs of one (b, h)
+    int64_t n = 0;
+    for (int qc : qp.rank_chunks[q_rank])
+      for (int kc : kp.rank_chunks[k_shard]) n += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+    return n;
+  };
+  auto col_pairs = [&](int q_rank, int j) {  // against the K, V gathered in column j
+    int64_t n = 0;
+    for (int ii = 0; ii < pr; ++ii) n += pairs(q_rank, g.row_major(g.rank(ii, j)));
+    return n;
+  };
+  auto holder = [&](int shard) {  // the rank whose row-major index is `shard`
+    for (int x = 0; x < P; ++x)
+      if (g.row_major(x) == shard) return x;
+    return -1;
+  };
+  auto list = [](const std::vector<std::string>& parts) {
+    std::string s;
+    for (const std::string& x : parts) s += (s.empty() ? "" : "; ") + x;
+    return s;
+  };
+  std::string out;
+  bool ok = true;
+  for (Phase ph : {Phase::Forward, Phase::Backward}) {
+    if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
+    const bool bw = ph == Phase::Backward;
+    // Bytes per row of what travels.
+    const int64_t kv_row = 2 * Hkv * d * t;                               // K, V
+    const int64_t q_row = bw ? Hq * (2 * d * t + 2 * a) : Hq * d * t;     // Q (backward: Q, dO, LSE, D)
+    const int64_t part_row = bw ? Hq * d * a : Hq * (d * t + a);          // the chain: dQ, or (O, LSE)
+    const int64_t dkv_row = 2 * Hkv * d * a;                              // dK, dV
+    const char* q_side = bw ? "Q,dO,LSE,D" : "Q";
+    const char* part = bw ? "dQ" : "(O,LSE)";
+    std::vector<int64_t> sent(P, 0), recv(P, 0), computed(P, 0), blocks(P, 0);
+    std::vector<std::vector<std::string>> step_lines;  // [step][rank]
+    auto step = [&](const std::string& title) {
+      appendf(out, "step %zu: %s\n", step_lines.size(), title.c_str());
+      step_lines.emplace_back(P);
+    };
+    auto send = [&](std::vector<std::string>& l, int r, const std::string& what, int to, int64_t bytes) {
+      l.push_back("send " + what + " -> " + std::to_string(to) + " (" + std::to_string(bytes) + " B)");
+      sent[r] += bytes;
+    };
+    auto receive = [&](std::vector<std::string>& l, int r, const std::string& what, int from, int64_t bytes) {
+      l.push_back("recv " + what + " <- " + std::to_string(from) + " (" + std::to_string(bytes) + " B)");
+      recv[r] += bytes;
+    };
+    auto flush = [&] {
+      for (int r = 0; r < P; ++r)
+        if (!step_lines.back()[r].empty())
+          appendf(out, "  rank %d (row %d, col %d): %s\n", r, g.row(r), g.col(r), step_lines.back()[r].c_str());
+    };
+    appendf(out, "\nattention2d-o %s (Attention2D-O, §7.13): grid %d x %d (rank p = i + j p_r is row i, column j), "
+                "striped inputs, %lld-byte elements (statistics and gradients %lld); each step's transfers are posted "
+                "before its compute and overlap it\n",
+            to_string(ph).c_str(), pr, pc, static_cast<long long>(t), static_cast<long long>(a));
+    auto transpose = [&](bool back) {
+      step(back ? "dK,dV transposed back to their owners" : "K,V transposed to the row-major cyclic distribution");
+      for (int r = 0; r < P; ++r) {
+        std::vector<std::string> l;
+        const int rt = g.row_major(r);
+        if (rt == r) {
+          l.push_back(std::string("keeps ") + (back ? "dK,dV" : "K,V") + "[shard " + std::to_string(r) + "]");
+        } else if (!back) {
+          send(l, r, "K,V[shard " + std::to_string(r) + "]", holder(r), B * nk(r) * kv_row);
+          receive(l, r, "K,V[shard " + std::to_string(rt) + "]", rt, B * nk(rt) * kv_row);
+        } else {
+          send(l, r, "dK,dV[shard " + std::to_string(rt) + "]", rt, B * nk(rt) * dkv_row);
+          receive(l, r, "dK,dV[shard " + std::to_string(r) + "]", holder(r), B * nk(r) * dkv_row);
+        }
+        step_lines.back()[r] = list(l);
+      }
+      flush();
+    };
+    transpose(false);
+    // Phase A: at step u rank (i, j) holds the K, V block of column member i - u.
+    for (int u = 0; u < pr; ++u) {
+      step("column ring " + std::to_string(u + 1) + " of " + std::to_string(pr) + " (phase A)");
+      for (int r = 0; r < P; ++r) {
+        const int i = g.row(r), j = g.col(r);
+        const int cur = g.row_major(g.rank(md(i - u, pr), j)), nxt = g.row_major(g.rank(md(i - u - 1, pr), j));
+        std::vector<std::string> l;
+        const int64_t n = pairs(r, cur);
+        computed[r] += n;
+        ++blocks[r];
+        l.push_back("compute " + std::string(q_side) + "[rank " + std::to_string(r) + "] x K,V[shard " +
+                    std::to_string(cur) + "] (" + std::to_string(n) + " pairs)" +
+                    (bw ? ": dQ at home, dK,dV of the block" : ", merged into (O, LSE)"));
+        if (u < pr - 1) {
+          send(l, r, "K,V[shard " + std::to_string(cur) + "]", g.rank(md(i + 1, pr), j), B * nk(cur) * kv_row);
+          receive(l, r, "K,V[shard " + std::to_string(nxt) + "]", g.rank(md(i - 1, pr), j), B * nk(nxt) * kv_row);
+        }
+        step_lines.back()[r] = list(l);
+      }
+      flush();
+    }
+    // Phase B: the row ring; at step v rank (i, j) holds the query side of row member j + v.
+    if (pc > 1) {
+      step("row ring: own query block out (phase B)");
+      for (int r = 0; r < P; ++r) {
+        const int i = g.row(r), j = g.col(r);
+        const int left = g.rank(i, md(j - 1, pc)), right = g.rank(i, md(j + 1, pc));
+        std::vector<std::string> l;
+        send(l, r, std::string(q_side) + "[rank " + std::to_string(r) + "]", left, B * nq(r) * q_row);
+        receive(l, r, std::string(q_side) + "[rank " + std::to_string(right) + "]", right, B * nq(right) * q_row);
+        step_lines.back()[r] = list(l);
+      }
+      flush();
+    }
+    for (int v = 1; v < pc; ++v) {
+      step("row ring " + std::to_string(v) + " of " + std::to_string(pc - 1) + " (phase B)");
+      for (int r = 0; r < P; ++r) {
+        const int i = g.row(r), j = g.col(r);
+        const int left = g.rank(i, md(j - 1, pc)), right = g.rank(i, md(j + 1, pc));
+        const int mv = g.rank(i, md(j + v, pc)), mn = g.rank(i, md(j + v + 1, pc));
+        const std::string qm = std::string(q_side) + "[rank " + std::to_string(mv) + "]";
+        std::vector<std::string> l;
+        if (v + 1 < pc) {
+          send(l, r, qm, left, B * nq(mv) * q_row);
+          receive(l, r, std::string(q_side) + "[rank " + std::to_string(mn) + "]", right, B * nq(mn) * q_row);
+        }
+        const int64_t n = col_pairs(mv, j);
+        computed[r] += n;
+        ++blocks[r];
+        l.push_back("compute " + qm + " x K,V of column " + std::to_string(j) + " (" + std::to_string(n) + " pairs)" +
+                    (bw ? ", dK,dV of the column" : ""));
+        if (v >= 2) l.push_back(std::string(bw ? "add" : "merge") + " the " + part + " chain of rank " +
+                                std::to_string(mv) + " from the right");
+        send(l, r, std::string(part) + "[rank " + std::to_string(mv) + "]", left, B * nq(mv) * part_row);
+        receive(l, r, std::string(part) + "[rank " + std::to_string(mn) + "]", right, B * nq(mn) * part_row);
+        if (v == pc - 1)
+          l.push_back(std::string(bw ? "add" : "merge") + " the chain of its own block into " + (bw ? "dQ" : "(O, LSE)"));
+        step_lines.back()[r] = list(l);
+      }
+      flush();
+    }
+    if (bw) {  // phase C, at the transport's step p_r + p_c + 1
+      while (static_cast<int>(step_lines.size()) < pr + pc + 1) step_lines.emplace_back(P);
+      step("dK,dV reduce-scattered in the column, summed in member order (phase C)");
+      for (int r = 0; r < P; ++r) {
+        const int i = g.row(r), j = g.col(r), rt = g.row_major(r);
+        std::vector<std::string> l;
+        for (int ii = 0; ii < pr; ++ii) {
+          if (ii == i) continue;
+          const int x = g.rank(ii, j), sx = g.row_major(x);
+          send(l, r, "dK,dV[shard " + std::to_string(sx) + "]", x, B * nk(sx) * dkv_row);
+          receive(l, r, "dK,dV[shard " + std::to_string(rt) + "]", x, B * nk(rt) * dkv_row);
+        }
+        step_lines.back()[r] = l.empty() ? "nothing (a column of one)" : list(l);
+      }
+      flush();
+      transpose(true);
+    }
+    appendf(out, "work and bytes per rank (closed form 7.26):\n");
+    for (int r = 0; r < P; ++r) {
+      const int64_t cs = attention2d_bytes(ph, p, g, qp, kp, r, true, w, true);
+      const int64_t cr = attention2d_bytes(ph, p, g, qp, kp, r, false, w, true);
+      int64_t no_pairs = 0;  // the row's queries x the column's keys
+      for (int jj = 0; jj < pc; ++jj) no_pairs += col_pairs(g.rank(g.row(r), jj), g.col(r));
+      const bool match = sent[r] == cs && recv[r] == cr && computed[r] == no_pairs;
+      ok = ok && match;
+      appendf(out, "  rank %d: %lld blocks, %lld pairs (Attention2D-NO: 1 block, %lld pairs); sent %lld B (closed form "
+                  "%lld), received %lld B (closed form %lld)%s\n",
+              r, static_cast<long long>(blocks[r]), static_cast<long long>(computed[r]),
+              static_cast<long long>(no_pairs), static_cast<long long>(sent[r]), static_cast<long long>(cs),
+              static_cast<long long>(recv[r]), static_cast<long long>(cr), match ? "" : "  NO");
+    }
+  }
+  return {out, ok};
+}
+
+}  // namespace
+
 // spec §7.11: Attention2D's grid: where each rank sits, what it gathers in its row and column,
-// the one block it computes, and the bytes of (7.22)-(7.23) (overlapped: 7.26).
+// the one block it computes, and the bytes of (7.22)-(7.23); overlapped (§7.13): step by step.
 Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool overlap) {
+  if (overlap) return attention2d_o_steps(pl, w, fwd, bwd);
   const Problem& p = pl.p;
   const Partition &qp = pl.qp, &kp = pl.kp;
   const MaskData& md = pl.mask;
@@ -290,8 +482,7 @@ Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool ov
   const int P = qp.G;
   const Grid& g = pl.grid;
   const MaskParams m = md.params();
-  appendf(out, "\nattention2d%s: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n",
-              overlap ? " (overlapped: ring gather-compute-scatter)" : "", g.p_r, g.p_c);
+  appendf(out, "\nattention2d: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n", g.p_r, g.p_c);
   for (int r = 0; r < P; ++r) {
     const int i = g.row(r), j = g.col(r);
     int64_t pairs = 0;
@@ -312,11 +503,11 @@ Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool ov
   }
   for (Phase ph : {Phase::Forward, Phase::Backward}) {
     if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
-    appendf(out, "%s bytes per rank (closed form %s):", to_string(ph).c_str(), overlap ? "7.26" : "7.22-7.23");
+    appendf(out, "%s bytes per rank (closed form 7.22-7.23):", to_string(ph).c_str());
     for (int r = 0; r < P; ++r)
       appendf(out, " r%d sent %lld recv %lld;", r,
-                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, true, eb, overlap)),
-                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, false, eb, overlap)));
+                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, true, eb)),
+                  static_cast<long long>(attention2d_bytes(ph, p, g, qp, kp, r, false, eb)));
     appendf(out, "\n");
   }
   return {out, true};

@@ -91,13 +91,13 @@ Command add_bench_command(CLI::App& app) {
   s->shape.d = {64, 128};
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Measure GFLOP/s of reference and cpu (fp32, 1 and all threads) against Eigen SGEMM");
+      "Measure GFLOP/s of reference and cpu (--dtype, default fp32; 1 and all threads) against Eigen SGEMM");
   add_shape_flags(sub, s->shape, true);
   add_dtype_flag(sub, s->run);
   add_values_flag(sub, s->run);
   add_impl_flag(sub, s->run);
   add_tile_flags(sub, s->run);
-  sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = every core)")->capture_default_str();
+  sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = OMP_NUM_THREADS or every core)")->capture_default_str();
   sub->add_option("--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up")
       ->capture_default_str();
   sub->add_option("--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)")->capture_default_str();

@@ -63,7 +63,7 @@ Command add_gen(CLI::App& app) {
   struct S { std::string out, dtype = "fp32", op = "attention"; bool quick = false, oracle = false, list = false; };
   auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand("gen", "Write the conformance suite as case directories (.npy + case.json)");
-  sub->add_option("--out", s->out, "directory to write the cases into (created)");
+  sub->add_option("--out", s->out, "directory to write the cases into (created; required unless --list)");
   sub->add_flag("--quick", s->quick, "the quick subset (CI)");
   sub->add_option("--dtype", s->dtype, "input dtype(s), comma-separated: fp64, fp32, bf16, fp16")->capture_default_str();
   sub->add_flag("--oracle", s->oracle, "also write the expected outputs (as `burstlab oracle`)");
@@ -429,10 +429,14 @@ Command add_conform(CLI::App& app) {
       "conform", "Run every built-in implementation over the case suite: one PASS/FAIL matrix (worst err/bound)");
   sub->add_option("--suite", s->suite_dir, "a suite directory from `burstlab gen` (default: generate in memory)");
   sub->add_flag("--full", s->full, "the full generated suite (default: the quick subset)");
-  sub->add_option("--dtype", s->dtype, "dtypes of the generated suite")->capture_default_str();
+  sub->add_option("--dtype", s->dtype, "dtypes of the generated suite, comma-separated: fp64, fp32, bf16, fp16 (not "
+                                       "with --suite: its cases name theirs)")
+      ->capture_default_str();
   sub->add_option("--impl", s->impl, "only these columns (comma-separated names as printed)");
   sub->add_option("--world", s->world, "ranks of the distributed columns (SimComm)")->capture_default_str();
-  sub->add_option("--partition", s->partition, "partition of the distributed columns")->capture_default_str();
+  sub->add_option("--partition", s->partition,
+                  "contiguous | zigzag | striped: partition of the distributed columns (attention2d, attention2d-o: always striped)")
+      ->capture_default_str();
   sub->add_flag("--json", s->json, "one JSON object per cell instead of the matrix");
   sub->footer(
       "Cells: PASS/FAIL and the worst err/bound over O, LSE, dQ, dK, dV (spec §9); '-' = the column does\n"

@@ -506,14 +506,19 @@ void add_schedule_command(CLI::App& app) {
       "schedule", "Print a distributed schedule step by step: what each rank computes and sends (spec §7)");
   add_shape_flags(sub, s->shape, false);
   add_dtype_flag(sub, s->run);
+  sub->get_option("--dtype")->description("element width of the bytes printed: fp64 | fp32");
   add_pass_flag(sub, s->run);
   std::string algos;
   for (const dist::Algorithm& a : dist::algorithms()) algos += std::string(algos.empty() ? "" : " | ") + a.name;
   sub->add_option("--algo", s->dist.algo, algos)->capture_default_str();
   sub->add_option("--grid", s->dist.grid,
-                  "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world R*C");
-  sub->add_flag("--overlap", s->dist.overlap, "attention2d: the overlapped variant");
-  sub->add_option("--gpus-per-node", s->dist.gpus_per_node, "double-ring: GPUs per node K (must divide --world)")
+                  "attention2d, attention2d-o: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world "
+                  "R*C");
+  sub->add_flag("--overlap", s->dist.overlap,
+                "attention2d: the overlapped variant Attention2D-O, its ring steps (spec §7.13; = --algo attention2d-o)");
+  sub->add_option("--gpus-per-node", s->dist.gpus_per_node,
+                  "GPUs per node K (0 = one node): double-ring's K (must divide --world), usp's default "
+                  "--ulysses-degree, --nodes' world M x K")
       ->capture_default_str();
   sub->add_option("--ulysses-degree", s->dist.ulysses_degree,
                   "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
@@ -526,7 +531,8 @@ void add_schedule_command(CLI::App& app) {
   sub->add_option("--svg", s->svg,
                   "ring, burst, double-ring, distflash: also draw the schedule into this SVG file (one row per rank, "
                   "one column per step; each cell the blocks computed and what is sent)");
-  add_json_flag(sub, s->run);
+  sub->add_flag("--json", s->run.json,
+                "print the schedule as JSON on stdout instead of the trace (ring, burst, double-ring, distflash)");
   sub->footer(
       "Each step lists, per rank, the blocks Q[chunk]xK[chunk](visible pairs) it computes (blocks the\n"
       "mask hides are skipped), what it sends and receives (bytes at the --dtype width), then the\n"
@@ -646,14 +652,19 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
                      ". double-ring takes --gpus-per-node, attention2d --grid and --partition striped, distflash a "
                      "causal mask and --partition contiguous");
   run.add_option("--grid", st->f.grid,
-                 "attention2d: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world R*C");
-  run.add_flag("--overlap", st->f.overlap, "attention2d: the overlapped variant (ring gather-compute-scatter)");
+                 "attention2d, attention2d-o: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world "
+                 "R*C");
+  run.add_flag("--overlap", st->f.overlap,
+               "attention2d: the overlapped variant Attention2D-O, ring gather-compute-scatter (spec §7.13; = --algo "
+               "attention2d-o)");
   run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str()->each([st](const std::string&) {
     st->f.world_given = true;
   });
   run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)");
   run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
-  run.add_option("--gpus-per-node", st->f.gpus_per_node, "link classes for --algo byte counts (0 = one node)")
+  run.add_option("--gpus-per-node", st->f.gpus_per_node,
+                 "GPUs per node K for --algo (0 = one node): the intra/inter-node link of each byte count, "
+                 "double-ring's K, usp's default --ulysses-degree, --nodes' world M x K")
       ->capture_default_str();
   run.add_option("--ulysses-degree", st->f.ulysses_degree,
                  "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");

@@ -5,10 +5,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "algorithm.hpp"
 #include "algos.hpp"
 #include "attention2d.hpp"
 #include "burstlab/error.hpp"
@@ -70,34 +75,36 @@ TEST(Attention2D, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) {
   EXPECT_EQ(runs, 120);
 }
 
-// Paper form for P | N, n = N / P, square grid s x s: forward per rank
+// Paper form for P | N, n = N / P, square grid p_r = p_c = sqrt(P), s bytes per element (eb):
+// forward per rank
 //   s B n [(H_q d + 2 H_kv d + H_q (d + 1)) (sqrt(P) - 1)] + transpose 2 H_kv d n (unless fixed),
 // i.e. ~ N / sqrt(P): it shrinks like 1/sqrt(P) at fixed N.
 TEST(Attention2D, BytesShrinkLikeOneOverSqrtP) {
   const int64_t B = 1, Hq = 8, Hkv = 8, N = 14400, d = 64, eb = 2;
   const Problem p = testutil::make_problem(B, Hq, Hkv, N, N, d, "causal", 1);
   double prev = 0;
-  for (int s : {2, 3, 4, 5, 6, 8}) {
-    const int P = s * s;
+  for (int side : {2, 3, 4, 5, 6, 8}) {  // p_r = p_c = sqrt(P)
+    const int P = side * side;
     const Partition part = make_partition(PartitionKind::Striped, N, P);
-    const Grid g{s, s};
+    const Grid g{side, side};
     const int64_t n = N / P;
     int64_t max_sent = 0;
     for (int r = 0; r < P; ++r) {
       const int64_t tr = g.row_major(r) == r ? 0 : 2 * Hkv * d * n;
-      const int64_t want = eb * B * ((Hq * d + 2 * Hkv * d + Hq * (d + 1)) * n * (s - 1) + tr);
+      const int64_t want = eb * B * ((Hq * d + 2 * Hkv * d + Hq * (d + 1)) * n * (side - 1) + tr);
       EXPECT_EQ(attention2d_bytes(Phase::Forward, p, g, part, part, r, true, eb), want) << "P=" << P << " r=" << r;
       max_sent = std::max(max_sent, want);
     }
-    // bytes x sqrt(P) / N tends to a constant: (s - 1) / s -> 1 (plus the transpose, 1/s). With
-    // C = H_q d + 2 H_kv d + H_q (d + 1): max_sent s / (eb B N C) = ((s - 1) C + 2 H_kv d) / (s C).
-    // Every quantity is an integer (n = N / s^2 exactly), so compare the cross-multiplied form
+    // bytes x sqrt(P) / N tends to a constant: (side - 1) / side -> 1 (plus the transpose, 1/side).
+    // With C = H_q d + 2 H_kv d + H_q (d + 1):
+    //   max_sent side / (eb B N C) = ((side - 1) C + 2 H_kv d) / (side C).
+    // Every quantity is an integer (n = N / side^2 exactly), so compare the cross-multiplied form
     // exactly in int64 (both sides < 5e8).
     if (prev > 0) {
       EXPECT_LT(double(max_sent), prev) << "P=" << P;
     }
     const int64_t C = Hq * d + 2 * Hkv * d + Hq * (d + 1);
-    EXPECT_EQ(max_sent * s * s, eb * B * N * ((s - 1) * C + 2 * Hkv * d)) << "P=" << P;
+    EXPECT_EQ(max_sent * side * side, eb * B * N * ((side - 1) * C + 2 * Hkv * d)) << "P=" << P;
     prev = double(max_sent);
   }
 }
@@ -153,4 +160,54 @@ TEST(Attention2D, OverlappedMatchesTheOracleAndItsClosedForm) {
   sweep_grids(true, {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {3, 3}, {1, 5}, {7, 1}},
               {"none", "causal", "document:3", "causal+block:8x8@0.6"}, 0, runs);
   EXPECT_EQ(runs, 72);
+}
+
+// `burstlab schedule --algo attention2d --overlap` prints Algorithm::trace of attention2d-o: the
+// steps of §7.13, not Attention2D-NO's one block per rank. Every rank's traced sends and receives
+// at every step equal what the SimComm run moves at that step (the transport's step numbers),
+// with GQA, N_q != N_k, ragged shards and 1 x P, P x 1 grids.
+TEST(Attention2D, OverlappedTraceIsTheStepsTheRunTakes) {
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
+  const Case c = make_case(2, 4, 2, 37, 29, 5, "causal", kSeed);
+  const std::regex step_re(R"(^step (\d+):)"), rank_re(R"(^  rank (\d+) \(row )"),
+      send_re(R"((send|recv) [^;]*?[-<][>-] \d+ \((\d+) B\))");
+  for (auto [pr, pc] : std::vector<std::pair<int, int>>{{1, 1}, {1, 3}, {3, 1}, {2, 2}, {2, 3}, {3, 2}}) {
+    const std::string at = std::to_string(pr) + "x" + std::to_string(pc);
+    const DistResult<double> res = run_ext(c, opts(pr, pc, true), *engine);
+    AlgoOptions ao;
+    ao.algo = "attention2d-o";
+    ao.world = pr * pc;
+    ao.partition = PartitionKind::Striped;
+    ao.grid = Grid{pr, pc};
+    const Trace tr = find_algorithm("attention2d-o").trace(make_plan(c.p, ao), 8, true, true);
+    EXPECT_TRUE(tr.ok) << at << "\n" << tr.text;
+    EXPECT_EQ(tr.text.find("computes 1 block"), std::string::npos) << at;
+    EXPECT_NE(tr.text.find("column ring 1 of " + std::to_string(pr) + " (phase A)"), std::string::npos) << at;
+    EXPECT_EQ(tr.text.find("row ring 1 of ") != std::string::npos, pc > 1) << at;
+    // (phase, rank, step) -> traced sent, received bytes
+    std::map<std::tuple<Phase, int, int>, std::pair<int64_t, int64_t>> traced;
+    Phase ph = Phase::Forward;
+    int step = -1;
+    std::istringstream lines(tr.text);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch mt;
+      if (line.rfind("attention2d-o backward", 0) == 0) ph = Phase::Backward, step = -1;
+      if (std::regex_search(line, mt, step_re)) step = std::stoi(mt[1]);
+      if (!std::regex_search(line, mt, rank_re)) continue;  // a step's line of one rank
+      auto& [sent, recv] = traced[{ph, std::stoi(mt[1]), step}];
+      for (auto it = std::sregex_iterator(line.begin(), line.end(), send_re); it != std::sregex_iterator(); ++it)
+        ((*it)[1] == "send" ? sent : recv) += std::stoll((*it)[2]);
+    }
+    int64_t moved = 0;
+    for (Phase p2 : {Phase::Forward, Phase::Backward})
+      for (int r = 0; r < pr * pc; ++r)
+        for (int st = 0; st <= pr + pc + 2; ++st) {
+          const ByteTotals want = totals(res.logs[r], p2, st);
+          const auto got = traced.count({p2, r, st}) ? traced.at({p2, r, st}) : std::pair<int64_t, int64_t>{0, 0};
+          EXPECT_EQ(got.first, want.sent) << at << " " << to_string(p2) << " rank " << r << " step " << st;
+          EXPECT_EQ(got.second, want.recv) << at << " " << to_string(p2) << " rank " << r << " step " << st;
+          moved += want.sent;
+        }
+    EXPECT_EQ(moved > 0, pr * pc > 1) << at;
+  }
 }

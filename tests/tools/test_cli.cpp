@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -230,6 +231,45 @@ TEST(Help, EveryCommandTeachesWithExamples) {
   }
 }
 
+// Every value a flag's --help lists ("a | b | c") is one the command accepts.
+struct Listed {
+  const char* command;  // the subcommand, whose --help is read
+  const char* flag;
+  const char* args;     // a quick run, the flag's value appended
+};
+TEST(Help, EveryListedValueIsAccepted) {
+  for (const Listed& l : {Listed{"schedule", "--dtype", "schedule --algo ring --world 2 --nq 4 --nk 4 -d 2 --dtype "},
+                          Listed{"schedule", "--partition", "schedule --algo ring --world 2 --nq 4 --nk 4 -d 2 --partition "},
+                          Listed{"checkpoint", "--dtype", "checkpoint --nq 16 --tile 8 -d 4 --hq 2 --hkv 2 --json --dtype "},
+                          Listed{"simulate", "--partition", "simulate --seq 4096 --algo ring --json --partition "},
+                          Listed{"conform", "--partition", "conform --world 2 --impl ring --dtype fp64 --json --partition "}}) {
+    const Output h = burstlab(std::string(l.command) + " --help");
+    ASSERT_EQ(h.rc, 0) << l.command;
+    std::istringstream lines(h.out);
+    std::string desc;
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(std::string("  ") + l.flag + " ", 0) == 0) desc = line;
+    ASSERT_FALSE(desc.empty()) << l.command << " --help has no " << l.flag << "\n" << h.out;
+    const size_t bar = desc.find(" | ");
+    ASSERT_NE(bar, std::string::npos) << desc;
+    // the values: the words around the first " | " run
+    size_t begin = desc.rfind(' ', bar - 1) + 1, end = desc.find_first_of(" ,;()", desc.rfind(" | ") + 3);
+    std::string list = desc.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (!list.empty() && list.back() == ':') list.pop_back();
+    int values = 0;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t next = std::min(list.find(" | ", at), list.size());
+      const std::string v = list.substr(at, next - at);
+      at = next + 3;
+      const Output o = burstlab(l.args + v);
+      EXPECT_EQ(o.rc, 0) << l.command << " " << l.flag << " " << v << " is listed in --help (" << desc
+                         << ") but refused:\n" << o.err;
+      ++values;
+    }
+    EXPECT_GE(values, 2) << desc;
+  }
+}
+
 // ---------------------------------------------------------------- a wrong implementation fails
 TEST(Broken, RunPrintsFailAndExitsOne) {
   const Output o = burstlab("run --impl cpu,broken", "BURSTLAB_TEST_BROKEN_IMPL=1");
@@ -332,6 +372,53 @@ TEST(Schedule, DoubleRingJsonFollowsRing) {
     const int64_t s = 8, H = 2, d = 8, N = 16, n = 4;
     const int64_t want = r ? 2 * s * H * d * (2 * N - n) : s * H * ((2 * d + 2) * (N - n) + d * N);  // (7.3), (7.5)
     for (const auto& rank : ph.at("ranks")) EXPECT_EQ(rank.at("sent").get<int64_t>(), want) << ring << " " << rank.dump();
+  }
+}
+
+// ---------------------------------------------------------------- checkpoint --json
+// Every column of every table is one JSON type (null where a value is absent, never a string such
+// as "-", "yes" or "not run" in a column of numbers or booleans).
+void expect_typed_columns(const nlohmann::json& rows, const std::string& table) {
+  ASSERT_TRUE(rows.is_array()) << table;
+  std::map<std::string, nlohmann::json::value_t> type;
+  for (const auto& row : rows)
+    for (const auto& [key, v] : row.items()) {
+      if (v.is_null()) continue;
+      // integers and doubles are both JSON numbers
+      const auto t = v.is_number() ? nlohmann::json::value_t::number_float : v.type();
+      const auto [it, fresh] = type.emplace(key, t);
+      EXPECT_TRUE(fresh || it->second == t) << table << "." << key << " mixes types: " << row.dump();
+    }
+}
+
+TEST(Checkpoint, JsonBooleansAreBooleansNumbersNumbersAbsentNull) {
+  for (const char* args : {"checkpoint --nq 96 --tile 32 --json",
+                           "checkpoint --algo distflash --world 4 --nq 96 --tile 32 --json"}) {
+    const Output o = burstlab(args);
+    ASSERT_EQ(o.rc, 0) << args << "\n" << o.out << o.err;
+    const auto j = nlohmann::json::parse(o.out);
+    const bool distributed = std::string(args).find("--algo") != std::string::npos;
+    for (const char* t : {"placements", "distflash_volume", "distflash_table5", "burstengine"})
+      expect_typed_columns(j.at(t), std::string(args) + " " + t);
+    ASSERT_TRUE(j.at("not_run").is_array()) << args;  // present, empty when every placement ran
+    EXPECT_EQ(j.at("not_run").size(), distributed ? 1u : 0u) << args;
+    for (const auto& row : j.at("placements")) {
+      const bool ran = row.at("placement") != "sequence" || !distributed;  // distflash: no row subsets
+      for (const char* k : {"kept_KB", "attn_fwd", "row_fwd", "fwd_rows", "fwd_pairs", "attn_bwd"})
+        EXPECT_TRUE(ran ? row.at(k).is_number() : row.at(k).is_null()) << args << " " << k << ": " << row.dump();
+      for (const char* k : {"fwd_sent_KB", "bwd_sent_KB", "sent_per_worker_Nd"})
+        EXPECT_TRUE(ran && distributed ? row.at(k).is_number() : row.at(k).is_null()) << args << " " << k;
+      EXPECT_TRUE(ran && distributed ? row.at("bytes_ok") == true : row.at("bytes_ok").is_null()) << args << " " << row.dump();
+      EXPECT_TRUE(ran ? row.at("bitwise") == true : row.at("bitwise").is_null()) << args << " " << row.dump();
+    }
+    for (const auto& row : j.at("distflash_volume")) {
+      EXPECT_TRUE(row.at("paper").is_number()) << row.dump();  // in N d, as the model columns
+      EXPECT_TRUE(row.at("measured").is_number() || row.at("measured").is_null()) << row.dump();
+    }
+    EXPECT_EQ(j.at("distflash_volume").at(0).at("paper"), 3);
+    EXPECT_EQ(j.at("distflash_volume").at(1).at("paper"), 4);  // 3 N d + N d
+    EXPECT_TRUE(j.at("distflash_volume").at(2).at("measured").is_null());  // Megatron-LM: a model, not run
+    EXPECT_EQ(j.at("distflash_table5").at(0).at("per_gpu"), 8192);
   }
 }
 
