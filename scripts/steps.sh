@@ -1,0 +1,21 @@
+# scripts/steps.sh — sourced by the GPU check scripts (gpu-check, nccl-check, lmhead-check): run
+# each step under a time limit with its output in a log, and print the table of steps at the end.
+declare -a NAMES STATUS SECS
+step() {  # step NAME LIMIT_SECONDS LOGFILE command...
+  local name=$1 limit=$2 log=$3; shift 3
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s, log $log)"
+  timeout "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  NAMES+=("$name"); SECS+=($((SECONDS - t0)))
+  if [ $rc -eq 0 ]; then STATUS+=("PASS"); else STATUS+=("FAIL(rc=$rc)"); tail -n 30 "$log"; fi
+  return $rc
+}
+steps_table() {  # prints one line per step; returns 1 when any step failed
+  local i failed=0
+  for i in "${!NAMES[@]}"; do
+    printf '  %-16s %-12s %5ss\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
+    [ "${STATUS[$i]}" = PASS ] || failed=1
+  done
+  return $failed
+}
