@@ -64,8 +64,9 @@ struct VariantInfo {
   bool aligned_views;  // every view: 16-byte aligned data, unit d-stride, other strides multiples of 8
   int cc;              // 0: any device; else exactly this compute capability (10 major + minor)
   const char* arch;    // the code it is compiled to when cc is set ("sm_90a")
-  bool may_decline;    // its launcher may refuse what the host rules admit (views the copy
-                       // engine cannot describe): auto then runs the next supporting variant
+  bool may_decline;    // its launcher may refuse what the host rules admit (v4: views the copy
+                       // engine cannot describe, more than 2^30 query tiles): auto then runs
+                       // the next supporting variant
 };
 
 // The table in preference order (fastest first; the last supports every call the layer takes).
