@@ -104,9 +104,8 @@ using detail::BwdArgs;
 using detail::FwdArgs;
 
 void check_gpu_limits(const Problem& p) {
-  int64_t max_d = 0;  // the largest d some variant runs (v1's: it keeps d-vectors in shared memory)
-  for (const VariantInfo& v : variants())
-    for (int64_t d : v.d_values.empty() ? std::vector<int64_t>{v.d_max} : v.d_values) max_d = std::max(max_d, d);
+  int64_t max_d = 0;  // the largest d a variant runs (v1's: it keeps d-vectors in shared memory)
+  for (const VariantInfo& v : variants()) max_d = std::max(max_d, v.d_max);
   if (p.d > max_d) fail("d (", p.d, ") must be <= ", max_d, " on the CUDA layer");
   if (p.B > 65535) fail("B (", p.B, ") must be <= 65535 on the CUDA layer (grid z)");
   if (p.H_q > 65535) fail("H_q (", p.H_q, ") must be <= 65535 on the CUDA layer (grid y)");
