@@ -1,8 +1,10 @@
 // cuda/api.cu — host entry points of the CUDA layer: validation (spec §1.4) before any launch,
-// dispatch to the numbered variants (cuda/README.md), device masks.
+// dispatch over the variant table (variants.hpp) to its launchers, device masks.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "detail.cuh"
 
@@ -44,31 +46,20 @@ std::string device_description(int device) {
   return os.str();
 }
 
-std::string to_string(Variant v) {
-  switch (v) {
-    case Variant::Auto: return "auto";
-    case Variant::V1: return "v1";
-    case Variant::V2: return "v2";
-    case Variant::V3: return "v3";
-    case Variant::V4: return "v4";
+int compute_capability() {
+  int dev = 0, major = 0, minor = 0;
+  const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+  if (!ok) {
+    cudaGetLastError();  // clear the sticky-free error state
+    return 0;
   }
-  return "?";
-}
-Variant parse_variant(const std::string& s) {
-  if (s == "auto") return Variant::Auto;
-  if (s == "v1" || s == "1") return Variant::V1;
-  if (s == "v2" || s == "2") return Variant::V2;
-  if (s == "v3" || s == "3") return Variant::V3;
-  if (s == "v4" || s == "4") return Variant::V4;
-  fail("variant (", s, ") must be one of auto, v1, v2, v3, v4");
+  return major * 10 + minor;
 }
 
 bool variant_available(Variant v, std::string* why) {
-  if (v != Variant::V3 && v != Variant::V4) return true;
-  const char* w = nullptr;
-  if (detail::v3_device_ok(&w)) return true;
-  if (why) *why = w;
-  return false;
+  return v == Variant::Auto || runs_on(variant_info(v), compute_capability(), why);
 }
 
 DeviceMask::DeviceMask(const MaskData& m) {
@@ -112,10 +103,10 @@ namespace {
 using detail::BwdArgs;
 using detail::FwdArgs;
 
-constexpr int64_t kMaxD = 1024;  // v1 keeps 2-4 d-vectors per warp in shared memory
-
 void check_gpu_limits(const Problem& p) {
-  if (p.d > kMaxD) fail("d (", p.d, ") must be <= ", kMaxD, " on the CUDA layer");
+  int64_t max_d = 0;  // the largest d a variant runs (v1's: it keeps d-vectors in shared memory)
+  for (const VariantInfo& v : variants()) max_d = std::max(max_d, v.d_max);
+  if (p.d > max_d) fail("d (", p.d, ") must be <= ", max_d, " on the CUDA layer");
   if (p.B > 65535) fail("B (", p.B, ") must be <= 65535 on the CUDA layer (grid z)");
   if (p.H_q > 65535) fail("H_q (", p.H_q, ") must be <= 65535 on the CUDA layer (grid y)");
 }
@@ -177,27 +168,6 @@ BwdArgs<T, G> bwd_args(const Problem& p, const MaskParams& mask, Positions qp, P
   return a;
 }
 
-template <class T>
-bool v2_capable(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-                std::string* why) {
-  if (!(std::is_same<T, bf16>::value || std::is_same<T, f16>::value)) {
-    if (why) *why = "v2 is bf16/fp16 only";
-    return false;
-  }
-  if (p.N_q >= (int64_t(1) << 31) || p.N_k >= (int64_t(1) << 31)) {
-    if (why) *why = "v2 needs N_q, N_k < 2^31";
-    return false;
-  }
-  const void* ptrs[4] = {Q.data, K.data, V.data, O.data};
-  const int64_t* strides[4] = {Q.stride, K.stride, V.stride, O.stride};
-  const char* w = nullptr;
-  if (!detail::v2_forward_ok_common(p.d, ptrs, strides, 4, &w)) {
-    if (why) *why = w;
-    return false;
-  }
-  return true;
-}
-
 // Scratch in stream order (cudaMallocAsync: pooled by the driver, no device-wide synchronization
 // per call as cudaMalloc/cudaFree have); freed in stream order after the kernels that use it.
 template <class X>
@@ -218,96 +188,153 @@ class StreamScratch {
   cudaStream_t s_;
 };
 
+// ---- dispatch: a call's description for the table (variants.hpp), and the launchers
+
+template <class T> constexpr Dtype dtype_of();
+template <> constexpr Dtype dtype_of<double>() { return Dtype::F64; }
+template <> constexpr Dtype dtype_of<float>() { return Dtype::F32; }
+template <> constexpr Dtype dtype_of<bf16>() { return Dtype::BF16; }
+template <> constexpr Dtype dtype_of<f16>() { return Dtype::F16; }
+template <class T> constexpr bool kTensorCore = std::is_same<T, bf16>::value || std::is_same<T, f16>::value;
+
+template <class X>
+ViewDesc desc(const char* name, const View4<X>& v) {
+  return {name, reinterpret_cast<uintptr_t>(v.data), {v.stride[0], v.stride[1], v.stride[2], v.stride[3]}};
+}
+
 template <class T>
-void run_forward(const FwdArgs<T>& a, Variant v, bool strict, cudaStream_t s) {
-  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    if (v == Variant::V4) {  // v3 runs what v4's copies cannot describe, unless v4 was asked for
-      const char* why = nullptr;
-      if (detail::v4_forward<T>(a, s, &why)) return;
-      if (strict) fail("variant (v4) cannot run this call: ", why);
-      v = Variant::V3;
+Call call_of(Pass pass, const Problem& p, Positions q_pos, Positions k_pos, bool deterministic,
+             std::vector<ViewDesc> views) {
+  Call c;
+  c.pass = pass;
+  c.dtype = dtype_of<T>();
+  c.d = p.d;
+  c.N_q = p.N_q;
+  c.N_k = p.N_k;
+  c.n_q = q_pos.n;
+  c.n_k = k_pos.n;
+  c.block_sparse = has_block(p.mask);
+  c.q_indexed = q_pos.index != nullptr;
+  c.k_indexed = k_pos.index != nullptr;
+  c.deterministic = deterministic;
+  c.views = std::move(views);
+  return c;
+}
+
+template <class T>
+Call forward_call(Pass pass, const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
+                  View4<const T> K, View4<const T> V, View4<T> O) {
+  return call_of<T>(pass, p, q_pos, k_pos, false, {desc("Q", Q), desc("K", K), desc("V", V), desc("O", O)});
+}
+
+template <class T>
+Call backward_call(const Problem& p, bool deterministic, View4<const T> Q, View4<const T> K, View4<const T> V,
+                   View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV) {
+  return call_of<T>(Pass::Backward, p, contiguous(0, p.N_q), contiguous(0, p.N_k), deterministic,
+                    {desc("Q", Q), desc("K", K), desc("V", V), desc("O", O), desc("dO", dO), desc("dQ", dQ),
+                     desc("dK", dK), desc("dV", dV)});
+}
+
+template <class T>
+Call backward_block_call(const Problem& p, Positions q_pos, Positions k_pos, bool deterministic,
+                         View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
+                         View4<lse_t<T>> dQ, View4<lse_t<T>> dK, View4<lse_t<T>> dV) {
+  return call_of<T>(Pass::BackwardBlock, p, q_pos, k_pos, deterministic,
+                    {desc("Q", Q), desc("K", K), desc("V", V), desc("dO", dO), desc("dQ", dQ), desc("dK", dK),
+                     desc("dV", dV)});
+}
+
+// The launchers: one case per variant of the table that runs the entry point. Each returns false,
+// with *why, when it declines a call the table admitted (v4: views the copy engine cannot
+// describe; nothing is launched then).
+template <class T>
+bool launch_forward(Variant v, const FwdArgs<T>& a, cudaStream_t s, const char** why) {
+  if constexpr (kTensorCore<T>) {
+    switch (v) {
+      case Variant::V4: return detail::v4_forward<T>(a, s, why);
+      case Variant::V3: detail::v3_forward<T>(a, s); return true;
+      case Variant::V2: detail::v2_forward<T>(a, s); return true;
+      default: break;
     }
-    if (v == Variant::V3) return detail::v3_forward<T>(a, s);
-    if (v == Variant::V2) return detail::v2_forward<T>(a, s);
   }
+  if (v != Variant::V1) fail("variant (", to_string(v), ") has no forward launcher for this dtype");
   detail::v1_forward<T>(a, s);
+  return true;
+}
+
+// v2 and v3 are deterministic by construction (two passes, no atomics); so is v4 with
+// opt.deterministic, else it runs one pass that adds dQ's partial sums atomically into fp32 scratch.
+template <class T>
+bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, const char** why) {
+  if constexpr (kTensorCore<T>) {
+    switch (v) {
+      case Variant::V4: {
+        StreamScratch<float> dq_acc(opt.deterministic ? 0 : detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d),
+                                    opt.stream);
+        return detail::v4_backward<T, T>(a, dq_acc.data(), opt.stream, why);
+      }
+      case Variant::V3: detail::v3_backward<T>(a, opt.stream); return true;
+      case Variant::V2: detail::v2_backward<T>(a, opt.stream); return true;
+      default: break;
+    }
+  }
+  if (v != Variant::V1) fail("variant (", to_string(v), ") has no backward launcher for this dtype");
+  detail::v1_backward<T, T>(a, opt.stream);
+  return true;
+}
+
+template <class T>
+bool launch_backward_block(Variant v, const BwdArgs<T, lse_t<T>>& a, const Options& opt, const char** why) {
+  if constexpr (kTensorCore<T>) {
+    if (v == Variant::V4) {
+      // The one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch, then
+      // dQ += scale sum; the deterministic mode runs the two passes, no scratch.
+      const bool one_pass = !opt.deterministic && a.nq > 0 && a.nk > 0;
+      StreamScratch<float> dq_acc(one_pass ? detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) : 0, opt.stream);
+      return detail::v4_backward<T, lse_t<T>>(a, dq_acc.data(), opt.stream, why);
+    }
+  }
+  if (v != Variant::V1) fail("variant (", to_string(v), ") has no backward_block launcher for this dtype");
+  detail::v1_backward<T, lse_t<T>>(a, opt.stream);
+  return true;
+}
+
+// Runs the first variant of `order` (launch_order) whose launcher accepts the call; when an
+// explicitly requested variant declines, throws naming it and why.
+template <class F>
+void launch_first(const std::vector<Variant>& order, Variant requested, Pass pass, F&& launch) {
+  for (Variant v : order) {
+    const char* why = nullptr;
+    if (launch(v, &why)) return;
+    if (requested != Variant::Auto) fail("variant (", to_string(v), ") cannot run this ", to_string(pass), ": ", why);
+  }
+  fail("variant (auto): every variant that supports this ", to_string(pass), " declined it");
 }
 
 }  // namespace
 
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
-                        View4<T> O, Variant requested, std::string* why_not_v2) {
-  std::string why;
-  const bool ok = v2_capable<T>(p, Q, K, V, O, &why);
-  const char* why3 = nullptr;
-  const bool ok3 = ok && detail::v3_device_ok(&why3);
-  if (why_not_v2) *why_not_v2 = why;
-  if (requested == Variant::V1) return Variant::V1;
-  if (requested == Variant::V2) {
-    if (!ok) fail("variant (v2) cannot run this call: ", why);
-    return Variant::V2;
-  }
-  if (requested == Variant::V3) {
-    if (!ok3) fail("variant (v3) cannot run this call: ", ok ? std::string(why3) : why);
-    return Variant::V3;
-  }
-  const bool ok4 = ok3 && !has_block(p.mask);
-  if (requested == Variant::V4) {
-    if (!ok4)
-      fail("variant (v4) cannot run this call: ",
-           !ok ? why : !ok3 ? std::string(why3) : std::string("v4 has no block-sparse masks (v3 runs them)"));
-    return Variant::V4;
-  }
-  return ok4 ? Variant::V4 : ok3 ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
+                        View4<T> O, Variant requested, std::string* passed_over) {
+  const Call c = forward_call<T>(Pass::Forward, p, contiguous(0, p.N_q), contiguous(0, p.N_k), Q, K, V, O);
+  return choose_variant(c, compute_capability(), requested, passed_over);
 }
 
 template <class T>
 Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
-                         Variant requested, std::string* why_not_v2) {
-  std::string why;
-  bool ok = v2_capable<T>(p, Q, K, V, dQ, &why);
-  if (ok) {
-    const void* ptrs[5] = {O.data, dO.data, dK.data, dV.data, dQ.data};
-    const int64_t* strides[5] = {O.stride, dO.stride, dK.stride, dV.stride, dQ.stride};
-    const char* w = nullptr;
-    ok = detail::v2_forward_ok_common(p.d, ptrs, strides, 5, &w);
-    if (!ok) why = w;
-  }
-  if (why_not_v2) *why_not_v2 = why;
-  if (requested == Variant::V1) return Variant::V1;
-  if (requested == Variant::V2 && !ok) fail("variant (v2) cannot run this backward: ", why);
-  const char* why3 = nullptr;
-  const bool ok3 = ok && detail::v3_device_ok(&why3);
-  if ((requested == Variant::V3 || requested == Variant::V4) && !ok3)
-    fail("variant (", to_string(requested), ") cannot run this backward: ", ok ? std::string(why3) : why);
-  if (requested == Variant::V2 || requested == Variant::V3) return requested;
-  return ok3 ? Variant::V4 : ok ? Variant::V2 : Variant::V1;  // auto, v4 (block masks included)
+                         Variant requested, std::string* passed_over) {
+  const Call c = backward_call<T>(p, false, Q, K, V, O, dO, dQ, dK, dV);
+  return choose_variant(c, compute_capability(), requested, passed_over);
 }
 
 template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
                                View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
                                View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
-                               bool deterministic, std::string* why_not_v4) {
-  std::string why;
-  const char* w = nullptr;
-  const void* ptrs[7] = {Q.data, K.data, V.data, dO.data, dQ.data, dK.data, dV.data};
-  const int64_t* strides[7] = {Q.stride, K.stride, V.stride, dO.stride, dQ.stride, dK.stride, dV.stride};
-  if (!(std::is_same<T, bf16>::value || std::is_same<T, f16>::value)) why = "v4 is bf16/fp16 only";
-  else if (p.N_q >= (int64_t(1) << 31) || p.N_k >= (int64_t(1) << 31) || q_pos.n >= (int64_t(1) << 31) ||
-           k_pos.n >= (int64_t(1) << 31))
-    why = "v4 needs N_q, N_k, q_pos.n, k_pos.n < 2^31";
-  else if (k_pos.index && deterministic) why = "v4's deterministic backward_block needs contiguous key positions";
-  else if (!detail::v2_forward_ok_common(p.d, ptrs, strides, 7, &w)) why = w;  // the fp32 gradients too
-  else if (!detail::v3_device_ok(&w)) why = w;
-  if (why_not_v4) *why_not_v4 = why;
-  if (requested == Variant::V2 || requested == Variant::V3)
-    fail("variant (", to_string(requested), ") has no backward_block; use auto, v1 or v4");
-  if (requested == Variant::V1) return Variant::V1;
-  if (requested == Variant::V4 && !why.empty()) fail("variant (v4) cannot run this backward_block: ", why);
-  return why.empty() ? Variant::V4 : Variant::V1;
+                               bool deterministic, std::string* passed_over) {
+  const Call c = backward_block_call<T>(p, q_pos, k_pos, deterministic, Q, K, V, dO, dQ, dK, dV);
+  return choose_variant(c, compute_capability(), requested, passed_over);
 }
 
 template <class T>
@@ -315,12 +342,15 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
              View3<lse_t<T>> LSE, const Options& opt) {
   validate_forward_views(p, Q, K, V, O, LSE);
   check_gpu_limits(p);
-  const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
+  const std::vector<Variant> order = launch_order(
+      forward_call<T>(Pass::Forward, p, contiguous(0, p.N_q), contiguous(0, p.N_k), Q, K, V, O),
+      compute_capability(), opt.variant);
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
   const FwdArgs<T> a = fwd_args<T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q,
                                    K, V, O, LSE, false);
-  run_forward<T>(a, v, opt.variant == Variant::V4, opt.stream);
+  launch_first(order, opt.variant, Pass::Forward,
+               [&](Variant v, const char** why) { return launch_forward<T>(v, a, opt.stream, why); });
   // dm's device arrays are freed on return: wait for the kernel that reads them.
   if (md.doc.size() || md.block.size()) BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));
 }
@@ -335,9 +365,11 @@ void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Po
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_forward_views(p, q_pos.n, k_pos.n, Q, K, V, O, LSE);
-  const Variant v = forward_variant<T>(p, Q, K, V, O, opt.variant);
-  run_forward<T>(fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate), v,
-                 opt.variant == Variant::V4, opt.stream);
+  const std::vector<Variant> order = launch_order(
+      forward_call<T>(Pass::ForwardBlock, p, q_pos, k_pos, Q, K, V, O), compute_capability(), opt.variant);
+  const FwdArgs<T> a = fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate);
+  launch_first(order, opt.variant, Pass::ForwardBlock,
+               [&](Variant v, const char** why) { return launch_forward<T>(v, a, opt.stream, why); });
 }
 
 template <class T>
@@ -367,36 +399,17 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   using A = lse_t<T>;
   validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   check_gpu_limits(p);
-  const Variant run = backward_variant<T>(p, Q, K, V, O, dO, dQ, dK, dV, opt.variant);
+  const std::vector<Variant> order = launch_order(backward_call<T>(p, opt.deterministic, Q, K, V, O, dO, dQ, dK, dV),
+                                                  compute_capability(), opt.variant);
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
   StreamScratch<A> Dbuf(size_t(p.B * p.H_q * p.N_q), opt.stream);
   const View3<A> D = view3(Dbuf.data(), p.B, p.H_q, p.N_q);
-  // v4's one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch.
-  StreamScratch<float> dq_acc(run == Variant::V4 && !opt.deterministic
-                                  ? detail::v4_dq_acc_floats(p.B, p.H_q, p.N_q, p.d) : 0,
-                              opt.stream);
   detail::launch_compute_D<T>(O, dO, D, opt.stream);  // (5.1)
   const BwdArgs<T, T> a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k),
                                          Q, K, V, dO, LSE, as_const(D), dQ, dK, dV, false);
-  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    // v2 and v3 are deterministic by construction (two passes, no atomics); so is v4 with
-    // opt.deterministic, else it runs one pass with atomic dQ sums.
-    switch (run) {
-      case Variant::V4: {
-        const char* why4 = nullptr;
-        if (detail::v4_backward<T, T>(a, dq_acc.data(), opt.stream, &why4)) break;
-        if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward: ", why4);
-        detail::v3_backward<T>(a, opt.stream);  // auto: v3 runs views the copy engine cannot describe
-        break;
-      }
-      case Variant::V3: detail::v3_backward<T>(a, opt.stream); break;
-      case Variant::V2: detail::v2_backward<T>(a, opt.stream); break;
-      default: detail::v1_backward<T, T>(a, opt.stream);
-    }
-  } else {
-    detail::v1_backward<T, T>(a, opt.stream);
-  }
+  launch_first(order, opt.variant, Pass::Backward,
+               [&](Variant v, const char** why) { return launch_backward<T>(v, a, opt, why); });
   BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));  // D and the mask die here
 }
 
@@ -412,22 +425,12 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   check_positions("q_pos", q_pos, p.N_q);
   check_positions("k_pos", k_pos, p.N_k);
   validate_block_backward_views(p, q_pos.n, k_pos.n, Q, K, V, dO, LSE, D, dQ, dK, dV);
-  const Variant run =
-      backward_block_variant<T>(p, q_pos, k_pos, Q, K, V, dO, dQ, dK, dV, opt.variant, opt.deterministic);
+  const std::vector<Variant> order = launch_order(
+      backward_block_call<T>(p, q_pos, k_pos, opt.deterministic, Q, K, V, dO, dQ, dK, dV), compute_capability(),
+      opt.variant);
   const BwdArgs<T, A> a = bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true);
-  if constexpr (std::is_same<T, bf16>::value || std::is_same<T, f16>::value) {
-    if (run == Variant::V4) {
-      // The one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch, then
-      // dQ += scale sum; the deterministic mode runs the two passes, no scratch.
-      const bool one_pass = !opt.deterministic && q_pos.n > 0 && k_pos.n > 0;
-      StreamScratch<float> dq_acc(one_pass ? detail::v4_dq_acc_floats(p.B, p.H_q, q_pos.n, p.d) : 0, opt.stream);
-      const char* why4 = nullptr;
-      if (detail::v4_backward<T, A>(a, dq_acc.data(), opt.stream, &why4)) return;
-      if (opt.variant == Variant::V4) fail("variant (v4) cannot run this backward_block: ", why4);
-      // auto: v1 runs the views the copy engine cannot describe
-    }
-  }
-  detail::v1_backward<T, A>(a, opt.stream);
+  launch_first(order, opt.variant, Pass::BackwardBlock,
+               [&](Variant v, const char** why) { return launch_backward_block<T>(v, a, opt, why); });
 }
 
 #define BURSTLAB_API(T)                                                                          \

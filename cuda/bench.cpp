@@ -1,12 +1,14 @@
 // burstlab-cuda-bench — times the CUDA layer on the flash-attention grid (B*N tokens fixed,
 // H*d fixed), bf16, BSHD, flash-attention FLOP convention (spec §8, eq. 8.1-8.2). Outputs are
-// checked before timing: every output element finite, and v2/v3 against v1 (fp32 CUDA cores,
-// itself checked against the fp64 oracle by tests/cuda) within a bound derived from bf16
-// rounding; a failed check makes the exit status 1. One CSV line per (pass, N, d, causal).
+// checked before timing: every output element finite, and the tensor-core variants against the
+// table's fallback v1 (CUDA cores, itself checked against the fp64 oracle by tests/cuda) within a
+// bound derived from bf16 rounding; a failed check makes the exit status 1. One CSV line per
+// (pass, N, d, causal). --list-variants prints the variant table for scripts (gpu-check).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -67,14 +69,19 @@ int main(int argc, char** argv) {
               bwd_variant = "auto", label = "ours";
   int64_t tokens = 16384, hd = 2048, v1_max_n = 16384, bwd_max_n = 16384, bwd_check_max_n = 2048;
   int warmup = 3, reps = 10, bwd_reps = 5;
-  bool deterministic = false;
+  bool deterministic = false, list_variants = false;
   app.add_option("--n", ns, "sequence lengths N (comma list)");
   app.add_option("--d", ds, "head dims (comma list)");
   app.add_option("--causal", causals, "0 = no mask, 1 = causal (comma list)");
   app.add_option("--tokens", tokens, "B*N (fixed over the grid)");
   app.add_option("--hd", hd, "H*d (fixed over the grid)");
-  app.add_option("--variant", variant, "forward variant to time: auto | v1 | v2 | v3 | v4 (auto: the fastest that runs)");
-  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: auto | v1 | v2 | v3 | v4");
+  app.add_option("--variant", variant, "forward variant to time: one of " + bc::variant_names() +
+                                          " (auto: the first in preference order that runs)");
+  app.add_option("--bwd-variant", bwd_variant, "backward variant to time: one of " + bc::variant_names());
+  app.add_flag("--list-variants", list_variants,
+               "print the variant table, one line per variant: name, its --variant and --bwd-variant "
+               "(auto for a pass it lacks), dtypes, whether its forward runs block-sparse masks, "
+               "fallback or -; then exit");
   app.add_flag("--deterministic", deterministic,
                "time the backward's deterministic mode (bitwise repeatable; v4: two passes instead of one)");
   app.add_option("--v1-max-n", v1_max_n, "largest N at which the forward is checked against v1");
@@ -87,6 +94,19 @@ int main(int argc, char** argv) {
   app.add_option("--label", label, "first CSV field of our lines (scripts/bench_table.py columns)");
   CLI11_PARSE(app, argc, argv);
 
+  if (list_variants) {
+    std::printf("# name forward backward dtypes block-sparse-forward role\n");
+    for (const bc::VariantInfo* v : bc::variants_by_number()) {
+      const auto has = [v](bc::Pass p) { return std::find(v->passes.begin(), v->passes.end(), p) != v->passes.end(); };
+      std::string dts;
+      for (Dtype t : v->dtypes) dts += (dts.empty() ? "" : ",") + to_string(t);
+      std::printf("%s %s %s %s %s %s\n", v->name, has(bc::Pass::Forward) ? v->name : "auto",
+                  has(bc::Pass::Backward) ? v->name : "auto", dts.c_str(), v->block_sparse_forward ? "yes" : "no",
+                  v == &bc::variants().back() ? "fallback" : "-");
+    }
+    return 0;
+  }
+  const bc::Variant ref = bc::variants().back().id;  // the fallback (v1): every call, oracle-checked
   try {
     std::string why;
     if (!bc::gpu_available(&why)) {
@@ -123,11 +143,11 @@ int main(int argc, char** argv) {
           const auto C4 = [&](bc::bf16* x) { return as_const(V4(x)); };
           bc::DeviceBuffer<float> L(size_t(p.B * p.H_q * N)), L1(size_t(p.B * p.H_q * N));
           const auto L3 = [&](float* x) { return view3<float>(x, p.B, p.H_q, N); };
-          // The variant that runs (auto resolved as forward_variant documents: v4, v3, v2 or v1).
+          // The variant that runs (auto resolved over the table, as forward_variant documents).
           const bc::Variant var = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), var_req);
           bc::Options opt;
           opt.variant = var;
-          // ---- check: outputs poisoned, finite after; tensor-core variants against v1
+          // ---- check: outputs poisoned, finite after; the others against the fallback
           Ob.poison();
           L.poison();
           bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
@@ -135,9 +155,9 @@ int main(int argc, char** argv) {
           const size_t n_o = size_t(p.B * p.H_q * N * d);
           int64_t bad = bc::count_nonfinite(Ob.data(), n_o) + bc::count_nonfinite(L.data(), size_t(p.B * p.H_q * N));
           double diff = -1, bound = 0, ldiff = -1;
-          if (var != bc::Variant::V1 && N <= v1_max_n) {
+          if (var != ref && N <= v1_max_n) {
             bc::Options o1;
-            o1.variant = bc::Variant::V1;
+            o1.variant = ref;
             Rb.poison();
             L1.poison();
             bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Rb.data()), L3(L1.data()), o1);
@@ -164,7 +184,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           if (out) out << label << "," << bc::to_string(var) << ",fwd," << N << "," << d << "," << causal << ","
                        << ms << "," << tf << "," << (ok ? "ok" : "FAIL") << "\n";
-          // ---- backward at N <= bwd_max_n (--bwd-variant; auto = v4 / v2 where they run, else v1)
+          // ---- backward at N <= bwd_max_n (--bwd-variant; auto: the table's choice)
           if (N <= bwd_max_n) {
             bc::DeviceBuffer<float> Lb(size_t(p.B * p.H_q * N));
             bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
@@ -178,11 +198,11 @@ int main(int argc, char** argv) {
             bc::Options bopt;
             bopt.variant = bvar_req;
             bopt.deterministic = deterministic;
-            // The backward that runs (auto resolved as backward_variant documents: v4, v2 or v1).
+            // The backward that runs (auto resolved over the table, as backward_variant documents).
             const bc::Variant bv = bc::backward_variant<bc::bf16>(
                 p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), C4(Ob.data()), C4(dOb.data()),
                 V4(dQb.data()), V4(dKb.data()), V4(dVb.data()), bvar_req);
-            const bool bv2 = bv != bc::Variant::V1;
+            const bool bv2 = bv != ref;
             const std::string bvar = bc::to_string(bv);
             run_bwd(bopt, grads);
             BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -193,7 +213,7 @@ int main(int argc, char** argv) {
               bc::DeviceBuffer<bc::bf16> r0(n_o), r1(n_o), r2(n_o);
               bc::DeviceBuffer<bc::bf16>* refs[3] = {&r0, &r1, &r2};
               bc::Options o1;
-              o1.variant = bc::Variant::V1;
+              o1.variant = ref;
               run_bwd(o1, refs);
               BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
               for (int k = 0; k < 3; ++k)

@@ -1,13 +1,9 @@
 // cuda/ — LAO on an NVIDIA GPU: tiled online-softmax attention (spec §4 forward, §5.3 backward,
 // §6 blocks over global positions). Mirrors cpu/cpu.hpp, over DEVICE memory: every View4/View3
 // data pointer, Positions::index, and the arrays of a MaskParams passed to a *_block entry point
-// must be device-accessible. Numbered kernel variants are listed in cuda/README.md:
-//   v1  plain CUDA cores, any d, every dtype, obviously right (the GPU baseline and fallback)
-//   v2  bf16/fp16 tensor cores (mma.sync m16n8k16, ldmatrix, cp.async), d in {64, 128}, forward
-//       and backward
-//   v3  v2's limits on Hopper warpgroup MMA (wgmma, sm_90a), forward and backward
-//   v4  v3's math warp-specialized (TMA producer warp, mbarrier ring, setmaxnreg), forward
-//       (no block-sparse masks: v3 runs those), backward and backward_block
+// must be device-accessible. The numbered kernel variants (v1 the plain CUDA-core baseline and
+// fallback; v2-v4 on tensor cores), what each runs and which `auto` prefers: one table,
+// variants.hpp (cuda/README.md shows it).
 // Storage dtypes: double, float, bf16, fp16. Accumulation (and LSE / D storage) is fp64 for
 // double and fp32 for every other dtype (spec §9.1): see lse_t<T>.
 // Every entry point validates on the host before launch and throws burstlab::Error naming the
@@ -29,6 +25,7 @@
 #include "burstlab/mask.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
+#include "variants.hpp"
 
 namespace burstlab::cuda {
 
@@ -112,48 +109,41 @@ class DeviceMask {
 };
 
 // ---------------------------------------------------------------- options
-enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4 };
-std::string to_string(Variant v);  // "auto", "v1", "v2", "v3", "v4"
-Variant parse_variant(const std::string& s);  // "auto|v1|v2|v3|v4"; throws Error naming "variant"
+// The current device's compute capability as 10 major + minor (90 for 9.0); 0 without a device.
+int compute_capability();
 
-// Whether the current device can run variant v at all (v3, v4: compute capability 9.0, sm_90a);
-// v1/v2/auto: true. Says why not in *why. Whether a given call qualifies: forward_variant.
+// Whether the current device can run variant v at all (the table's device rule: v3 and v4 are
+// sm_90a code, compute capability 9.0 only); Auto: true. Says why not in *why. Whether a given
+// call qualifies: forward_variant and its siblings.
 bool variant_available(Variant v, std::string* why = nullptr);
 
 struct Options {
-  Variant variant = Variant::Auto;  // Auto: the fastest variant that supports the call
-  bool deterministic = false;       // backward: bitwise repeatable (v1-v3 always are; v4 then runs two passes)
+  Variant variant = Variant::Auto;  // Auto: the first variant in preference order that supports the call
+  bool deterministic = false;       // backward: bitwise repeatable (variants.hpp's Determinism)
   cudaStream_t stream = nullptr;
 };
 
-// Which variant an Auto (or explicit) forward call would run: on a compute capability 9.0
-// device v4 (warp-specialized TMA + wgmma) unless the mask has a block-sparse part, then v3
-// (wgmma); else v2, for the calls v2 supports; otherwise v1. why_not_v2 says why the
-// tensor-core variants cannot run the call (empty when they can). Throws Error when `requested`
-// is V2, V3 or V4 and that variant cannot run the call (naming the reason). An auto v4 call
-// whose views the copy engine cannot describe runs v3; an explicit one throws.
+// Which variant a forward (or forward_block: the same rules) call runs on the current device:
+// choose_variant (variants.hpp) over the call's dtype, d, lengths, mask and views Q, K, V, O.
+// `passed_over` says why auto passed over the rows before its choice. Throws Error when
+// `requested` is a variant that cannot run the call, naming it and the reason. A row that
+// may_decline (v4: views the copy engine cannot describe) can still decline at launch: auto then
+// runs the next supporting row (v3); an explicit request throws.
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
-                        View4<T> O, Variant requested, std::string* why_not_v2 = nullptr);
-// The same for `backward`: v4 on a compute capability 9.0 device (block masks included), else v2,
-// for the calls v2 supports (also asking O's, dO's and the gradients' alignment); otherwise v1.
+                        View4<T> O, Variant requested, std::string* passed_over = nullptr);
+// The same for `backward`, over the views Q, K, V, O, dO, dQ, dK, dV.
 template <class T>
 Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
-                         Variant requested, std::string* why_not_v2 = nullptr);
-
-// The same for `backward_block` (with Options::deterministic): v4 (its backward kernels,
-// accumulating into the fp32 gradients) on a compute capability 9.0 device for bf16/fp16, d in
-// {64, 128}, N_q, N_k < 2^31 and v2's alignment rules on Q, K, V, dO and the fp32 dQ, dK, dV;
-// positions contiguous or indexed, except indexed keys in the deterministic mode; otherwise v1.
-// why_not_v4 says why not v4 (empty when it can). Throws Error for v2 and v3 (no block
-// backward) and for v4 when it cannot run the call. An auto v4 call whose views the copy engine
-// cannot describe runs v1; an explicit one throws.
+                         Variant requested, std::string* passed_over = nullptr);
+// The same for `backward_block` (with Options::deterministic and the positions), over the views
+// Q, K, V, dO and the accumulator-precision dQ, dK, dV.
 template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
                                View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
                                View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
-                               bool deterministic, std::string* why_not_v4 = nullptr);
+                               bool deterministic, std::string* passed_over = nullptr);
 
 // ---------------------------------------------------------------- forward
 // Whole problem, eq. (4.1)-(4.4). Q (B, H_q, N_q, d); K, V (B, H_kv, N_k, d) -> O (B, H_q, N_q, d),
@@ -195,7 +185,7 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
 // One block of the backward (§6.2): rows at q_pos against keys at k_pos, with the GLOBAL LSE and
 // D of the rows. ACCUMULATES into accumulator-precision gradients: dQ += ..., dK += ...,
 // dV += ... (dK, dV group-summed), so blocks compose by addition. Runs backward_block_variant's
-// choice; opt.deterministic as for backward (v4's two passes; v1 always is).
+// choice; opt.deterministic as for backward.
 template <class T>
 void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                     View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,

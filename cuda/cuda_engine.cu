@@ -277,7 +277,9 @@ class CudaEngine final : public Engine<T> {
     const cudaStream_t s = streams_->get();
     const DevicePositions dq(q, s), dk(k, s);
     Options opt;
-    opt.variant = fwd_ == Variant::V1 ? Variant::V1 : Variant::Auto;  // v2, v3 have no block backward
+    // The fallback row by name runs every block itself; any other engine lets the table choose
+    // (rows without backward_block, and a row's declines, fall back along it).
+    opt.variant = fwd_ == variants().back().id ? fwd_ : Variant::Auto;
     opt.stream = s;
     cuda::backward_block<D>(p, mask.params, dq.get(), dk.get(), as_dev<const D>(Q), as_dev<const D>(K),
                             as_dev<const D>(V), as_dev<const D>(dO), LSE, Dv, dQ, dK, dV, opt);

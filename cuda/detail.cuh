@@ -87,13 +87,10 @@ template <class T> void launch_compute_D(View4<const T> O, View4<const T> dO, Vi
                                          cudaStream_t s);
 template <class T> void launch_merge(View4<T> O_a, View3<lse_t<T>> L_a, View4<const T> O_b,
                                      View3<const lse_t<T>> L_b, cudaStream_t s);
-// v2 exists for bf16 and fp16 with d in {64, 128}; v2_forward_ok says whether a call qualifies.
-bool v2_forward_ok_common(int64_t d, const void* const* ptrs, const int64_t* const* strides,
-                          int n, const char** why);
+// v2, v3, v4 exist for bf16 and fp16 with d in {64, 128}; which calls each runs: variants.hpp.
 template <class T> void v2_forward(const FwdArgs<T>& a, cudaStream_t s);
 template <class T> void v2_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // v3 (sm_90a wgmma) has v2's limits plus a compute capability 9.0 device.
-bool v3_device_ok(const char** why);
 template <class T> void v3_forward(const FwdArgs<T>& a, cudaStream_t s);
 template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // v4 (warp-specialized: TMA producer, wgmma consumers; sm_90a): v3's limits and views the copy

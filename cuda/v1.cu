@@ -282,10 +282,8 @@ void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, cu
   if (O.dim[2] == 0) return;
   if constexpr (sizeof(T) == 2) {  // the tensor-core variants' view rules: d, alignment, strides
     const int64_t d = O.dim[3];
-    const void* ptrs[2] = {O.data, dO.data};
-    const int64_t* strides[2] = {O.stride, dO.stride};
-    const char* why = nullptr;
-    if (v2_forward_ok_common(d, ptrs, strides, 2, &why)) {
+    if ((d == 64 || d == 128) && !aligned_view_rule(reinterpret_cast<uintptr_t>(O.data), O.stride) &&
+        !aligned_view_rule(reinterpret_cast<uintptr_t>(dO.data), dO.stride)) {
       const int rows = d == 64 ? 32 : 16;  // per block of 256 threads
       const dim3 grid(static_cast<unsigned>((O.dim[2] + rows - 1) / rows), static_cast<unsigned>(O.dim[1]),
                       static_cast<unsigned>(O.dim[0]));

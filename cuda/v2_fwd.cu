@@ -22,18 +22,6 @@
 
 namespace burstlab::cuda::detail {
 
-bool v2_forward_ok_common(int64_t d, const void* const* ptrs, const int64_t* const* strides,
-                          int n, const char** why) {
-  if (d != 64 && d != 128) { *why = "v2 needs d in {64, 128}"; return false; }
-  for (int i = 0; i < n; ++i) {
-    if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) { *why = "v2 needs 16-byte aligned data"; return false; }
-    if (strides[i][3] != 1) { *why = "v2 needs unit stride along d"; return false; }
-    for (int a = 0; a < 3; ++a)
-      if (strides[i][a] % 8 != 0) { *why = "v2 needs strides that are multiples of 8 elements"; return false; }
-  }
-  return true;
-}
-
 namespace {
 
 using namespace v2;

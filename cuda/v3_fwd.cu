@@ -185,16 +185,6 @@ void launch(const FwdArgs<T>& a, cudaStream_t s) {
 
 }  // namespace
 
-bool v3_device_ok(const char** why) {
-  int dev = 0, major = 0, minor = 0;  // the current device: sm_90a code runs on 9.0 only
-  const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-  if (!ok) cudaGetLastError();
-  if (!ok || major * 10 + minor != 90) { *why = "v3 needs a compute capability 9.0 GPU (sm_90a: H100/H200)"; return false; }
-  return true;
-}
-
 // Tuning knob for the benchmark only: BURSTLAB_V3_CFG = 0 (default), 1, 2 (cuda/README.md).
 int v3_tuning_cfg() {
   static const int v = env_int("BURSTLAB_V3_CFG");

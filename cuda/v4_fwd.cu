@@ -27,6 +27,7 @@
 #include "epilogue.cuh"
 #include "softmax.cuh"
 #include "tile_mask.cuh"
+#include "tile_scheduler.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -73,18 +74,14 @@ struct Item {
   int qt, h, b, t_begin, t_end, full_lo, full_hi, pad;
 };
 
-// Persistent: gridDim.x CTAs take the items k = (b H_q + h) n_qt + (n_qt - 1 - qt) in order, a
-// (b, h)'s longest tiles first (causal masks), except the tail: the items of the last n_tail
-// (b, h) go by turns among them, all their last query tiles first, then all the tiles before,
-// so that the kernel ends on short items (largest first, as in LPT scheduling) rather than on
-// the long ones of its last (b, h). A CTA's first item is blockIdx.x, the next ones come from *next
-// (gridDim.x + a fetch-and-add, sent two tiles before the item's last load; never read when the
-// grid covers every item). The producer warp works out each item's tile range (its own hull, no
-// CTA barrier) and every row's key interval, and hands them to the consumers through a two-slot
-// mailbox (so a consumer warp does no mask arithmetic per item), then loads the item's
-// Q into one of two buffers (free once the consumers finished the item two back) and its K/V
-// tiles into the ring, which runs on across items: the next item's loads overlap this one's last
-// tiles and epilogue.
+// Persistent: gridDim.x CTAs take the items in the order of tile_scheduler.cuh (a (b, h)'s
+// longest tiles first; a tail whose (b, h) take turns); a CTA's next item comes from *next by a
+// fetch-and-add sent two tiles before the item's last load. The producer warp works out each
+// item's tile range (its own hull, no CTA barrier) and every row's key interval, and hands them
+// to the consumers through a two-slot mailbox (so a consumer warp does no mask arithmetic per
+// item), then loads the item's Q into one of two buffers (free once the consumers finished the
+// item two back) and its K/V tiles into the ring, which runs on across items: the next item's
+// loads overlap this one's last tiles and epilogue.
 // KIDX: key positions are indexed (a.kp.index), so every tile runs the general predicate; its
 // code is kept out of the common kernel, where its temporaries would spill the accumulators.
 template <class T, class C, bool KIDX>
@@ -134,8 +131,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       tma::prefetch_map(&mK);
       tma::prefetch_map(&mV);
     }
-    auto fetch = [&] { return int(gridDim.x) >= n_items ? n_items : int(gridDim.x) + atomicAdd(next, 1); };
-    const int bh_tail = static_cast<int>(a.Hq * a.B) - n_tail, tail0 = bh_tail * nqt;  // the tail's first (b, h), item
+    auto fetch = [&] { return sched::fetch_item(n_items, next); };
+    const sched::TileOrder order = sched::tile_order(static_cast<int>(a.Hq * a.B), nqt, n_tail);
     int item = blockIdx.x, st = 0;
     uint32_t ph = 0;
     for (int n = 0;; ++n) {
@@ -143,14 +140,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       // The slot's last reader, item n - 2, read it at its start: no wait in practice.
       tma::wait(&bars.item_empty[n & 1], ((n >> 1) & 1) ^ 1);
       if (item < n_items) {
-        int bh = item / nqt, rank = item % nqt;  // rank 0: the (b, h)'s last query tile
-        if (item >= tail0) {  // the tail: its (b, h) by turns, all their last tiles first
-          bh = bh_tail + (item - tail0) % n_tail;
-          rank = (item - tail0) / n_tail;
-        }
-        it.qt = nqt - 1 - rank;
-        it.h = bh % static_cast<int>(a.Hq);
-        it.b = bh / static_cast<int>(a.Hq);
+        const sched::Tile tl = sched::tile_of(order, item);
+        it.qt = tl.qt;
+        it.h = tl.bh % static_cast<int>(a.Hq);
+        it.b = tl.bh / static_cast<int>(a.Hq);
         const tiles::Hull hull = tiles::fwd_rows_warp<kBr>(a, int64_t(it.qt) * kBr, kidx, mail_rows[n & 1]);
         // Without a block mask every key tile of the hull is visited (tile_mask.cuh's fwd_tile).
         it.t_begin = hull.lo < hull.hi ? hull.lo / kBc : 0;
@@ -334,21 +327,15 @@ bool launch(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
   BURSTLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   BURSTLAB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, smem));
-  const int knob = v4_grid_knob();
-  int64_t grid = knob < 0 ? items : int64_t(sms) * (per_sm > 0 ? per_sm : 1);
-  if (knob > 0 && knob < grid) grid = knob;
-  if (grid > items) grid = items;
+  const int64_t grid = sched::grid_size(items, sms, per_sm, v4_grid_knob());
   // The fetch-and-add counter, zeroed in stream order; not needed when every item has a CTA.
   int* next = nullptr;
   if (grid < items) {
     BURSTLAB_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&next), sizeof(int), s));
     BURSTLAB_CUDA_CHECK(cudaMemsetAsync(next, 0, sizeof(int), s));
   }
-  // The tail's (b, h): enough for two waves of the grid (v4_fwd_kernel).
-  const int64_t nqt = (a.nq + C::kBr - 1) / C::kBr, nbh = a.B * a.Hq;
-  const int tknob = v4_tail_knob();
-  int64_t n_tail = tknob < 0 ? 1 : tknob > 0 ? tknob : (2 * grid + nqt - 1) / nqt;
-  if (n_tail > nbh) n_tail = nbh;
+  // The tail's (b, h): enough for two waves of the grid (tile_scheduler.cuh).
+  const int64_t n_tail = sched::tail_size(grid, (a.nq + C::kBr - 1) / C::kBr, a.B * a.Hq, v4_tail_knob());
   kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, s>>>(mQ, mK, mV, a, static_cast<int>(items), next,
                                                                  static_cast<int>(n_tail));
   const cudaError_t launched = cudaGetLastError();

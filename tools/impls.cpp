@@ -212,13 +212,13 @@ Tensor4<double> cuda_fetch(const CudaT4<T>& t) {
 }
 
 template <class T>
-Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant variant) {
+Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant fwd, cuda::Variant bwd) {
   using A = cuda::lse_t<T>;
   struct State {
     Problem p;
     CudaT4<T> Q, K, V, dO, O, dQ, dK, dV;
     cuda::DeviceBuffer<A> LSE;
-    cuda::Options opt;
+    cuda::Options opt, bopt;
   };
   auto s = std::make_shared<State>();
   s->p = p;
@@ -232,7 +232,8 @@ Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant variant) {
   s->dV = cuda_like<T>(in.V, false);
   s->LSE = cuda::DeviceBuffer<A>(size_t(p.B * p.H_q * p.N_q));
   s->LSE.poison();
-  s->opt.variant = variant;
+  s->opt.variant = fwd;
+  s->bopt.variant = bwd;
   Runner r;
   r.forward = [s] {
     BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -247,7 +248,7 @@ Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant variant) {
     const auto t0 = std::chrono::steady_clock::now();
     cuda::backward<T>(s->p, s->Q.cview(), s->K.cview(), s->V.cview(), s->O.cview(), s->dO.cview(),
                       as_const(view3(s->LSE.data(), s->p.B, s->p.H_q, s->p.N_q)), s->dQ.view(),
-                      s->dK.view(), s->dV.view(), s->opt);
+                      s->dK.view(), s->dV.view(), s->bopt);
     BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
     return ms_since(t0);
   };
@@ -266,7 +267,8 @@ Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant variant) {
   return r;
 }
 
-Impl cuda_impl(const char* name, cuda::Variant variant, const char* about) {
+// fwd, bwd: the variants its forward and backward request (Auto: the table's choice per call).
+Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, const std::string& about) {
   Impl m;
   m.name = name;
   m.about = about;
@@ -278,21 +280,50 @@ Impl cuda_impl(const char* name, cuda::Variant variant, const char* about) {
     if (p.d > 1024) fail("d (", p.d, ") must be <= 1024 for impl cuda");
   };
   m.footprint = cuda_host_footprint;
-  m.prepare = [variant](const Problem& p, const Inputs& in, const ImplOptions&) {
+  m.prepare = [fwd, bwd](const Problem& p, const Inputs& in, const ImplOptions&) {
     switch (in.dtype) {
-      case Dtype::F64: return cuda_runner<double>(p, in, variant);
-      case Dtype::F32: return cuda_runner<float>(p, in, variant);
-      case Dtype::BF16: return cuda_runner<cuda::bf16>(p, in, variant);
+      case Dtype::F64: return cuda_runner<double>(p, in, fwd, bwd);
+      case Dtype::F32: return cuda_runner<float>(p, in, fwd, bwd);
+      case Dtype::BF16: return cuda_runner<cuda::bf16>(p, in, fwd, bwd);
       case Dtype::F16: break;
     }
-    return cuda_runner<cuda::f16>(p, in, variant);
+    return cuda_runner<cuda::f16>(p, in, fwd, bwd);
   };
-  m.engines.f64 = [variant](const ImplOptions&) { return cuda::make_engine<double>(variant); };
-  m.engines.f32 = [variant](const ImplOptions&) { return cuda::make_engine<float>(variant); };
-  m.engines.bf16 = [variant](const ImplOptions&) { return cuda::make_engine<bf16_t>(variant); };
-  m.engines.f16 = [variant](const ImplOptions&) { return cuda::make_engine<f16_t>(variant); };
+  m.engines.f64 = [fwd](const ImplOptions&) { return cuda::make_engine<double>(fwd); };
+  m.engines.f32 = [fwd](const ImplOptions&) { return cuda::make_engine<float>(fwd); };
+  m.engines.bf16 = [fwd](const ImplOptions&) { return cuda::make_engine<bf16_t>(fwd); };
+  m.engines.f16 = [fwd](const ImplOptions&) { return cuda::make_engine<f16_t>(fwd); };
   m.engines.copy = cuda::transport_copy;
   m.engines.poison = cuda::transport_poison;
+  return m;
+}
+
+// `cuda-vN`: one row of the variant table (cuda/variants.hpp) by name, for the passes it has
+// (a pass it lacks runs auto; no backward pass: no backward). In `suite` only when it runs every d.
+Impl cuda_variant_impl(const cuda::VariantInfo& v) {
+  const auto has = [&v](cuda::Pass p) { return std::find(v.passes.begin(), v.passes.end(), p) != v.passes.end(); };
+  const cuda::Variant fwd = has(cuda::Pass::Forward) ? v.id : cuda::Variant::Auto;
+  const cuda::Variant bwd = has(cuda::Pass::Backward) ? v.id : cuda::Variant::Auto;
+  const std::string name = std::string("cuda-") + v.name;
+  Impl m = cuda_impl(name, fwd, bwd, std::string("LAO on the GPU, ") + v.name + " only: " + v.summary);
+  m.dtypes = v.dtypes;
+  m.suite_dtypes = v.d_values.empty() ? v.dtypes : std::vector<Dtype>{};
+  m.has_backward = has(cuda::Pass::Backward);
+  m.check = [base = m.check, name, &v, fwd, bwd](const Problem& p, Dtype dt, const ImplOptions& o) {
+    base(p, dt, o);
+    for (cuda::Pass pass : {cuda::Pass::Forward, cuda::Pass::Backward}) {
+      if ((pass == cuda::Pass::Forward ? fwd : bwd) != v.id) continue;
+      cuda::Call c;  // the runner's views are cudaMalloc'ed and contiguous: no view rule to ask
+      c.pass = pass;
+      c.dtype = dt;
+      c.d = p.d;
+      c.N_q = c.n_q = p.N_q;
+      c.N_k = c.n_k = p.N_k;
+      c.block_sparse = has_block(p.mask);
+      std::string why;
+      if (!cuda::supports(v, c, cuda::compute_capability(), &why)) fail("impl ", name, " cannot run this problem: ", why);
+    }
+  };
   return m;
 }
 #endif  // BURSTLAB_HAVE_CUDA
@@ -317,29 +348,13 @@ std::vector<Impl> build_registry() {
   if (const char* e = std::getenv("BURSTLAB_TEST_BROKEN_IMPL"); e && std::string(e) == "1")
     r.push_back(broken_impl());
 #ifdef BURSTLAB_HAVE_CUDA
-  r.push_back(cuda_impl("cuda", cuda::Variant::Auto,
-                        "LAO on the GPU (cuda/): bf16/fp16 with d in {64,128} run tensor cores (on "
-                        "H100/H200 the v4 forward, v3 with block masks, v3 backward; else v2), the rest v1"));
-  r.push_back(cuda_impl("cuda-v1", cuda::Variant::V1, "LAO on the GPU, v1 only: CUDA cores, every dtype and d"));
-  // The tensor-core variants by name, so that those auto no longer picks stay exercised; not in
-  // `suite`, whose d values they cannot all run.
-  auto named = [&r](const char* name, cuda::Variant v, const char* what) {
-    Impl i = cuda_impl(name, v, what);
-    i.dtypes = {Dtype::BF16, Dtype::F16};
-    i.suite_dtypes = {};
-    const auto base = i.check;
-    const std::string n = name;
-    i.check = [base, n, v](const Problem& p, Dtype dt, const ImplOptions& o) {
-      base(p, dt, o);
-      if (p.d != 64 && p.d != 128) fail("d (", p.d, ") must be 64 or 128 for impl ", n);
-      std::string why;
-      if (!cuda::variant_available(v, &why)) fail("impl ", n, " cannot run on this GPU: ", why);
-    };
-    r.push_back(i);
-  };
-  named("cuda-v2", cuda::Variant::V2, "LAO on the GPU, v2 only: mma.sync tensor cores, bf16/fp16, d in {64,128}");
-  named("cuda-v3", cuda::Variant::V3,
-        "LAO on the GPU, v3 only: wgmma (H100/H200), cp.async loads, bf16/fp16, d in {64,128}");
+  std::string order;
+  for (const cuda::VariantInfo& v : cuda::variants()) order += (order.empty() ? "" : ", ") + std::string(v.name);
+  r.push_back(cuda_impl("cuda", cuda::Variant::Auto, cuda::Variant::Auto,
+                        "LAO on the GPU (cuda/): per call the first of " + order +
+                            " that supports it (cuda/variants.hpp)"));
+  // Every variant by name, so that those auto no longer picks stay exercised.
+  for (const cuda::VariantInfo* v : cuda::variants_by_number()) r.push_back(cuda_variant_impl(*v));
 #endif
   return r;
 }

@@ -6,6 +6,7 @@
 // Without a GPU every test skips with a message; with BURSTLAB_REQUIRE_GPU=1 a skip fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -25,7 +26,8 @@ using namespace burstlab;
 namespace bc = burstlab::cuda;
 using testutil::make_problem;
 
-// v3 is sm_90a code: on another GPU its cases skip (Auto's choice is asserted separately).
+// The sweeps run every variant of the table (cuda/variants.hpp) on the cases it supports; a
+// variant this GPU cannot run (sm_90a code elsewhere) skips (Auto's choice is asserted separately).
 #define REQUIRE_VARIANT(v)                                                                     \
   do {                                                                                         \
     std::string why_v_;                                                                        \
@@ -138,6 +140,27 @@ std::string str(const Shape& s) {
   return os.str();
 }
 
+// Whether the table says variant v runs this case on the device it names (the test allocates
+// views that meet every view rule; the case skips on a GPU that cannot run v).
+bool table_runs(bc::Variant v, bc::Pass pass, const std::string& dtype, const Shape& s, const std::string& mask,
+                bool q_indexed = false, bool k_indexed = false, bool deterministic = false) {
+  const bc::VariantInfo& info = bc::variant_info(v);
+  bc::Call c;
+  c.pass = pass;
+  c.dtype = parse_dtype(dtype);
+  c.d = s.d;
+  c.N_q = c.n_q = s.Nq;
+  c.N_k = c.n_k = s.Nk;
+  c.block_sparse = mask.find("block") != std::string::npos;
+  c.q_indexed = q_indexed;
+  c.k_indexed = k_indexed;
+  c.deterministic = deterministic;
+  return bc::supports(info, c, info.cc);
+}
+bool has_pass(const bc::VariantInfo& v, bc::Pass p) {
+  return std::find(v.passes.begin(), v.passes.end(), p) != v.passes.end();
+}
+
 // ---------------------------------------------------------------- forward sweep
 struct FwdCase {
   std::string dtype;  // f64 f32 bf16 f16
@@ -161,42 +184,31 @@ const std::vector<std::string> kMasks = {
     "causal+document:3", "window:40,8+block:16x64@0.6", "document:5+block:8x8@0.7"};
 const std::vector<Values> kValues = {Values::Normal, Values::Large, Values::Ties, Values::WideV};
 
-std::vector<Shape> fwd_shapes(bool fast_path) {
-  std::vector<Shape> s = {{1, 1, 1, 1, 1, 64},      {2, 4, 2, 113, 203, 64},
-                          {1, 2, 2, 203, 113, 128}, {1, 4, 1, 1023, 1023, 64},
-                          {2, 2, 2, 65, 300, 128},  {1, 3, 3, 257, 129, 128}};
-  if (!fast_path) {
-    s.push_back({1, 2, 1, 129, 77, 3});
-    s.push_back({2, 1, 1, 33, 47, 1});
-    s.push_back({1, 2, 2, 70, 90, 100});
-  }
-  return s;
-}
+const std::vector<Shape> kFwdShapes = {{1, 1, 1, 1, 1, 64},      {2, 4, 2, 113, 203, 64},
+                                        {1, 2, 2, 203, 113, 128}, {1, 4, 1, 1023, 1023, 64},
+                                        {2, 2, 2, 65, 300, 128},  {1, 3, 3, 257, 129, 128},
+                                        {1, 2, 1, 129, 77, 3},    {2, 1, 1, 33, 47, 1},
+                                        {1, 2, 2, 70, 90, 100}};
+const char* const kDtypes[] = {"f64", "f32", "bf16", "f16"};
 
 std::vector<FwdCase> fwd_cases() {
   std::vector<FwdCase> out;
-  struct DV { const char* dt; bc::Variant v; };
-  const DV dvs[] = {{"f64", bc::Variant::V1}, {"f32", bc::Variant::V1}, {"bf16", bc::Variant::V1},
-                    {"bf16", bc::Variant::V2}, {"f16", bc::Variant::V2}, {"bf16", bc::Variant::V3},
-                    {"f16", bc::Variant::V3}, {"bf16", bc::Variant::V4}, {"f16", bc::Variant::V4},
-                    {"f16", bc::Variant::Auto}};
   uint64_t seed = 100;
   int k = 0;
-  for (const DV& dv : dvs) {
-    const bool fast = dv.v == bc::Variant::V2 || dv.v == bc::Variant::V3 || dv.v == bc::Variant::V4;
-    for (const Shape& s : fwd_shapes(fast)) {
-      for (size_t mi = 0; mi < kMasks.size(); ++mi) {
-        // v4 has no block-sparse masks (asked for by name it refuses them: see Validation).
-        if (dv.v == bc::Variant::V4 && kMasks[mi].find("block") != std::string::npos) continue;
-        // Auto runs a thinner sweep (it is v1, v2, v3 or v4 underneath, each swept on its own).
-        if (dv.v == bc::Variant::Auto && mi % 3 != 0) continue;
-        FwdCase c{dv.dt, dv.v, s, kMasks[mi], (k % 2) ? Layout::BSHD : Layout::BHSD,
-                  kValues[k % kValues.size()], seed++};
-        ++k;
-        out.push_back(c);
-      }
-    }
-  }
+  const auto add = [&](const char* dt, bc::Variant v, const Shape& s, const std::string& m) {
+    out.push_back({dt, v, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
+    ++k;
+  };
+  // Every variant with a forward, on every dtype, shape and mask it runs (v4 by name refuses
+  // block-sparse masks: see Validation).
+  for (const bc::VariantInfo* v : bc::variants_by_number())
+    for (const char* dt : kDtypes)
+      for (const Shape& s : kFwdShapes)
+        for (const std::string& m : kMasks)
+          if (table_runs(v->id, bc::Pass::Forward, dt, s, m)) add(dt, v->id, s, m);
+  // Auto runs a thinner sweep (one of the variants underneath, each swept on its own).
+  for (const Shape& s : kFwdShapes)
+    for (size_t mi = 0; mi < kMasks.size(); mi += 3) add("f16", bc::Variant::Auto, s, kMasks[mi]);
   return out;
 }
 
@@ -231,7 +243,7 @@ TEST_P(CudaForward, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaForward, ::testing::ValuesIn(fwd_cases()),
                          [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
 
-// ---------------------------------------------------------------- backward sweep (v1)
+// ---------------------------------------------------------------- backward sweep
 std::vector<FwdCase> bwd_cases() {
   std::vector<FwdCase> out;
   const char* dts[] = {"f64", "f32", "bf16", "f16"};
@@ -247,14 +259,15 @@ std::vector<FwdCase> bwd_cases() {
                        kValues[k % kValues.size()], seed++});
         ++k;
       }
-  // The tensor-core backward variants by name (Auto runs v4 on compute capability 9.0, else v2).
+  // Every variant with a backward by name, on the 16-bit dtypes and the shapes of the tensor cores.
   const std::vector<Shape> fast = {{1, 1, 1, 1, 1, 64}, {2, 4, 2, 113, 203, 64},
                                    {1, 2, 2, 203, 113, 128}, {1, 2, 1, 300, 300, 128}};
   for (const char* dt : {"bf16", "f16"})
-    for (bc::Variant v : {bc::Variant::V2, bc::Variant::V3, bc::Variant::V4})
+    for (const bc::VariantInfo* v : bc::variants_by_number())
       for (const Shape& s : fast)
         for (const std::string& m : kMasks) {
-          out.push_back({dt, v, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
+          if (!table_runs(v->id, bc::Pass::Backward, dt, s, m)) continue;
+          out.push_back({dt, v->id, s, m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
           ++k;
         }
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 2, 1023, 1023, 64}, "causal", Layout::BSHD, Values::Normal, 777});
@@ -320,9 +333,11 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
 TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
-  run_bwd_case<bc::bf16>({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 903}, true);
-  if (bc::variant_available(bc::Variant::V3))  // sm_90a code: a compute capability 9.0 device only
-    run_bwd_case<bc::bf16>({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 64}, "causal", Layout::BSHD, Values::Normal, 905}, true);
+  // Every variant with a backward by name, where this GPU runs it.
+  const Shape sh{2, 4, 2, 300, 257, 128};
+  for (const bc::VariantInfo* v : bc::variants_by_number())
+    if (table_runs(v->id, bc::Pass::Backward, "bf16", sh, "causal") && bc::variant_available(v->id))
+      run_bwd_case<bc::bf16>({"bf16", v->id, sh, "causal", Layout::BSHD, Values::Normal, 902 + 100 * uint64_t(v->id)}, true);
   run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
 }
@@ -473,24 +488,25 @@ void run_block_case(const BlockCase& c) {
   testutil::expect_pass(check_backward<double>(want, dQ_all, dK_all, dV_all), ctx + " (backward_block)");
 }
 
+// forward_block by every variant of the table on every case it runs (the backward blocks: auto).
 std::vector<BlockCase> block_cases() {
   std::vector<BlockCase> out;
   const char* masks[] = {"none", "causal", "window:20,3+document:3", "block:16x32@0.5"};
-  for (const char* m : masks) {
-    out.push_back({"f32", bc::Variant::V1, {1, 2, 1, 150, 203, 64}, m, false, false, false, 3});
-    out.push_back({"f64", bc::Variant::V1, {1, 2, 2, 113, 97, 3}, m, true, true, true, 2});
-    out.push_back({"bf16", bc::Variant::V2, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
-    out.push_back({"bf16", bc::Variant::V2, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
-    out.push_back({"f16", bc::Variant::V2, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
-    out.push_back({"bf16", bc::Variant::V3, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
-    out.push_back({"bf16", bc::Variant::V3, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
-    out.push_back({"f16", bc::Variant::V3, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
-    if (std::string(m).find("block") != std::string::npos) continue;  // v4: no block masks
-    out.push_back({"bf16", bc::Variant::V4, {2, 4, 2, 300, 257, 128}, m, false, false, false, 3});
-    out.push_back({"bf16", bc::Variant::V4, {1, 2, 1, 203, 300, 64}, m, true, true, true, 3});
-    out.push_back({"f16", bc::Variant::V4, {1, 2, 2, 129, 200, 64}, m, true, false, false, 2});
-    out.push_back({"f16", bc::Variant::V4, {1, 3, 1, 200, 129, 128}, m, false, true, false, 2});
-  }
+  const BlockCase kinds[] = {
+      {"f32", bc::Variant::Auto, {1, 2, 1, 150, 203, 64}, "", false, false, false, 3},
+      {"f64", bc::Variant::Auto, {1, 2, 2, 113, 97, 3}, "", true, true, true, 2},
+      {"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "", false, false, false, 3},
+      {"bf16", bc::Variant::Auto, {1, 2, 1, 203, 300, 64}, "", true, true, true, 3},
+      {"f16", bc::Variant::Auto, {1, 2, 2, 129, 200, 64}, "", true, false, false, 2},
+      {"f16", bc::Variant::Auto, {1, 3, 1, 200, 129, 128}, "", false, true, false, 2}};
+  for (const char* m : masks)
+    for (const bc::VariantInfo* v : bc::variants_by_number())
+      for (BlockCase c : kinds) {
+        if (!table_runs(v->id, bc::Pass::ForwardBlock, c.dtype, c.shape, m, c.q_indexed, c.k_indexed)) continue;
+        c.variant = v->id;
+        c.mask = m;
+        out.push_back(c);
+      }
   return out;
 }
 
@@ -507,11 +523,23 @@ TEST_P(CudaBlocks, ComposeToTheWhole) {
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
 
-// backward_block on the tensor cores (v4; auto runs it on compute capability 9.0 for bf16/fp16,
-// d in {64, 128}): every mask kind, GQA/MQA, ragged pieces, query and key blocks at different
-// global offsets (contiguous pieces, zigzag-indexed queries, striped keys), onto zero and non-zero
-// gradients, the one-pass and the deterministic mode; the forward blocks run auto. Indexed keys
-// in the deterministic mode run v1 (auto) and make v4 by name throw (see Validation).
+// backward_block on the tensor cores (the table's rows with a backward_block other than the
+// fallback, by name in turns, and auto): every mask kind, GQA/MQA, ragged pieces, query and key
+// blocks at different global offsets (contiguous pieces, zigzag-indexed queries, striped keys),
+// onto zero and non-zero gradients, the one-pass and the deterministic mode; the forward blocks
+// run auto. Indexed keys in the deterministic mode run v1 (auto) and make v4 by name throw (see
+// Validation).
+// The backward_block variant of case i: auto every 4th case (and where no row but the fallback
+// runs it), else the rows that run it by turns.
+bc::Variant bwd_block_variant(int i, const char* dt, const Shape& s, const std::string& m, bool qidx, bool kidx,
+                              bool det) {
+  std::vector<bc::Variant> rows;
+  for (const bc::VariantInfo* v : bc::variants_by_number())
+    if (v != &bc::variants().back() && table_runs(v->id, bc::Pass::BackwardBlock, dt, s, m, qidx, kidx, det))
+      rows.push_back(v->id);
+  return i % 4 == 3 || rows.empty() ? bc::Variant::Auto : rows[size_t(i) % rows.size()];
+}
+
 std::vector<BlockCase> bwd_block_cases() {
   std::vector<BlockCase> out;
   const Shape shapes[] = {{2, 4, 2, 300, 257, 128}, {1, 3, 1, 203, 300, 64}, {1, 2, 2, 3, 130, 64},
@@ -523,25 +551,27 @@ std::vector<BlockCase> bwd_block_cases() {
         for (bool det : {false, true}) {
           const int i = k++ / 2;  // both modes of each (dtype, shape, mask) get the same pieces
           const bool qidx = i % 3 == 1, init = i % 2 == 0;
-          const bc::Variant v = i % 4 == 3 ? bc::Variant::Auto : bc::Variant::V4;
+          const bc::Variant v = bwd_block_variant(i, dt, sh, m, qidx, false, det);
           out.push_back({dt, bc::Variant::Auto, sh, m, qidx, false, false, 2 + (i / 3) % 3, v, det, init});
         }
   // Striped (indexed) keys, one-pass mode, every mask kind; deterministic: auto runs v1.
   int j = 0;
   for (const std::string& m : kMasks) {
-    out.push_back({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, m, j % 2 == 1, true, false, 2 + j % 2,
-                   bc::Variant::V4, false, j % 2 == 0});
-    out.push_back({"f16", bc::Variant::Auto, {1, 3, 1, 203, 300, 64}, m, j % 2 == 0, true, false, 3,
-                   j % 3 == 2 ? bc::Variant::Auto : bc::Variant::V4, false, j % 2 == 1});
+    const Shape s1{2, 4, 2, 300, 257, 128}, s2{1, 3, 1, 203, 300, 64};
+    out.push_back({"bf16", bc::Variant::Auto, s1, m, j % 2 == 1, true, false, 2 + j % 2,
+                   bwd_block_variant(0, "bf16", s1, m, j % 2 == 1, true, false), false, j % 2 == 0});
+    out.push_back({"f16", bc::Variant::Auto, s2, m, j % 2 == 0, true, false, 3,
+                   bwd_block_variant(j % 3 == 2 ? 3 : 0, "f16", s2, m, j % 2 == 0, true, false), false, j % 2 == 1});
     ++j;
   }
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 1, 203, 300, 64}, "causal", true, true, false, 3,
                  bc::Variant::Auto, true, true});
   // A longer causal block pair (several 128-key CTAs per block, full and partial tiles).
-  out.push_back({"bf16", bc::Variant::Auto, {1, 4, 2, 1023, 1023, 128}, "causal", false, false, false, 4,
-                 bc::Variant::V4, false, true});
-  out.push_back({"f16", bc::Variant::Auto, {1, 2, 2, 1000, 1100, 64}, "window:300,0+document:3", true, false,
-                 false, 3, bc::Variant::V4, true, true});
+  const Shape s3{1, 4, 2, 1023, 1023, 128}, s4{1, 2, 2, 1000, 1100, 64};
+  out.push_back({"bf16", bc::Variant::Auto, s3, "causal", false, false, false, 4,
+                 bwd_block_variant(0, "bf16", s3, "causal", false, false, false), false, true});
+  out.push_back({"f16", bc::Variant::Auto, s4, "window:300,0+document:3", true, false, false, 3,
+                 bwd_block_variant(0, "f16", s4, "window:300,0+document:3", true, false, true), true, true});
   return out;
 }
 
@@ -556,10 +586,9 @@ TEST_P(CudaBackwardBlock, AccumulatesToTheWhole) {
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
 
-// Deterministic backward_block: two runs onto the same gradients are bitwise the same.
-TEST(CudaBackwardBlock, DeterministicBitwiseRepeatable) {
-  REQUIRE_GPU();
-  REQUIRE_VARIANT(bc::Variant::V4);
+// Deterministic backward_block: two runs onto the same gradients are bitwise the same, for every
+// variant whose backward is repeatable only on request (Options::deterministic).
+void run_deterministic_block(bc::Variant variant) {
   using A = float;
   const Problem p = make_problem(1, 4, 2, 300, 500, 128, "causal", 17);
   const Inputs in = make_inputs(p, Layout::BSHD, Dtype::BF16, 17, Values::Normal);
@@ -581,7 +610,7 @@ TEST(CudaBackwardBlock, DeterministicBitwiseRepeatable) {
   };
   const DT3<A> L = rows(lse), D = rows(dd);
   bc::Options opt;
-  opt.variant = bc::Variant::V4;
+  opt.variant = variant;
   opt.deterministic = true;
   std::vector<std::vector<A>> got;
   for (int rep = 0; rep < 2; ++rep) {
@@ -598,7 +627,19 @@ TEST(CudaBackwardBlock, DeterministicBitwiseRepeatable) {
     }
     got.push_back(all);
   }
-  EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(A))) << "not bitwise repeatable";
+  EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(A)))
+      << bc::to_string(variant) << ": not bitwise repeatable";
+}
+TEST(CudaBackwardBlock, DeterministicBitwiseRepeatable) {
+  REQUIRE_GPU();
+  int ran = 0;
+  for (const bc::VariantInfo* v : bc::variants_by_number())
+    if (has_pass(*v, bc::Pass::BackwardBlock) && v->determinism == bc::Determinism::OnRequest &&
+        bc::variant_available(v->id)) {
+      run_deterministic_block(v->id);
+      ++ran;
+    }
+  if (ran == 0) GTEST_SKIP() << "no variant with an on-request deterministic backward_block runs on this GPU";
 }
 
 // ---------------------------------------------------------------- validation (no GPU needed)

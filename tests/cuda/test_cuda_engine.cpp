@@ -52,13 +52,13 @@ std::string name_of(const Case& c, Dtype t) {
 }
 
 template <class T>
-void run_case(const Case& c, Dtype dtype, uint64_t seed) {
+void run_case(const Case& c, Dtype dtype, uint64_t seed, cuda::Variant variant = cuda::Variant::Auto) {
   using A = acc_t<T>;
   SCOPED_TRACE(name_of(c, dtype));
   const Problem p = testutil::make_problem(2, c.Hq, c.Hkv, c.Nq, c.Nk, c.d, c.mask, seed);
   const Inputs in = make_inputs(p, Layout::BSHD, dtype, seed, Values::Normal);
   const Oracle want = run_oracle(p, in, true);
-  auto engine = cuda::make_engine<T>();
+  auto engine = cuda::make_engine<T>(variant);
   dist::SimOptions sim;
   sim.poison = true;
   sim.timeout_s = 120;
@@ -130,6 +130,31 @@ TEST_P(CudaEngineSchedules, Fp16MatchesOracleAndClosedForms) {
   run_case<f16_t>(cases()[GetParam()], Dtype::F16, 37 + GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 15));
+
+// The engine made with each variant of the table whose forward_block runs bf16 at d = 64 (its
+// forward blocks by that variant; the block backward as the engine chooses), where this GPU runs it.
+std::vector<std::string> engine_variants() {
+  std::vector<std::string> names;
+  for (const cuda::VariantInfo* v : cuda::variants_by_number()) {
+    cuda::Call c;
+    c.pass = cuda::Pass::ForwardBlock;
+    c.dtype = Dtype::BF16;
+    c.d = 64;
+    c.N_q = c.N_k = c.n_q = c.n_k = 203;
+    if (cuda::supports(*v, c, v->cc)) names.push_back(v->name);
+  }
+  return names;
+}
+class CudaEngineVariants : public ::testing::TestWithParam<std::string> {};
+TEST_P(CudaEngineVariants, RingBf16MatchesOracleAndClosedForms) {
+  REQUIRE_GPU();
+  const cuda::Variant v = cuda::parse_variant(GetParam());
+  std::string why;
+  if (!cuda::variant_available(v, &why)) GTEST_SKIP() << why;
+  run_case<bf16_t>({"ring", 4, dist::PartitionKind::Zigzag, "causal", 4, 2, 203, 203, 64}, Dtype::BF16, 51, v);
+}
+INSTANTIATE_TEST_SUITE_P(Table, CudaEngineVariants, ::testing::ValuesIn(engine_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // A failed rank errors every rank (no hang) on the device transport too.
 TEST(CudaEngine, FailedRankErrorsEveryRank) {
