@@ -33,105 +33,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "detail.cuh"
-#include "epilogue.cuh"
-#include "tile_mask.cuh"
-#include "tma.cuh"
-#include "wgmma.cuh"
+#include "bwd_ws.cuh"
 
 namespace burstlab::cuda::detail {
 namespace {
 
-using v2::ex2;
-using v2::kLog2e;
-
-constexpr int kWgs = 2;                  // consumer warpgroups
-constexpr int kThreads = 128 * (kWgs + 1);
-constexpr int kWarps = kThreads / 32;
-constexpr int kRows = 64 * kWgs;         // dQ: query rows per CTA; dK/dV: keys per CTA
-constexpr int kStages = 2;
-constexpr int kRegP = 40, kRegC = 232;   // setmaxnreg budgets: 128 P + 256 C <= 65536
-
-// The first 1024-byte boundary at or after p, by an offset from p: the result stays a pointer into
-// shared memory as far as the compiler knows (an integer round trip would make its loads generic).
-__device__ __forceinline__ unsigned char* align1024(unsigned char* p) {
-  return p + ((1024u - (v2::smem_u32(p) & 1023u)) & 1023u);
-}
-
-// Gradients of type G: storage T, written (backward); or fp32, accumulated (backward_block).
-template <class T, class G>
-constexpr bool kAcc = !std::is_same<G, T>::value;
-
-// Copies a (ROWS, D) tile: D/64 boxes of (64, ROWS), one per sw128 panel.
-template <int ROWS, int D, class T>
-__device__ __forceinline__ void load_tile(T* dst, const CUtensorMap* m, int row, int h, int b, uint64_t* bar) {
-#pragma unroll
-  for (int p = 0; p < D / 64; ++p) tma::load_4d(dst + p * ROWS * 64, m, 64 * p, row, h, b, bar);
-}
-
-// dq_acc (fp32) holds, per (b, h, 64-row query tile qt, column half w), one 64 x d/2 block in
-// the order the consumer threads of warpgroup w hold it: float (c 128 + t) 4 + e is thread t's
-// accumulator element 4 c + e (wgmma's m64n(d/2) layout: rows 16 (t / 32) + (t % 32) / 4 +
-// 8 (e / 2), column d/2 w + 8 c + 2 (t % 4) + e % 2).
-template <class T, class G>
-__device__ __forceinline__ int64_t dq_acc_index(const BwdArgs<T, G>& a, int64_t b, int64_t h, int64_t qt, int w) {
-  const int64_t nqt = (a.nq + 63) / 64;
-  return (((b * a.Hq + h) * nqt + qt) * 2 + w) * (32 * a.d);
-}
-
-// dQ = scale dq_acc (G = T), or dQ += scale dq_acc (G = float: a block's contribution), back from
-// the block order above into the dQ view. Grid (blocks, 1, 1) over (b, h, qt); 256 threads. A
-// tile's two column halves are contiguous in dq_acc (64 d floats, read with coalesced 16-byte
-// loads); they are put back in row order in shared memory, and each thread writes 8 consecutive
-// elements of a row with one 16-byte store (the tensor-core backward's views are 16-byte aligned).
-// Storing straight from the fragment order (4-byte stores of 8 rows per warp instruction) moved 32%
-// of the DRAM bandwidth on H200 (ncu, d = 64).
-template <class T, class G, int D>
-__global__ void __launch_bounds__(256) v4_dq_convert(BwdArgs<T, G> a, const float* dq_acc) {
-  __shared__ float tile[64][D + 4];  // (64 rows, d); +4: row starts on different banks
-  const int tid = threadIdx.x;
-  const int64_t nqt = (a.nq + 63) / 64;
-  const int64_t qt = blockIdx.x % nqt, bh = blockIdx.x / nqt, h = bh % a.Hq, b = bh / a.Hq;
-  const float4* src = reinterpret_cast<const float4*>(dq_acc + dq_acc_index(a, b, h, qt, 0));
-  for (int i = tid; i < 16 * D; i += 256) {  // float4 i: half w, then (c 128 + t) as in dq_acc_index
-    const int w = i / (8 * D), q = i % (8 * D), c = q / 128, t = q % 128;
-    const int r0 = 16 * (t / 32) + (t % 32) / 4, col = (D / 2) * w + 8 * c + 2 * (t % 4);
-    const float4 v = src[i];
-    tile[r0][col] = v.x;
-    tile[r0][col + 1] = v.y;
-    tile[r0 + 8][col] = v.z;
-    tile[r0 + 8][col + 1] = v.w;
-  }
-  __syncthreads();
-  const float sc = static_cast<float>(a.scale);
-  for (int j = tid; j < 8 * D; j += 256) {  // 16-byte chunk j: row j / (d/8), columns 8 (j % (d/8)) ..
-    const int row = j / (D / 8), c8 = 8 * (j % (D / 8));
-    const int64_t r = qt * 64 + row;
-    if (r >= a.nq) continue;
-    const float* x = &tile[row][c8];
-    if constexpr (std::is_same<G, float>::value) {  // fp32 rows: 32-byte aligned (8-element strides)
-      float4* y = reinterpret_cast<float4*>(a.dQ.row(b, h, r) + c8);
-      float4 u = y[0], w = y[1];
-      u.x += sc * x[0]; u.y += sc * x[1]; u.z += sc * x[2]; u.w += sc * x[3];
-      w.x += sc * x[4]; w.y += sc * x[5]; w.z += sc * x[6]; w.w += sc * x[7];
-      y[0] = u;
-      y[1] = w;
-    } else {
-      uint4 o;
-      o.x = v2::Mma<T>::pack(sc * x[0], sc * x[1]);
-      o.y = v2::Mma<T>::pack(sc * x[2], sc * x[3]);
-      o.z = v2::Mma<T>::pack(sc * x[4], sc * x[5]);
-      o.w = v2::Mma<T>::pack(sc * x[6], sc * x[7]);
-      *reinterpret_cast<uint4*>(a.dQ.row(b, h, r) + c8) = o;
-    }
-  }
-}
-
-template <int S>
-struct RingBars {
-  uint64_t once;  // the tiles copied once per CTA
-  uint64_t full[S], empty[S];
-};
+using namespace bwd_ws;
 
 // ------------------------------------------------------------------ dQ
 template <class T, class G, int D, int BC, bool BLOCK>
@@ -222,18 +129,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ------------------------------------------------------------------ dK, dV
-// One stage's facts, staged by producer warp 1: the visited (q-head, query tile) index `it` (-1:
-// the sequence has ended), whether every pair of the tile and the CTA's keys is visible, and per
-// query row LSE log2(e) (+inf past nq: P = 0), D and the visible key interval [lo, hi) (eq. 3.4;
-// empty past nq): local key indices, or with indexed keys (KIDX) global positions, which the
-// consumers compare with their keys' positions.
-template <int BQ>
-struct RowStats {
-  float L2[BQ], D[BQ];
-  int lo[BQ], hi[BQ];
-  int it, full;
-};
-
 // The dK/dV pass: query tiles of BQ rows. KIDX: indexed key positions (a block's keys; the one-pass
 // mode only), in their own instantiation so that the contiguous kernels keep their registers: the
 // producer bounds the CTA's keys by their global hull and stages global row intervals, each
@@ -242,7 +137,7 @@ struct RowStats {
 // recomputes S and dP. Each consumer warpgroup writes its dS^T to shared memory (the M-major A of
 // that product), then takes half of dQ_part's columns over all 128 keys (a 64 x d/2 block: both
 // warpgroups' dS^T, hence a barrier across them per tile). The block goes through shared memory to
-// dq_acc by the copy engine's element-wise atomic add (layout: dq_acc_index), and v4_dq_convert
+// dq_acc by the copy engine's element-wise atomic add (layout: dq_acc_index), and dq_convert
 // writes dQ. The order of those adds varies from run to run, hence not bitwise repeatable.
 // (Measured and dropped, docs/performance-gpu.md: each warpgroup adding dS K over its own keys, no
 // barrier but twice the atomic traffic; S^T and dP^T waited for apart; 3 or 4 stages.)
@@ -260,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int S = kStages;
   static_assert(!FUSED || BQ == 64, "the fused dQ block is one wgmma M = 64 query rows");
-  constexpr uint32_t kTile = BQ * D * sizeof(T);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
   T* sV = sK + kRows * D;                              // (128, D)
@@ -271,94 +165,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ RingBars<S> bars;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
-  // 1-d grid, key blocks of one (b, kv-head) pair consecutive: the CTAs that run at once share
-  // the pair's Q and dO tiles in L2 (interleaving pairs to start long causal CTAs first lost
-  // more in L2 than it gained, docs/performance-gpu.md).
-  const int64_t nkb = (a.nk + kRows - 1) / kRows, pair = blockIdx.x / nkb;
-  const int64_t hk = pair % a.Hkv, b = pair / a.Hkv, j0 = (blockIdx.x % nkb) * kRows;
-  const int64_t nq = a.nq, nk = a.nk, group = a.group;
-  const int64_t jend = j0 + (nk - j0 < kRows ? nk - j0 : kRows);  // local keys [j0, jend), global kp[j]
-  const int nqt = static_cast<int>((nq + BQ - 1) / BQ);
-  const int n_it = static_cast<int>(group) * nqt;  // (q-head of the group, query tile)
-  if (tid == 0) {
-    tma::init(&bars.once, 1);
-    for (int s = 0; s < S; ++s) {
-      // full: the copies' arrival + each lane of warp 1 after its row-fact stores; empty: each
-      // consumer thread after its last read of the stage. Every thread that touches the stage's
-      // row facts arrives itself, so each hand-off is a release/acquire pair of that thread.
-      tma::init(&bars.full[s], 1 + 32);
-      tma::init(&bars.empty[s], 128 * kWgs);
-    }
-    tma::fence_init();
-  }
+  const DkdvCta cta = dkdv_cta<BQ>(a);
+  const int64_t hk = cta.hk, b = cta.b, j0 = cta.j0, nk = a.nk, group = a.group;
+  const int nqt = cta.nqt;
+  if (tid == 0) init_dkdv_bars(bars);
   __syncthreads();
   if (wg < 0) {  // ---------------------------------------------------------------- producer
     tma::regs_dec<kRegP>();
-    if (warp > 1) return;
-    if (warp == 0 && lane == 0) {
-      tma::arrive_expect(&bars.once, 2 * kRows * D * sizeof(T));
-      load_tile<kRows, D>(sK, &mK, int(j0), int(hk), int(b), &bars.once);
-      load_tile<kRows, D>(sV, &mV, int(j0), int(hk), int(b), &bars.once);
-    }
-    // The visited tiles in order: both producer warps walk the sequence (bwd_q_tile and
-    // bwd_q_tile_hull are warp-uniform and need no barrier); warp 1 hands each tile's index on
-    // with its row facts, then a last stage with it = -1, so the consumers never evaluate the
-    // masks per tile.
-    int kg0 = 0, kg1 = 0;  // KIDX: the global hull of the CTA's keys (positions < 2^31)
-    if constexpr (KIDX) {
-      int64_t g0, g1;
-      tiles::key_hull_warp(a, j0, jend, &g0, &g1);
-      kg0 = static_cast<int>(g0);
-      kg1 = static_cast<int>(g1);
-    }
-    int st = 0;
-    uint32_t ph = 0;
-    bool full = false;
-    for (int it = 0;; ++it) {
-      if constexpr (KIDX)
-        while (it < n_it && !tiles::bwd_q_tile_hull<BQ>(a, it % nqt, kg0, kg1, jend - j0 == kRows, BLOCK, &full)) ++it;
-      else
-        while (it < n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % nqt, j0, jend, BLOCK, &full)) ++it;
-      const bool end = it >= n_it;
-      const int64_t h = hk * group + it / nqt, i0 = int64_t(it % nqt) * BQ;
-      tma::wait(&bars.empty[st], ph ^ 1);
-      if (warp == 0) {
-        if (lane == 0) {
-          if (end) {
-            tma::arrive(&bars.full[st]);
-          } else {
-            tma::arrive_expect(&bars.full[st], 2 * kTile);
-            T* dst = sQO + st * (2 * BQ * D);
-            load_tile<BQ, D>(dst, &mQ, int(i0), int(h), int(b), &bars.full[st]);
-            load_tile<BQ, D>(dst + BQ * D, &mdO, int(i0), int(h), int(b), &bars.full[st]);
-          }
-        }
-      } else {
-        RowStats<BQ>& R = sR[st];
-        if (lane == 0) {
-          R.it = end ? -1 : it;
-          R.full = full;
-        }
-        for (int i = lane; i < BQ && !end; i += 32) {
-          const int64_t r = i0 + i;
-          int64_t lo = 0, hi = 0;
-          float L2 = INFINITY, Dv = 0.f;
-          if (r < nq) {
-            if constexpr (KIDX) row_range(a.mask, a.qp[r], &lo, &hi);
-            else local_range(a.mask, a.qp[r], a.kp, nk, &lo, &hi);
-            L2 = static_cast<float>(a.LSE(b, h, r)) * kLog2e;
-            Dv = static_cast<float>(a.D(b, h, r));
-          }
-          R.L2[i] = L2;
-          R.D[i] = Dv;
-          R.lo[i] = static_cast<int>(lo);
-          R.hi[i] = static_cast<int>(hi);
-        }
-        tma::arrive(&bars.full[st]);  // release: my stores above before it
-      }
-      if (end) break;
-      if (++st == S) { st = 0; ph ^= 1; }
-    }
+    dkdv_producer<T, G, D, BQ, S, BLOCK, KIDX>(a, cta, &mK, &mV, &mQ, &mdO, sK, sV, sQO, sR, bars, warp, lane);
     return;
   }
 
@@ -559,9 +373,7 @@ bool launch_bwd(const BwdArgs<T, G>& a, cudaStream_t s, float* dq_acc, const cha
       if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, 64, true, false>, smem);
       else go(&v4_bwd_dkdv_kernel<T, G, D, false, 64, true, false>, smem);
     }
-    const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64);
-    v4_dq_convert<T, G, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
-    BURSTLAB_CUDA_LAUNCH_CHECK("v4_dq_convert");
+    launch_dq_convert<T, G, D>(a, dq_acc, s);
   } else {
     if (block) go(&v4_bwd_dkdv_kernel<T, G, D, true, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
     else go(&v4_bwd_dkdv_kernel<T, G, D, false, BQ, false, false>, dkdv_smem<D, BQ, false>(sizeof(T)));
