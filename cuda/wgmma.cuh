@@ -124,13 +124,20 @@ __device__ __forceinline__ void pack_a(uint32_t (&pa)[N / 16][4], const float* x
 }
 
 // Wgmma<T>::ss<N, TRANS_B, TRANS_A>(d, desc_a, desc_b, acc): d (64 x N per warpgroup, N/2 per
-// thread) = (acc ? d : 0) + A B, A (M-major when TRANS_A) and B from shared memory; rs: A from registers (4 x b32 per thread, the m16n8k16 A layout per warp).
+// thread) = (acc ? d : 0) + A B, A (M-major when TRANS_A) and B from shared memory; ss0: d = A B
+// with d written only (not read: registers that other code wrote before stay out of the product's
+// inputs); rs: A from registers (4 x b32 per thread, the m16n8k16 A layout per warp).
 template <class T> struct Wgmma;
 template <> struct Wgmma<bf16> {
   template <int N, int TB, int TA = 0> __device__ static void ss(float* d, uint64_t a, uint64_t b, int acc) {
     if constexpr (N == 32) mma_ss_bf16_n32<TB, TA>(d, a, b, acc);
     else if constexpr (N == 64) mma_ss_bf16_n64<TB, TA>(d, a, b, acc);
     else mma_ss_bf16_n128<TB, TA>(d, a, b, acc);
+  }
+  template <int N, int TB, int TA = 0> __device__ static void ss0(float* d, uint64_t a, uint64_t b) {
+    if constexpr (N == 32) mma_ss0_bf16_n32<TB, TA>(d, a, b);
+    else if constexpr (N == 64) mma_ss0_bf16_n64<TB, TA>(d, a, b);
+    else mma_ss0_bf16_n128<TB, TA>(d, a, b);
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
     if constexpr (N == 32) mma_rs_bf16_n32<TB>(d, a, b, acc);
@@ -143,6 +150,11 @@ template <> struct Wgmma<f16> {
     if constexpr (N == 32) mma_ss_f16_n32<TB, TA>(d, a, b, acc);
     else if constexpr (N == 64) mma_ss_f16_n64<TB, TA>(d, a, b, acc);
     else mma_ss_f16_n128<TB, TA>(d, a, b, acc);
+  }
+  template <int N, int TB, int TA = 0> __device__ static void ss0(float* d, uint64_t a, uint64_t b) {
+    if constexpr (N == 32) mma_ss0_f16_n32<TB, TA>(d, a, b);
+    else if constexpr (N == 64) mma_ss0_f16_n64<TB, TA>(d, a, b);
+    else mma_ss0_f16_n128<TB, TA>(d, a, b);
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
     if constexpr (N == 32) mma_rs_f16_n32<TB>(d, a, b, acc);

@@ -2,7 +2,8 @@
 """Writes cuda/wgmma_ops.inc: the wgmma.mma_async wrappers of cuda/wgmma.cuh.
 
 One wrapper per (N, A source, dtype): N in {32, 64, 128} accumulator columns, A from shared memory
-(descriptor, "ss") or from registers ("rs"), bf16 or f16 inputs, fp32 accumulators. The operand
+(descriptor, "ss"; "ss0": d = A B, accumulators written only) or from registers ("rs"), bf16 or
+f16 inputs, fp32 accumulators. The operand
 lists are long (N/2 accumulators), so they are generated rather than typed.
 Run: python3 scripts/gen_wgmma.py > cuda/wgmma_ops.inc
 """
@@ -15,8 +16,8 @@ def acc_list(n):
     return ", ".join(f"%{i}" for i in range(n // 2))
 
 
-def acc_operands(n):
-    return ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
+def acc_operands(n, c="+f"):
+    return ", ".join(f'"{c}"(d[{i}])' for i in range(n // 2))
 
 
 def main():
@@ -34,6 +35,18 @@ def main():
             out.append(f'      "{{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, %{k + 4}, %{k + 3};\\n}}\\n"')
             out.append(f"      : {acc_operands(n)}")
             out.append('      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B), "n"(TRANS_A));')
+            out.append("}")
+            # The same with d = A B (scale-d 0): the accumulators are outputs only, so registers that
+            # other instructions wrote before (a loop-carried accumulator) are not read by it.
+            out.append(f"template <int TRANS_B, int TRANS_A = 0> __device__ __forceinline__ void mma_ss0_{tag}_n{n}(")
+            out.append(f"    float* d, uint64_t desc_a, uint64_t desc_b) {{")
+            out.append('  asm volatile(')
+            out.append('      "{\\n.reg .pred p;\\n"')
+            out.append(f'      "setp.ne.b32 p, %{k + 2}, 0;\\n"')
+            out.append(f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "')
+            out.append(f'      "{{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, %{k + 4}, %{k + 3};\\n}}\\n"')
+            out.append(f"      : {acc_operands(n, '=f')}")
+            out.append('      : "l"(desc_a), "l"(desc_b), "r"(0), "n"(TRANS_B), "n"(TRANS_A));')
             out.append("}")
             # A from registers (4 x .b32 holding 8 elements): imm-scale-a/b = 1.
             out.append(f"template <int TRANS_B> __device__ __forceinline__ void mma_rs_{tag}_n{n}(")
