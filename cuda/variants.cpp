@@ -15,6 +15,12 @@ std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
   std::vector<VariantInfo> t;
+  t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ws.cuh",
+               "v4's one-pass backward with P^T and dS^T read from shared memory and, at d = 64, the next "
+               "tile's products issued before a tile's dQ block leaves",
+               {Pass::Backward}, tc, {64, 128}, 128, 31,
+               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
   t.push_back({Variant::V4, "v4", "v4_fwd.cu, v4_bwd.cu, tile_scheduler.cuh, tma.cuh, tma.cu, softmax.cuh",
                "v3's math warp-specialized: a TMA producer warp, an mbarrier ring, setmaxnreg consumers; "
                "persistent forward; one-pass backward with atomic dQ sums",
@@ -145,6 +151,8 @@ bool supports(const VariantInfo& v, const Call& c, int cc, std::string* why) {
       return no(std::string(" needs N_q, N_k") + (blk ? ", q_pos.n, k_pos.n" : "") + " < 2^" +
                 std::to_string(v.len_log2));
   }
+  if (c.deterministic && v.determinism == Determinism::Never && (c.pass == Pass::Backward || c.pass == Pass::BackwardBlock))
+    return no(" has no deterministic mode (dQ's partial sums are added in a varying order)");
   if (c.pass == Pass::BackwardBlock && c.k_indexed && c.deterministic && !v.deterministic_indexed_keys)
     return no("'s deterministic backward_block needs contiguous key positions");
   if (v.aligned_views)
@@ -171,7 +179,7 @@ Variant choose_variant(const Call& c, int cc, Variant requested, std::string* pa
       if (passed_over) *passed_over = skipped;
       return v.id;
     }
-    skipped += (skipped.empty() ? "" : "; ") + why;
+    if (has(v.passes, c.pass)) skipped += (skipped.empty() ? "" : "; ") + why;  // rows without the entry point: no candidates
   }
   fail("variant (auto): no variant runs this ", to_string(c.pass), ": ", skipped);
 }
@@ -202,7 +210,10 @@ std::string capability_table() {
     const std::string indexed = has(v.passes, Pass::BackwardBlock) && !v.deterministic_indexed_keys
                                     ? "yes; `backward_block`'s keys: not with `deterministic`"
                                     : "yes";
-    const std::string det = !bwd ? "-" : v.determinism == Determinism::Always ? "always" : "with `deterministic`";
+    const std::string det = !bwd                                     ? "-"
+                            : v.determinism == Determinism::Always    ? "always"
+                            : v.determinism == Determinism::OnRequest ? "with `deterministic`"
+                                                                      : "never";
     const std::string dev = v.cc ? "compute capability " + cc_string(v.cc) + " (" + v.arch + ")" : "any";
     std::string views = v.aligned_views ? "16-byte aligned, unit d-stride, other strides multiples of 8" : "any strides";
     if (v.may_decline) views += "; the copy engine must describe them (else auto runs the next row)";

@@ -18,7 +18,7 @@ namespace burstlab::cuda {
 
 // A variant's number; numbers are never reused. Auto: the first in preference order that
 // supports the call.
-enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4 };
+enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4, V5 = 5 };
 
 // The entry points of cuda.hpp a variant may implement.
 enum class Pass { Forward, ForwardBlock, Backward, BackwardBlock };
@@ -45,8 +45,9 @@ struct Call {
   std::vector<ViewDesc> views;                // every view the kernels read or write
 };
 
-// A backward that is bitwise repeatable always, or when Options::deterministic asks for it.
-enum class Determinism { Always, OnRequest };
+// A backward that is bitwise repeatable always, when Options::deterministic asks for it, or never
+// (a call with Options::deterministic is not one it supports: auto runs the next row).
+enum class Determinism { Always, OnRequest, Never };
 
 struct VariantInfo {
   Variant id;
@@ -78,7 +79,7 @@ std::vector<const VariantInfo*> variants_by_number();
 
 std::string to_string(Variant v);             // "auto", "v1", ...
 Variant parse_variant(const std::string& s);  // "auto", "v4" or "4"; throws Error naming "variant"
-std::string variant_names();                  // "auto, v1, v2, v3, v4"
+std::string variant_names();                  // "auto, v1, v2, v3, v4, v5"
 
 // The tensor-core variants' rule for one view: nullptr when it holds, else what is missing
 // ("16-byte aligned data", "unit stride along d", "strides that are multiples of 8 elements").
@@ -92,7 +93,7 @@ bool supports(const VariantInfo& v, const Call& c, int cc, std::string* why = nu
 
 // The variant that runs c: `requested` when it supports c (else Error "variant (v3) cannot run
 // this backward: ..."); for Auto the first row that supports c, and in *passed_over why each row
-// before it did not ("v4 needs ...; v3 needs ...", empty when the first row runs it).
+// before it that has c's entry point did not ("v4 needs ...; v3 needs ...", empty when the first row runs it).
 Variant choose_variant(const Call& c, int cc, Variant requested, std::string* passed_over = nullptr);
 // What to launch, in order, until a launcher accepts: {requested} (checked as choose_variant
 // does), or for Auto every supporting row in preference order (rows after the first are run

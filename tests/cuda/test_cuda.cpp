@@ -321,7 +321,9 @@ TEST_P(CudaBackward, MatchesOracle) {
   REQUIRE_GPU();
   const FwdCase& c = GetParam();
   REQUIRE_VARIANT(c.variant);
-  const bool det = c.seed % 3 == 0;
+  // Deterministic where the variant has the mode (v5 has none).
+  const bool det = c.seed % 3 == 0 && (c.variant == bc::Variant::Auto ||
+                                       bc::variant_info(c.variant).determinism != bc::Determinism::Never);
   if (c.dtype == "f64") run_bwd_case<double>(c, det);
   else if (c.dtype == "f32") run_bwd_case<float>(c, det);
   else if (c.dtype == "bf16") run_bwd_case<bc::bf16>(c, det);
@@ -333,10 +335,10 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
 TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
   run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
-  // Every variant with a backward by name, where this GPU runs it.
+  // Every variant with a deterministic backward by name, where this GPU runs it.
   const Shape sh{2, 4, 2, 300, 257, 128};
   for (const bc::VariantInfo* v : bc::variants_by_number())
-    if (table_runs(v->id, bc::Pass::Backward, "bf16", sh, "causal") && bc::variant_available(v->id))
+    if (table_runs(v->id, bc::Pass::Backward, "bf16", sh, "causal", false, false, true) && bc::variant_available(v->id))
       run_bwd_case<bc::bf16>({"bf16", v->id, sh, "causal", Layout::BSHD, Values::Normal, 902 + 100 * uint64_t(v->id)}, true);
   run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);

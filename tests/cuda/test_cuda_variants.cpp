@@ -125,6 +125,18 @@ TEST(CudaVariantTable, TheRowsOfV1ToV4) {
   EXPECT_TRUE(runs_on(variant_info(Variant::V2), kNoGpu));
 }
 
+// v5: the whole backward only, first in preference order, never deterministic.
+TEST(CudaVariantTable, TheRowOfV5) {
+  const VariantInfo& v5 = variant_info(Variant::V5);
+  EXPECT_EQ(&variants().front(), &v5);
+  EXPECT_EQ(v5.passes, std::vector<Pass>{Pass::Backward});
+  EXPECT_EQ(v5.determinism, Determinism::Never);
+  EXPECT_TRUE(v5.may_decline);
+  EXPECT_EQ(v5.cc, 90);
+  EXPECT_EQ(parse_variant("v5"), Variant::V5);
+  EXPECT_EQ(parse_variant("5"), Variant::V5);
+}
+
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
   const Dtype bf = Dtype::BF16, h = Dtype::F16;
   // Forward: v4 on 9.0, v3 there for block-sparse masks; v2 elsewhere; v1 for the rest.
@@ -161,9 +173,17 @@ TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
     EXPECT_EQ(choose_variant(make_call(p, bf, 64), kHopper, Variant::Auto, &none), Variant::V4);
     EXPECT_EQ(none, "");
   }
-  // Backward: v4 on 9.0 (block masks included), else v2, else v1; v3 only by name (or after v4 declines).
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V4);
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V4);
+  // Backward: v5 on 9.0 (block masks included), v4 there when deterministic, else v2, else v1; v3
+  // only by name (or after v4 declines).
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V5);
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V5);
+  {
+    Call det = make_call(Pass::Backward, bf, 128);
+    det.deterministic = true;
+    std::string why;
+    EXPECT_EQ(choose_variant(det, kHopper, Variant::Auto, &why), Variant::V4);
+    EXPECT_NE(why.find("v5 has no deterministic mode"), std::string::npos) << why;
+  }
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kAmpere, Variant::Auto), Variant::V2);
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kNoGpu, Variant::Auto), Variant::V2);
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, Dtype::F32, 64), kHopper, Variant::Auto), Variant::V1);
@@ -212,6 +232,12 @@ TEST(CudaVariantDispatch, ExplicitVariantsRunOrThrowNamingThemselves) {
   Call bb = make_call(Pass::BackwardBlock, bf, 64);
   bb.k_indexed = bb.deterministic = true;
   expect_throw(bb, kHopper, Variant::V4, "variant (v4) cannot run this backward_block", "contiguous key positions");
+  Call det = make_call(Pass::Backward, bf, 64);
+  det.deterministic = true;
+  expect_throw(det, kHopper, Variant::V5, "variant (v5) cannot run this backward", "no deterministic mode");
+  expect_throw(make_call(Pass::Forward, bf, 64), kHopper, Variant::V5, "variant (v5) cannot run this forward",
+               "has no forward");
+  expect_throw(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::V5, "variant (v5)", "has no backward_block");
 }
 
 TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
@@ -222,7 +248,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
+            (VV{Variant::V5, Variant::V4, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
   EXPECT_EQ(launch_order(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V1}));  // v4 declining runs v1
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kAmpere, Variant::Auto), (VV{Variant::V2, Variant::V1}));
@@ -231,7 +257,8 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, Dtype::F32, 64), kHopper, Variant::Auto), (VV{Variant::V1}));
 }
 
-// The dispatch rules as api.cu wrote them out before the table, one branch per entry point.
+// The dispatch rules as api.cu wrote them out before the table, one branch per entry point (and
+// v5 for the backward since).
 Variant rules_by_hand(const Call& c, int cc) {
   const bool tc = c.dtype == Dtype::BF16 || c.dtype == Dtype::F16;
   const int64_t lim = int64_t(1) << 31;
@@ -242,7 +269,8 @@ Variant rules_by_hand(const Call& c, int cc) {
     case Pass::Forward:
     case Pass::ForwardBlock:
       return ok && hopper && !c.block_sparse ? Variant::V4 : ok && hopper ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
-    case Pass::Backward: return ok && hopper ? Variant::V4 : ok ? Variant::V2 : Variant::V1;
+    case Pass::Backward:
+      return ok && hopper ? (c.deterministic ? Variant::V4 : Variant::V5) : ok ? Variant::V2 : Variant::V1;
     case Pass::BackwardBlock:
       return ok && c.n_q < lim && c.n_k < lim && !(c.k_indexed && c.deterministic) && hopper ? Variant::V4
                                                                                              : Variant::V1;
