@@ -1,6 +1,5 @@
 // cuda/v5_bwd.cu — variant 5: the backward (spec §5, eq. 5.1-5.7; §5.3) in one pass, as v4's
-// one-pass mode (the same CTA, producer, row facts and dQ scratch: bwd_ws.cuh), with the
-// tensor cores kept busy while each tile's dQ block leaves:
+// one-pass mode (the same CTA, producer, row facts and dQ scratch: bwd_ws.cuh), with two ideas:
 //   - P^T and dS^T go to shared memory (dS^T already does, for dQ_part = dS K), and
 //     dV += P^T dO (5.3) and dK += dS^T Q (5.7) read them there (both operands in shared
 //     memory) instead of from registers: the 32 registers of their A fragments are free once
@@ -9,15 +8,17 @@
 //     this tile's dQ_part block is written out: the block's stores, its barriers and its bulk
 //     atomic add run while the tensor cores compute the next products.
 // The second needs the registers the first frees and more: at d = 128 dV, dK and dQ_part's
-// accumulators leave too few (ptxas serializes every product), so it runs at d = 64 only. Each
-// idea on its own is a configuration (BURSTLAB_V5_CFG, bf16, benchmark only): 0 both where they
-// fit (the default), 1 the next products early (d = 64) with P^T and dS^T from registers (v4's
-// products), 2 shared-memory operands alone, 3 neither (v4's one-pass order in this kernel).
+// accumulators leave too few (ptxas serializes every product), so it exists at d = 64 only, where
+// it was measured slower (docs/performance-gpu.md): the default runs the first idea alone. Each
+// configuration is a knob (BURSTLAB_V5_CFG, bf16, benchmark only): 0 shared-memory operands (the
+// default), 1 both ideas (d = 64; d = 128: as 0), 2 the next products early with P^T and dS^T
+// from registers (d = 64; d = 128: as 3), 3 neither (v4's one-pass order in this kernel).
 // CTA = (b, kv-head, 128 keys); per visited (q-head, 64-row query tile), in order:
 //   wait S^T, dP^T; P^T = 2^(S^T c - LSE) (5.2) and dS^T = P^T (dP^T - D) (5.5) in registers,
 //   rounded to T into shared memory; barrier 1 (both warpgroups' dS^T); dV, dK (5.3, 5.7) and
-//   dQ_part = dS K over the CTA's 128 keys (5.6; half of d per warpgroup) issued; the next
-//   tile's S^T, dP^T issued; wait for dV, dK, dQ_part; the stage released; dQ_part to dq_acc.
+//   dQ_part = dS K over the CTA's 128 keys (5.6; half of d per warpgroup) issued; wait for dV,
+//   dK (the stage released), then dQ_part; dQ_part to dq_acc; the next tile's S^T, dP^T issued
+//   (knobs 1, 2: before the wait for dV, dK and dQ_part).
 // dQ's sums arrive in a varying order: not bitwise repeatable, so v5 has no deterministic mode
 // (auto runs v4's two passes then). Whole backward only (backward_block runs v4).
 // Limits: v4's (bf16/fp16, d in {64, 128}, views the copy engine can describe, compute
@@ -263,6 +264,7 @@ bool launch_bwd(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const cha
   constexpr bool bf = std::is_same<T, bf16>::value;
   // The next products early need 64 more live registers than dV, dK and dQ_part's accumulators
   // leave at d = 128 (ptxas then serializes every product and spills ~660 bytes): d = 64 only.
+  // Measured slower there (docs/performance-gpu.md): a knob, not the default.
   constexpr bool kPipe = D == 64;
   CUtensorMap m[4];  // K, V: boxes of 128 keys; Q, dO: 64 query rows
   if (!tma::encode_4d(&m[0], a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
@@ -275,13 +277,13 @@ bool launch_bwd(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const cha
   int cfg = 0;
   if constexpr (bf) cfg = block ? 0 : v5_cfg();  // tuning: bf16 only
   if constexpr (bf) {
-    if (cfg == 1) launch_v5<T, D, false, false, kPipe>(m, a, dq_acc, s);
-    if (cfg == 2) launch_v5<T, D, false, true, false>(m, a, dq_acc, s);
+    if (cfg == 1) launch_v5<T, D, false, true, kPipe>(m, a, dq_acc, s);
+    if (cfg == 2) launch_v5<T, D, false, false, kPipe>(m, a, dq_acc, s);
     if (cfg == 3) launch_v5<T, D, false, false, false>(m, a, dq_acc, s);
   }
   if (cfg < 1 || cfg > 3) {
-    if (block) launch_v5<T, D, true, true, kPipe>(m, a, dq_acc, s);
-    else launch_v5<T, D, false, true, kPipe>(m, a, dq_acc, s);
+    if (block) launch_v5<T, D, true, true, false>(m, a, dq_acc, s);
+    else launch_v5<T, D, false, true, false>(m, a, dq_acc, s);
   }
   launch_dq_convert<T, T, D>(a, dq_acc, s);
   return true;
