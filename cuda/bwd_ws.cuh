@@ -29,6 +29,7 @@ constexpr int kThreads = 128 * (kWgs + 1);
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 64 * kWgs;         // dQ: query rows per CTA; dK/dV: keys per CTA
 constexpr int kStages = 2;
+constexpr int kBQ = 64;  // the one-pass kernels' query rows per tile: one wgmma M of a dQ_part block
 constexpr int kRegP = 40, kRegC = 232;   // setmaxnreg budgets: 128 P + 256 C <= 65536
 
 // The first 1024-byte boundary at or after p, by an offset from p: the result stays a pointer into
@@ -111,6 +112,17 @@ void launch_dq_convert(const BwdArgs<T, G>& a, const float* dq_acc, cudaStream_t
   const int64_t blocks = a.B * a.Hq * ((a.nq + 63) / 64);
   dq_convert<T, G, D><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a, dq_acc);
   BURSTLAB_CUDA_LAUNCH_CHECK("dq_convert");
+}
+
+// The one-pass kernels' tensor maps: K, V in boxes of 128 keys (kRows), Q, dO in boxes of kBQ
+// query rows. False with *why when the copy engine cannot describe a view (nothing launched).
+template <class T, class G>
+bool one_pass_maps(const BwdArgs<T, G>& a, CUtensorMap (&m)[4], const char** why) {
+  constexpr bool bf = std::is_same<T, bf16>::value;
+  return tma::encode_4d(&m[0], a.K.data, a.K.dim, a.K.stride, bf, kRows, why) &&
+         tma::encode_4d(&m[1], a.V.data, a.V.dim, a.V.stride, bf, kRows, why) &&
+         tma::encode_4d(&m[2], a.Q.data, a.Q.dim, a.Q.stride, bf, kBQ, why) &&
+         tma::encode_4d(&m[3], a.dO.data, a.dO.dim, a.dO.stride, bf, kBQ, why);
 }
 
 template <int S>
@@ -297,6 +309,26 @@ __device__ __forceinline__ void store_a_tile(T* tile, const uint32_t (&x)[BQ / 1
       const int r = krow + g + 8 * (j & 1), c = 16 * kk + 8 * (j >> 1) + 2 * t4;
       *reinterpret_cast<uint32_t*>(tile + v3::sw128<kRows>(r, c >> 3) + (c & 7)) = x[kk][j];
     }
+}
+
+// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x kBQ rows), issued and
+// committed, not waited for.
+template <class T, int D>
+__device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ / 2], uint64_t dKd0, uint64_t dVd0,
+                                          const T* cQ, const T* cO) {
+  const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
+  const uint64_t dQb = v3::opaque(v3::desc_k_base<kBQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<kBQ>(cO, 0));
+  v3::fence();
+  // The first k16 step writes s and dp without reading them (ss0): they hold the last tile's P^T
+  // and dS^T, and a product that read them would wait for those instructions (ptxas C7515).
+  v3::Wgmma<T>::template ss0<kBQ, 0>(s, dKd, dQb);
+  v3::Wgmma<T>::template ss0<kBQ, 0>(dp, dVd, dOb);
+#pragma unroll
+  for (int kk = 1; kk < D / 16; ++kk) {
+    v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
+    v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
+  }
+  v3::commit();
 }
 
 // dQ_part (64 query rows x d/2 columns of warpgroup wg, fragment order) to its shared-memory block

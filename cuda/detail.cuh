@@ -108,6 +108,9 @@ size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d);
 // shared memory and the next tile's products issued before a tile's dQ block leaves; whole
 // backward only, no deterministic mode; false with *why (nothing launched) as v4.
 template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
+// v6's backward: v5 at d = 64 with the consumer warpgroups taking turns at the tensor cores (dQ_part
+// one tile late through a ring of dS^T slots); as v5 otherwise.
+template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 
 // A tuning knob's value: the integer in environment variable `name`, 0 when unset (read once
 // by each caller into a static; benchmark and tests only, cuda/README.md).

@@ -70,9 +70,13 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads (whole warps).
+// Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads (whole warps): bar_sync waits
+// until n threads have arrived or synced on it; bar_arrive counts the caller and goes on.
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 // ---- warpgroup register budgets (setmaxnreg, sm_90a): the producer gives registers back, the

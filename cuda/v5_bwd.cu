@@ -34,8 +34,6 @@ namespace {
 
 using namespace bwd_ws;
 
-constexpr int kBQ = 64;  // query rows per tile: one wgmma M of the dQ_part block
-
 template <int D, bool SS>
 constexpr size_t v5_smem(size_t elem) {
   return size_t(2 * kRows + 2 * kStages * kBQ) * D * elem  // K, V; the ring's Q, dO
@@ -43,26 +41,6 @@ constexpr size_t v5_smem(size_t elem) {
          + (SS ? kRows * kBQ * elem : 0)                   // P^T
          + 2 * 32 * D * sizeof(float)                      // 2 x dQ_part block
          + kStages * sizeof(RowStats<kBQ>) + 1024;
-}
-
-// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x 64 rows), issued and
-// committed, not waited for.
-template <class T, int D>
-__device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ / 2], uint64_t dKd0, uint64_t dVd0,
-                                          const T* cQ, const T* cO) {
-  const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
-  const uint64_t dQb = v3::opaque(v3::desc_k_base<kBQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<kBQ>(cO, 0));
-  v3::fence();
-  // The first k16 step writes s and dp without reading them (ss0): they hold the last tile's P^T
-  // and dS^T, and a product that read them would wait for those instructions (ptxas C7515).
-  v3::Wgmma<T>::template ss0<kBQ, 0>(s, dKd, dQb);
-  v3::Wgmma<T>::template ss0<kBQ, 0>(dp, dVd, dOb);
-#pragma unroll
-  for (int kk = 1; kk < D / 16; ++kk) {
-    v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
-    v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
-  }
-  v3::commit();
 }
 
 // One tile's math after its S^T and dP^T are waited for: P^T (5.2) and dS^T (5.5) from them,
@@ -266,12 +244,8 @@ bool launch_bwd(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const cha
   // leave at d = 128 (ptxas then serializes every product and spills ~660 bytes): d = 64 only.
   // Measured slower there (docs/performance-gpu.md): a knob, not the default.
   constexpr bool kPipe = D == 64;
-  CUtensorMap m[4];  // K, V: boxes of 128 keys; Q, dO: 64 query rows
-  if (!tma::encode_4d(&m[0], a.K.data, a.K.dim, a.K.stride, bf, kRows, why) ||
-      !tma::encode_4d(&m[1], a.V.data, a.V.dim, a.V.stride, bf, kRows, why) ||
-      !tma::encode_4d(&m[2], a.Q.data, a.Q.dim, a.Q.stride, bf, kBQ, why) ||
-      !tma::encode_4d(&m[3], a.dO.data, a.dO.dim, a.dO.stride, bf, kBQ, why))
-    return false;
+  CUtensorMap m[4];
+  if (!one_pass_maps(a, m, why)) return false;
   BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
   const bool block = a.mask.block != nullptr;
   int cfg = 0;

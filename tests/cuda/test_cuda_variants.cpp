@@ -125,10 +125,16 @@ TEST(CudaVariantTable, TheRowsOfV1ToV4) {
   EXPECT_TRUE(runs_on(variant_info(Variant::V2), kNoGpu));
 }
 
-// v5: the whole backward only, first in preference order, never deterministic.
-TEST(CudaVariantTable, TheRowOfV5) {
+// v5 and v6: the whole backward only, never deterministic; v5 first in preference order, v6
+// (d = 64, slower) after v4.
+TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   const VariantInfo& v5 = variant_info(Variant::V5);
-  EXPECT_EQ(&variants().front(), &v5);
+  const VariantInfo& v6 = variant_info(Variant::V6);
+  EXPECT_EQ(&variants()[0], &v5);
+  EXPECT_EQ(&variants()[2], &v6);
+  EXPECT_EQ(v6.d_values, std::vector<int64_t>{64});
+  EXPECT_EQ(v6.passes, std::vector<Pass>{Pass::Backward});
+  EXPECT_EQ(v6.determinism, Determinism::Never);
   EXPECT_EQ(v5.passes, std::vector<Pass>{Pass::Backward});
   EXPECT_EQ(v5.determinism, Determinism::Never);
   EXPECT_TRUE(v5.may_decline);
@@ -174,8 +180,9 @@ TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
     EXPECT_EQ(none, "");
   }
   // Backward: v5 on 9.0 (block masks included), v4 there when deterministic, else v2, else v1; v3
-  // only by name (or after v4 declines).
+  // and v6 only by name (or after v4 declines).
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V5);
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto), Variant::V5);
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V5);
   {
     Call det = make_call(Pass::Backward, bf, 128);
@@ -238,6 +245,8 @@ TEST(CudaVariantDispatch, ExplicitVariantsRunOrThrowNamingThemselves) {
   expect_throw(make_call(Pass::Forward, bf, 64), kHopper, Variant::V5, "variant (v5) cannot run this forward",
                "has no forward");
   expect_throw(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::V5, "variant (v5)", "has no backward_block");
+  expect_throw(make_call(Pass::Backward, bf, 128), kHopper, Variant::V6, "variant (v6) cannot run this backward",
+               "d in {64}");
 }
 
 TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
@@ -248,7 +257,9 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V5, Variant::V4, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
+            (VV{Variant::V5, Variant::V4, Variant::V6, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
+  EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto),
+            (VV{Variant::V5, Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V1}));  // v4 declining runs v1
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kAmpere, Variant::Auto), (VV{Variant::V2, Variant::V1}));
