@@ -17,7 +17,7 @@
 //   dQ_part of n - 1 (after dsFull of the other half), S^T, dP^T of n + 1 [pass the turn]; wait for
 //   all but the last two; release stage n and slot (n - 1) % 2; dQ_part's block to dq_acc; wait for
 //   the rest (nothing in flight across the loop's back edge: ptxas would serialize every product).
-// Measured slower than v5 (0.90-0.97x on H200, docs/performance-gpu.md); the likely reason, not
+// Measured slower than v5 (0.90-0.98x on H200, docs/performance-gpu.md); the likely reason, not
 // measured apart: at d = 64 a tile's P^T and dS^T take longer than its products, so the other's
 // batch ends before them and the tensor cores wait anyway, while the two warpgroups no longer
 // compute P^T and dS^T at the same time. Run by name only (the table puts it after v4).
