@@ -95,14 +95,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (list_variants) {
-    std::printf("# name forward backward dtypes block-sparse-forward role\n");
+    std::printf("# name forward backward dtypes block-sparse-forward d role\n");
     for (const bc::VariantInfo* v : bc::variants_by_number()) {
       const auto has = [v](bc::Pass p) { return std::find(v->passes.begin(), v->passes.end(), p) != v->passes.end(); };
-      std::string dts;
+      std::string dts, dvs;
       for (Dtype t : v->dtypes) dts += (dts.empty() ? "" : ",") + to_string(t);
-      std::printf("%s %s %s %s %s %s\n", v->name, has(bc::Pass::Forward) ? v->name : "auto",
+      for (int64_t x : v->d_values) dvs += (dvs.empty() ? "" : ",") + std::to_string(x);
+      std::printf("%s %s %s %s %s %s %s\n", v->name, has(bc::Pass::Forward) ? v->name : "auto",
                   has(bc::Pass::Backward) ? v->name : "auto", dts.c_str(), v->block_sparse_forward ? "yes" : "no",
-                  v == &bc::variants().back() ? "fallback" : "-");
+                  dvs.empty() ? "any" : dvs.c_str(), v == &bc::variants().back() ? "fallback" : "-");
     }
     return 0;
   }
