@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -62,9 +63,15 @@ Problem problem_of(const Dev4& q, const Dev4& k, const std::string& mask_json, s
   return p;
 }
 
-cuda::Options options_of(uintptr_t stream, const std::string& variant, bool deterministic = false) {
+// A variant without the pass (v5, v6: backward only) leaves that pass to auto, as `burstlab run
+// --impl cuda-vN` does.
+cuda::Options options_of(uintptr_t stream, const std::string& variant, cuda::Pass pass, bool deterministic = false) {
   cuda::Options o;
   o.variant = cuda::parse_variant(variant);
+  if (o.variant != cuda::Variant::Auto) {
+    const auto& passes = cuda::variant_info(o.variant).passes;
+    if (std::find(passes.begin(), passes.end(), pass) == passes.end()) o.variant = cuda::Variant::Auto;
+  }
   o.deterministic = deterministic;
   o.stream = reinterpret_cast<cudaStream_t>(stream);
   return o;
@@ -126,7 +133,7 @@ PYBIND11_MODULE(_cuda, m) {
                       const Dev3& lse, const std::string& mask_json, std::optional<double> scale, uintptr_t stream,
                       const std::string& variant) {
     const Problem p = problem_of(q, k, mask_json, scale);
-    const cuda::Options opt = options_of(stream, variant);
+    const cuda::Options opt = options_of(stream, variant, cuda::Pass::Forward);
     py::gil_scoped_release unlocked;
     by_dtype(dtype, [&](auto t) { forward_t<decltype(t)>(p, q, k, v, o, lse, opt); });
   }, "O (B, H_q, N_q, d), LSE (B, H_q, N_q) <- Q, K, V (eq. 4.1-4.4), asynchronous on `stream`");
@@ -135,7 +142,7 @@ PYBIND11_MODULE(_cuda, m) {
                        const std::string& mask_json, std::optional<double> scale, uintptr_t stream,
                        const std::string& variant, bool deterministic) {
     const Problem p = problem_of(q, k, mask_json, scale);
-    const cuda::Options opt = options_of(stream, variant, deterministic);
+    const cuda::Options opt = options_of(stream, variant, cuda::Pass::Backward, deterministic);
     py::gil_scoped_release unlocked;
     by_dtype(dtype, [&](auto t) { backward_t<decltype(t)>(p, q, k, v, o, dO, lse, dq, dk, dv, opt); });
   }, "dQ, dK, dV <- Q, K, V, O, dO, LSE (eq. 5.1-5.7; O, LSE from this layer's forward), on `stream`;\n"
