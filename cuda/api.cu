@@ -269,13 +269,11 @@ template <class T>
 bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, const char** why) {
   if constexpr (kTensorCore<T>) {
     switch (v) {
+      case Variant::V5:
       case Variant::V6: {
         StreamScratch<float> dq_acc(detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d), opt.stream);
-        return detail::v6_backward<T>(a, dq_acc.data(), opt.stream, why);
-      }
-      case Variant::V5: {
-        StreamScratch<float> dq_acc(detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d), opt.stream);
-        return detail::v5_backward<T>(a, dq_acc.data(), opt.stream, why);
+        return v == Variant::V5 ? detail::v5_backward<T>(a, dq_acc.data(), opt.stream, why)
+                                : detail::v6_backward<T>(a, dq_acc.data(), opt.stream, why);
       }
       case Variant::V4: {
         StreamScratch<float> dq_acc(opt.deterministic ? 0 : detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d),

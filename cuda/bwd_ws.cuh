@@ -319,8 +319,9 @@ __device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ /
   const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
   const uint64_t dQb = v3::opaque(v3::desc_k_base<kBQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<kBQ>(cO, 0));
   v3::fence();
-  // The first k16 step writes s and dp without reading them (ss0): they hold the last tile's P^T
-  // and dS^T, and a product that read them would wait for those instructions (ptxas C7515).
+  // The first k16 step writes s and dp without reading them (ss0): where they are carried across
+  // tiles (v6) they hold the last tile's P^T and dS^T, and a product that read them would wait for
+  // those instructions (ptxas C7515).
   v3::Wgmma<T>::template ss0<kBQ, 0>(s, dKd, dQb);
   v3::Wgmma<T>::template ss0<kBQ, 0>(dp, dVd, dOb);
 #pragma unroll
@@ -328,6 +329,65 @@ __device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ /
     v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
     v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
   }
+  v3::commit();
+}
+
+// The one-pass kernels' (v5, v6) shared memory, from the first 1024-byte boundary of the dynamic
+// buffer: K and V (kRows, D); the ring's S stages of [Q, dO] (kBQ, D); two dS^T tiles (kRows keys,
+// kBQ) (v5: a double buffer; v6: the ring's slots); P^T (kRows keys, kBQ); two fp32 dQ_part
+// blocks (64, D/2); the S stages' row facts. Tiles are sw128, each 1024-aligned.
+template <class T>
+struct OnePassSmem {
+  T *sK, *sV, *sQO, *sdS, *sP;
+  float* sdQ;
+  RowStats<kBQ>* sR;
+};
+
+template <class T, int D>
+__device__ __forceinline__ OnePassSmem<T> one_pass_smem(unsigned char* raw) {
+  OnePassSmem<T> m;
+  m.sK = reinterpret_cast<T*>(align1024(raw));
+  m.sV = m.sK + kRows * D;
+  m.sQO = m.sV + kRows * D;
+  m.sdS = m.sQO + kStages * 2 * kBQ * D;
+  m.sP = m.sdS + 2 * kRows * kBQ;
+  m.sdQ = reinterpret_cast<float*>(m.sP + kRows * kBQ);
+  m.sR = reinterpret_cast<RowStats<kBQ>*>(m.sdQ + 2 * 32 * D);
+  return m;
+}
+
+template <int D>
+constexpr size_t one_pass_smem_bytes(size_t elem) {
+  return size_t(2 * kRows + 2 * kStages * kBQ) * D * elem + 2 * kRows * kBQ * elem + kRows * kBQ * elem +
+         2 * 32 * D * sizeof(float) + kStages * sizeof(RowStats<kBQ>) + 1024;
+}
+
+// dV += P^T dO (5.3) and dK += dS^T Q (5.7), both A operands from shared memory (descriptors dPa,
+// dSa of my warpgroup's 64 keys of P^T and dS^T), dO and Q transposed (dOt, dQt); issued and
+// committed, not waited for.
+template <class T, int D>
+__device__ __forceinline__ void issue_dvdk_ss(float (&dv)[D / 2], float (&dk)[D / 2], uint64_t dPa, uint64_t dSa,
+                                              uint64_t dOt, uint64_t dQt) {
+  v3::fence();
+#pragma unroll
+  for (int kk = 0; kk < kBQ / 16; ++kk) {
+    v3::Wgmma<T>::template ss<D, 1>(dv, v3::desc_k_step<kRows>(dPa, kk), v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
+    v3::Wgmma<T>::template ss<D, 1>(dk, v3::desc_k_step<kRows>(dSa, kk), v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
+  }
+  v3::commit();
+}
+
+// dQ_part = dS K (5.6): 64 query rows x my d/2 columns over all kRows keys, from the dS^T tile cS
+// (M-major) and my columns kB of K; issued and committed, not waited for. The first k16 step
+// writes dq without reading it (ss0).
+template <class T, int D>
+__device__ __forceinline__ void issue_dq_part(float (&dq)[D / 4], const T* cS, const T* kB) {
+  constexpr int kN = D / 2;
+  const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS)), dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
+  v3::Wgmma<T>::template ss0<kN, 1, 1>(dq, dA, dB);
+#pragma unroll
+  for (int kk = 1; kk < kRows / 16; ++kk)
+    v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), 1);
   v3::commit();
 }
 

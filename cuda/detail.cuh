@@ -105,8 +105,8 @@ template <class T, class G>
 bool v4_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
 size_t v4_dq_acc_floats(int64_t B, int64_t Hq, int64_t nq, int64_t d);
 // v5's backward: v4's one pass (dq_acc of v4_dq_acc_floats elements) with P^T and dS^T read from
-// shared memory and the next tile's products issued before a tile's dQ block leaves; whole
-// backward only, no deterministic mode; false with *why (nothing launched) as v4.
+// shared memory by dV's and dK's products; whole backward only, no deterministic mode; false
+// with *why (nothing launched) as v4.
 template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 // v6's backward: v5 at d = 64 with the consumer warpgroups taking turns at the tensor cores (dQ_part
 // one tile late through a ring of dS^T slots); as v5 otherwise.

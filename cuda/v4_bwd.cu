@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
   const int wg = warp / 4 - 1;
   const DkdvCta cta = dkdv_cta<BQ>(a);
-  const int64_t hk = cta.hk, b = cta.b, j0 = cta.j0, nk = a.nk, group = a.group;
+  const int64_t hk = cta.hk, b = cta.b, j0 = cta.j0, group = a.group;
   const int nqt = cta.nqt;
   if (tid == 0) init_dkdv_bars(bars);
   __syncthreads();
@@ -208,42 +208,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     v3::pin(dk);
     v3::pin(dv);
     v3::two_products<T, D, kRows, BQ>(s, dp, dKd, dQb, dVd, dOb);
-    // P^T (5.2); element (key krow + g + 8 ((e >> 1) & 1), row 8 (e >> 2) + 2 t4 + (e & 1)).
-    // Full tiles (the common case) test nothing.
-    if (full) {
-#pragma unroll
-      for (int e = 0; e < BQ / 2; ++e) s[e] = ex2(fmaf(s[e], sl2, -R.L2[(e >> 2) * 8 + 2 * t4 + (e & 1)]));
-    } else if constexpr (KIDX) {
-      int jg[2];  // my keys' global positions; -1 past nk (never visible)
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int64_t j = j0 + krow + g + 8 * ri;
-        jg[ri] = j < nk ? static_cast<int>(a.kp.index[j]) : -1;
-      }
-#pragma unroll
-      for (int e = 0; e < BQ / 2; ++e) {
-        const int il = (e >> 2) * 8 + 2 * t4 + (e & 1), jk = jg[(e >> 1) & 1];
-        bool vis = (jk >= R.lo[il]) & (jk < R.hi[il]);  // global; empty past nq
-        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], jk);
-        s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < BQ / 2; ++e) {
-        const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
-        const int jl = static_cast<int>(j0) + krow + g + 8 * ((e >> 1) & 1);
-        bool vis = (jl >= R.lo[il]) & (jl < R.hi[il]);  // local; empty past nq; hi <= nk
-        if (BLOCK && vis) vis = block_bit(a.mask, a.qp[i0 + il], a.kp.start + jl);
-        s[e] = vis ? ex2(fmaf(s[e], sl2, -R.L2[il])) : 0.f;
-      }
-    }
+    dkdv_p<T, G, BQ, BLOCK, KIDX>(s, R, full, a, i0, j0, krow, g, t4, sl2);  // P^T (5.2)
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
     v3::pack_a<T, BQ>(pa, s);
-#pragma unroll
-    for (int e = 0; e < BQ / 2; ++e) {
-      const int il = (e >> 2) * 8 + 2 * t4 + (e & 1);
-      dp[e] = s[e] * (dp[e] - R.D[il]);  // dS^T (5.5)
-    }
+    dkdv_ds<BQ>(dp, s, R, t4);  // dS^T (5.5)
     v3::pack_a<T, BQ>(sa, dp);
     T* const cS = sdS + dsb * (kRows * BQ);
     if constexpr (FUSED) {  // dS^T (key rows, query columns) as stored, rounded to T

@@ -41,14 +41,6 @@ struct DsBars {
   uint64_t empty[2];       // slot s read by both warpgroups' dQ_part (256 arrivals)
 };
 
-constexpr size_t v6_smem(size_t elem) {
-  return size_t(2 * kRows + 2 * kStages * kBQ) * kD * elem  // K, V; the ring's Q, dO
-         + 2 * kRows * kBQ * elem                           // 2 slots of dS^T (128 keys, BQ)
-         + kRows * kBQ * elem                               // P^T (128 keys, BQ)
-         + 2 * 32 * kD * sizeof(float)                      // 2 x dQ_part block
-         + kStages * sizeof(RowStats<kBQ>) + 1024;
-}
-
 template <class T, bool BLOCK>
 __global__ void __launch_bounds__(kThreads, 1)
     v6_bwd_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
@@ -57,13 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int S = kStages, BQ = kBQ, D = kD, kN = D / 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(align1024(smem_raw));  // (128, D) sw128
-  T* sV = sK + kRows * D;                              // (128, D)
-  T* sQO = sV + kRows * D;                             // S x [(BQ, D) Q, (BQ, D) dO]
-  T* sdS = sQO + S * 2 * BQ * D;                       // 2 slots x (128 keys, BQ) dS^T, sw128
-  T* sP = sdS + 2 * kRows * BQ;                        // (128 keys, BQ) P^T, sw128
-  float* sdQ = reinterpret_cast<float*>(sP + kRows * BQ);                // 2 x (64, d/2) dQ_part
-  RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + 2 * 32 * D);  // S x facts
+  const OnePassSmem<T> sm = one_pass_smem<T, D>(smem_raw);  // dS^T tiles: the ring's 2 slots
   __shared__ RingBars<S> bars;
   __shared__ DsBars ds;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
@@ -82,7 +68,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (wg < 0) {  // ---------------------------------------------------------------- producer
     tma::regs_dec<kRegP>();
-    dkdv_producer<T, T, D, BQ, S, BLOCK, false>(a, cta, &mK, &mV, &mQ, &mdO, sK, sV, sQO, sR, bars, warp, lane);
+    dkdv_producer<T, T, D, BQ, S, BLOCK, false>(a, cta, &mK, &mV, &mQ, &mdO, sm.sK, sm.sV, sm.sQO, sm.sR, bars, warp,
+                                                lane);
     return;
   }
 
@@ -95,23 +82,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[D / 2], dv[D / 2];  // my 2 keys x D/4 columns (wgmma accumulators)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const uint64_t dKd0 = v3::desc_k_base<kRows>(sK, wg * 64), dVd0 = v3::desc_k_base<kRows>(sV, wg * 64);
-  const T* kB = sK + wg * kN;  // dQ_part's B: my d/2 columns of K (64 bytes into the swizzled rows)
+  const uint64_t dKd0 = v3::desc_k_base<kRows>(sm.sK, wg * 64), dVd0 = v3::desc_k_base<kRows>(sm.sV, wg * 64);
+  const T* kB = sm.sK + wg * kN;  // dQ_part's B: my d/2 columns of K (64 bytes into the swizzled rows)
   // dQ_part of tile m from slot m % 2 (both halves; the caller waited for the other's dsFull), issued.
   auto issue_dq = [&](float (&dq)[kN / 2], int m) {
-    const T* cS = sdS + (m & 1) * (kRows * BQ);
-    const uint64_t dA = v3::opaque(v3::desc_mn_base<kRows>(cS)), dB = v3::opaque(v3::desc_mn_base<kRows>(kB));
-    v3::Wgmma<T>::template ss0<kN, 1, 1>(dq, dA, dB);
-#pragma unroll
-    for (int kk = 1; kk < kRows / 16; ++kk)
-      v3::Wgmma<T>::template ss<kN, 1, 1>(dq, v3::desc_mn_step(dA, kk), v3::desc_mn_step(dB, kk), 1);
-    v3::commit();
+    issue_dq_part<T, D>(dq, sm.sdS + (m & 1) * (kRows * BQ), kB);
   };
   // dQ_part of tile m (its query tile `itm`) leaves: slot m % 2 released, the block added.
   auto finish_dq = [&](float (&dq)[kN / 2], int m, int itm) {
     tma::arrive(&ds.empty[m & 1]);
     const int64_t h = hk * group + itm / nqt, qt = itm % nqt;
-    dq_block_add<D>(dq, sdQ + wg * (kN * 64), dq_acc + dq_acc_index(a, b, h, qt, wg), wg, wtid);
+    dq_block_add<D>(dq, sm.sdQ + wg * (kN * 64), dq_acc + dq_acc_index(a, b, h, qt, wg), wg, wtid);
   };
   // The reads of slot m % 2 by dQ_part of tile m (m >= -1) complete phase read_phase(m) of its
   // dsEmpty: slot 1's first phase is tile -1's discarded product.
@@ -122,15 +103,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   int st = 0, n = 0, it_prev = -1;
   uint32_t ph = 0;
   tma::wait(&bars.full[st], ph);
-  int it = sR[st].it;
+  int it = sm.sR[st].it;
   float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T of tile n (issued in iteration n - 1)
   if (it >= 0) {
-    issue_sdp<T, D>(s, dp, dKd0, dVd0, sQO, sQO + BQ * D);
+    issue_sdp<T, D>(s, dp, dKd0, dVd0, sm.sQO, sm.sQO + BQ * D);
     v3::wait<0>();
   }
   while (it >= 0) {
-    const RowStats<BQ>& R = sR[st];
-    const T* cQ = sQO + st * (2 * BQ * D);
+    const RowStats<BQ>& R = sm.sR[st];
+    const T* cQ = sm.sQO + st * (2 * BQ * D);
     const T* cO = cQ + BQ * D;
     v3::pin(s);
     v3::pin(dp);
@@ -141,20 +122,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     v3::pack_a<T, BQ>(pa, s);
     dkdv_ds<BQ>(dp, s, R, t4);  // dS^T (5.5)
     v3::pack_a<T, BQ>(sa, dp);
-    T* const cS = sdS + (n & 1) * (kRows * BQ);
+    T* const cS = sm.sdS + (n & 1) * (kRows * BQ);
     // Both dQ_part of tile n - 2 read the slot (tile -1: the discarded product of iteration 0).
     if (n >= 1) tma::wait(&ds.empty[n & 1], read_phase(n - 2) & 1);
     store_a_tile<T, BQ>(cS, sa, krow, g, t4);
-    store_a_tile<T, BQ>(sP, pa, krow, g, t4);  // my dV of tile n - 1 has read it (waited for)
+    store_a_tile<T, BQ>(sm.sP, pa, krow, g, t4);  // my dV of tile n - 1 has read it (waited for)
     v3::fence_proxy_async();
     tma::arrive(&ds.full[n & 1][wg]);  // release: my dS^T stores (and the proxy fence) before it
     int st2 = st + 1;
     uint32_t ph2 = ph;
     if (st2 == S) { st2 = 0; ph2 ^= 1; }
     tma::wait(&bars.full[st2], ph2);
-    const int it2 = sR[st2].it;
+    const int it2 = sm.sR[st2].it;
     const uint64_t dOt = v3::opaque(v3::desc_mn_base<BQ>(cO)), dQt = v3::opaque(v3::desc_mn_base<BQ>(cQ));
-    const uint64_t dPa = v3::opaque(v3::desc_k_base<kRows>(sP, wg * 64));
+    const uint64_t dPa = v3::opaque(v3::desc_k_base<kRows>(sm.sP, wg * 64));
     const uint64_t dSa = v3::opaque(v3::desc_k_base<kRows>(cS, wg * 64));
     float dq[kN / 2];  // dQ_part of tile n - 1: 64 query rows x my d/2 columns, over all 128 keys
     // The other half of tile n - 1's dS^T (a spin loop: kept out of the products' straight line,
@@ -162,18 +143,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (n >= 1) tma::wait(&ds.full[(n - 1) & 1][1 - wg], ((n - 1) >> 1) & 1);
     // ---- my turn (also orders my warpgroup's P^T and dS^T stores before its products)
     tma::bar_sync(my_turn, 256);
-    v3::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      v3::Wgmma<T>::template ss<D, 1>(dv, v3::desc_k_step<kRows>(dPa, kk), v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
-      v3::Wgmma<T>::template ss<D, 1>(dk, v3::desc_k_step<kRows>(dSa, kk), v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
-    }
-    v3::commit();
+    issue_dvdk_ss<T, D>(dv, dk, dPa, dSa, dOt, dQt);
     // Unconditional (a product in a branch makes ptxas serialize all of them, C7520): in
     // iteration 0 it reads slot 1 before anything is stored there, and its result is discarded.
     issue_dq(dq, n - 1);
     if (it2 >= 0) {
-      const T* nQ = sQO + st2 * (2 * BQ * D);
+      const T* nQ = sm.sQO + st2 * (2 * BQ * D);
       issue_sdp<T, D>(s, dp, dKd0, dVd0, nQ, nQ + BQ * D);
       tma::bar_arrive(their_turn, 256);  // ---- the other warpgroup's turn
       v3::wait<1>();
@@ -214,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class T, bool BLOCK>
 void launch_v6(const CUtensorMap (&m)[4], const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s) {
   auto k = &v6_bwd_kernel<T, BLOCK>;
-  constexpr size_t smem = v6_smem(sizeof(T));
+  constexpr size_t smem = one_pass_smem_bytes<kD>(sizeof(T));
   allow_smem(reinterpret_cast<const void*>(k), smem);
   const int64_t ctas = (a.nk + kRows - 1) / kRows * a.Hkv * a.B;  // 1-d: see dkdv_cta
   if (ctas > INT_MAX) fail("v6 backward: ", ctas, " CTAs exceed the grid limit");

@@ -17,8 +17,7 @@ std::vector<VariantInfo> make_table() {
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
   std::vector<VariantInfo> t;
   t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ws.cuh",
-               "v4's one-pass backward with P^T and dS^T read from shared memory and, at d = 64, the next "
-               "tile's products issued before a tile's dQ block leaves",
+               "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
@@ -158,7 +157,7 @@ bool supports(const VariantInfo& v, const Call& c, int cc, std::string* why) {
       return no(std::string(" needs N_q, N_k") + (blk ? ", q_pos.n, k_pos.n" : "") + " < 2^" +
                 std::to_string(v.len_log2));
   }
-  if (c.deterministic && v.determinism == Determinism::Never && (c.pass == Pass::Backward || c.pass == Pass::BackwardBlock))
+  if (c.deterministic && v.determinism == Determinism::Never)
     return no(" has no deterministic mode (dQ's partial sums are added in a varying order)");
   if (c.pass == Pass::BackwardBlock && c.k_indexed && c.deterministic && !v.deterministic_indexed_keys)
     return no("'s deterministic backward_block needs contiguous key positions");
@@ -186,7 +185,7 @@ Variant choose_variant(const Call& c, int cc, Variant requested, std::string* pa
       if (passed_over) *passed_over = skipped;
       return v.id;
     }
-    if (has(v.passes, c.pass)) skipped += (skipped.empty() ? "" : "; ") + why;  // rows without the entry point: no candidates
+    if (has(v.passes, c.pass)) skipped += (skipped.empty() ? "" : "; ") + why;  // rows without the pass: not candidates
   }
   fail("variant (auto): no variant runs this ", to_string(c.pass), ": ", skipped);
 }
