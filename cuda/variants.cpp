@@ -21,7 +21,7 @@ std::vector<VariantInfo> make_table() {
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
-  t.push_back({Variant::V4, "v4", "v4_fwd.cu, v4_bwd.cu, tile_scheduler.cuh, tma.cuh, tma.cu, softmax.cuh",
+  t.push_back({Variant::V4, "v4", "v4_fwd.cu, v4_bwd.cu, fwd_ws.cuh, tile_scheduler.cuh, tma.cuh, tma.cu, softmax.cuh",
                "v3's math warp-specialized: a TMA producer warp, an mbarrier ring, setmaxnreg consumers; "
                "persistent forward; one-pass backward with atomic dQ sums",
                all, tc, {64, 128}, 128, 31,
@@ -32,6 +32,11 @@ std::vector<VariantInfo> make_table() {
                "(dQ_part one tile late through a ring of dS^T slots)",
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
+  t.push_back({Variant::V7, "v7", "v7_fwd.cu, fwd_ws.cuh",
+               "v4's persistent forward with each item's last P V overlapping the next item's first softmax",
+               {Pass::Forward, Pass::ForwardBlock}, tc, {64, 128}, 128, 31,
+               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::Always,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
   t.push_back({Variant::V3, "v3", "v3_fwd.cu, v3_bwd.cu, wgmma.cuh, wgmma_ops.inc",
                "Hopper warpgroup MMA (wgmma) with cp.async loads; two-pass backward",
