@@ -79,15 +79,18 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
   uint32_t pa[kBc / 16][4];  // P_{i-1} as wgmma A fragments
   // The pending item: its tiles are done but for the last P V (pa, V of stage pst), and its
-  // epilogue; its rows' final max and sum, batch, head and first row of mine.
+  // epilogue; its batch, head and first row of mine, and (copied from m_r, l_r once the next
+  // item starts) its rows' final max and sum.
   bool pending = false;
   float pm[2] = {0.f, 0.f}, pl[2] = {0.f, 0.f};
   int64_t pb = 0, phd = 0, pr0 = 0;
-  auto finish_alone = [&] {  // the pending item's last P V with nothing to overlap, its epilogue
+  // The pending item's last P V with nothing to overlap, and its epilogue: before an item with no
+  // visible key, or at the end; m_r, l_r are still the pending item's then.
+  auto finish_alone = [&] {
     tma::wait(&bars.v_full[pst], pph);
     v3::pv_product<T, D, kBc>(acc, pa, sV + pst * kBc * D);
     if (lane == 0) tma::arrive(&bars.v_empty[pst]);
-    epilogue::forward_rows<T, D>(a, pb, phd, pr0, acc, pm, pl, t4);
+    epilogue::forward_rows<T, D>(a, pb, phd, pr0, acc, m_r, l_r, t4);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     pending = false;

@@ -143,18 +143,22 @@ TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   EXPECT_EQ(parse_variant("5"), Variant::V5);
 }
 
-// v7: the forward and forward_block only, v4's rules otherwise; by name, after v4.
-TEST(CudaVariantTable, TheRowOfV7) {
-  const VariantInfo& v7 = variant_info(Variant::V7);
+// v7, v8: the forward and forward_block only, v4's rules otherwise; by name, after v4.
+TEST(CudaVariantTable, TheRowsOfV7AndV8) {
   const VariantInfo& v4 = variant_info(Variant::V4);
-  EXPECT_EQ(&variants()[3], &v7);
-  EXPECT_EQ(v7.passes, (std::vector<Pass>{Pass::Forward, Pass::ForwardBlock}));
-  EXPECT_EQ(v7.d_values, v4.d_values);
-  EXPECT_EQ(v7.dtypes, v4.dtypes);
-  EXPECT_FALSE(v7.block_sparse_forward);
-  EXPECT_TRUE(v7.may_decline);
-  EXPECT_EQ(v7.cc, 90);
+  for (Variant id : {Variant::V7, Variant::V8}) {
+    const VariantInfo& v = variant_info(id);
+    SCOPED_TRACE(v.name);
+    EXPECT_EQ(&variants()[id == Variant::V7 ? 3 : 4], &v);
+    EXPECT_EQ(v.passes, (std::vector<Pass>{Pass::Forward, Pass::ForwardBlock}));
+    EXPECT_EQ(v.d_values, v4.d_values);
+    EXPECT_EQ(v.dtypes, v4.dtypes);
+    EXPECT_FALSE(v.block_sparse_forward);
+    EXPECT_TRUE(v.may_decline);
+    EXPECT_EQ(v.cc, 90);
+  }
   EXPECT_EQ(parse_variant("v7"), Variant::V7);
+  EXPECT_EQ(parse_variant("8"), Variant::V8);
 }
 
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
@@ -271,7 +275,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   const Dtype bf = Dtype::BF16;
   using VV = std::vector<Variant>;
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V4, Variant::V7, Variant::V3, Variant::V2, Variant::V1}));  // v4 declining runs v7
+            (VV{Variant::V4, Variant::V7, Variant::V8, Variant::V3, Variant::V2, Variant::V1}));  // v4 declining runs v7
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
