@@ -29,20 +29,23 @@ namespace fwd_ws {
 // warpgroup CTAS = 2 or 3 CTAs share a multiprocessor, so that one's loads, first and last tile
 // and epilogue overlap the others' math (short sequences, where each item has few key tiles);
 // 3 fit in the register file with BC = 64 and 120 registers (and in shared memory with 3
-// stages: 3 x 66.5 KB).
-template <int D, int WGS, int BC, int STAGES, int CTAS = WGS == 1 ? 2 : 1>
+// stages: 3 x 66.5 KB). QBUF Q buffers: 2 let the next item's Q land during this one; 176-key
+// tiles at d = 128 leave room for one (its load then waits for this item's last S).
+template <int D, int WGS, int BC, int STAGES, int CTAS = WGS == 1 ? 2 : 1, int QBUF = 2>
 struct Cfg {
-  static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES;
+  static constexpr int kD = D, kWgs = WGS, kBc = BC, kBr = 64 * WGS, kStages = STAGES, kQBuf = QBUF;
   static constexpr int kThreads = 128 * (WGS + 1), kCtas = CTAS;
   static constexpr int kRegLaunch = (65536 / (kThreads * kCtas)) & ~7;
   static constexpr int kRegP = WGS == 3 ? 32 : 40;
   static constexpr int kRegC = CTAS == 3 ? 120 : WGS == 3 ? 160 : WGS == 2 ? 232 : 216;
   static_assert(kRegP + WGS * kRegC <= (WGS + 1) * kRegLaunch, "consumers would wait for registers forever");
-  // 2 x Q (the next item's lands during this one), STAGES x (K, V), plus 1 KB to align the
-  // first tile to 1024 bytes.
+  // QBUF x Q, STAGES x (K, V), plus 1 KB to align the first tile to 1024 bytes.
   static constexpr size_t smem_bytes(size_t elem) {
-    return size_t(2 * kBr + 2 * STAGES * kBc) * D * elem + 1024;
+    return size_t(QBUF * kBr + 2 * STAGES * kBc) * D * elem + 1024;
   }
+  // Item n's Q buffer, and the parity of that buffer's barrier phase for item n.
+  __device__ static int q_slot(int n) { return QBUF == 2 ? n & 1 : 0; }
+  __device__ static uint32_t q_parity(int n) { return QBUF == 2 ? (n >> 1) & 1 : n & 1; }
 };
 
 struct Bars {
@@ -83,7 +86,7 @@ __device__ __forceinline__ void init_bars(Bars& bars) {
 // before the item's last load. The warp works out each item's tile range (its own hull, no CTA
 // barrier) and every row's key interval, and hands them to the consumers through the two-slot
 // mailbox (so a consumer warp does no mask arithmetic per item), then lane 0 loads the item's
-// Q into one of two buffers (free once the consumers finished the item two back) and its K/V
+// Q into one of QBUF buffers (free once the consumers finished the item QBUF back) and its K/V
 // tiles into the ring, which runs on across items: the next item's loads overlap this one's
 // last tiles and epilogue. The last item posted has qt < 0.
 // KIDX: key positions are indexed (a.kp.index), so every tile runs the general predicate.
@@ -128,8 +131,8 @@ __device__ __forceinline__ void producer(const CUtensorMap* mQ, const CUtensorMa
     if (lane == 0) {
       if (it.qt >= 0) {
         const int64_t hk = it.h / a.group;
-        const int qb = n & 1;
-        tma::wait(&bars.q_empty[qb], ((n >> 1) & 1) ^ 1);
+        const int qb = C::q_slot(n);
+        tma::wait(&bars.q_empty[qb], C::q_parity(n) ^ 1);
         tma::arrive_expect(&bars.q_full[qb], kBr * D * sizeof(T));
 #pragma unroll
         for (int p = 0; p < kPanels; ++p)
@@ -176,8 +179,8 @@ int tail_knob() {
   return v;
 }
 
-// Tuning knob for the benchmark and tests: BURSTLAB_V4_CFG = 0 (default), 1, 2, 3, 4
-// (cuda/README.md); both persistent forwards read it.
+// Tuning knob for the benchmark and tests: BURSTLAB_V4_CFG = 0 (default), 1 .. 5
+// (cuda/README.md); every persistent forward reads it.
 int tuning_cfg() {
   static const int v = env_int("BURSTLAB_V4_CFG");
   return v;
@@ -256,6 +259,7 @@ bool dispatch(const FwdArgs<T>& a, Go go) {
     return go(Cfg<64, 3, 128, 2>{}, band);  // also cfg 4: never the few-keys shape
   }
   if (cfg == 1) return go(Cfg<128, 2, 64, 4>{}, band);
+  if (cfg == 5) return go(Cfg<128, 2, 176, 2, 1, 1>{}, band);
   if (cfg == 3 || few) return go(Cfg<128, 1, 64, 2>{}, band);
   return go(Cfg<128, 2, 128, 2>{}, band);
 }

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));  // 2 x (Br, D) sw128
-  T* sK = sQ + 2 * kBr * D;     // S x (Bc, D) sw128
+  T* sK = sQ + C::kQBuf * kBr * D;  // S x (Bc, D) sw128
   T* sV = sK + kS * kBc * D;    // S x (Bc, D) sw128
   __shared__ Bars bars;
   __shared__ Item mail[2];
@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     };
     if (it.t_begin >= it.t_end) {  // no key is visible: the pending item first, then empty rows
       if (pending) finish_alone();
-      tma::wait(&bars.q_full[n & 1], (n >> 1) & 1);
-      if (lane == 0) tma::arrive(&bars.q_empty[n & 1]);
+      tma::wait(&bars.q_full[C::q_slot(n)], C::q_parity(n));
+      if (lane == 0) tma::arrive(&bars.q_empty[C::q_slot(n)]);
       const float m0[2] = {-INFINITY, -INFINITY}, l0[2] = {0.f, 0.f};
       epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + g, acc, m0, l0, t4);  // acc is 0 here
       continue;
@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       m_r[ri] = -INFINITY;
       l_r[ri] = 0.f;
     }
-    const uint64_t dQ0 = dQb + (n & 1) * kQStep;
-    tma::wait(&bars.q_full[n & 1], (n >> 1) & 1);
+    const uint64_t dQ0 = dQb + C::q_slot(n) * kQStep;
+    tma::wait(&bars.q_full[C::q_slot(n)], C::q_parity(n));
 
     // Tile i: S_i = Q K_{tau_i}^T, then O += P_{i-1} V_{tau_{i-1}} while S_i's softmax runs. The
     // modes are separate instantiations, so no wgmma sits in a data-dependent branch:
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     else
       tile(it.t_begin, std::integral_constant<int, kStart>{});
     for (int t = it.t_begin + 1; t < it.t_end; ++t) tile(t, std::integral_constant<int, kSteady>{});
-    if (lane == 0) tma::arrive(&bars.q_empty[n & 1]);  // every S of this item is done
+    if (lane == 0) tma::arrive(&bars.q_empty[C::q_slot(n)]);  // every S of this item is done
     pending = true;
     pb = b;
     phd = h;

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));  // 2 x (Br, D) sw128
-  T* sK = sQ + 2 * kBr * D;     // S x (Bc, D) sw128
+  T* sK = sQ + C::kQBuf * kBr * D;  // S x (Bc, D) sw128
   T* sV = sK + kS * kBc * D;    // S x (Bc, D) sw128
   __shared__ Bars bars;
   __shared__ Item mail[2];
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};  // (4.1)-(4.2), base 2
     uint32_t pa[kBc / 16][4];  // P_{i-1} as wgmma A fragments
-    const uint64_t dQ0 = dQb + (n & 1) * kQStep;
-    tma::wait(&bars.q_full[n & 1], (n >> 1) & 1);
+    const uint64_t dQ0 = dQb + C::q_slot(n) * kQStep;
+    tma::wait(&bars.q_full[C::q_slot(n)], C::q_parity(n));
 
     // Tile i: S_i = Q K_{tau_i}^T, then O += P_{i-1} V_{tau_{i-1}} while S_i's softmax runs; the
     // first tile has no P V (a separate instantiation, so no wgmma sits in a data-dependent
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       tile(it.t_begin, std::true_type{});
       for (int t = it.t_begin + 1; t < it.t_end; ++t) tile(t, std::false_type{});
     }
-    if (lane == 0) tma::arrive(&bars.q_empty[n & 1]);  // every S of this item is done
+    if (lane == 0) tma::arrive(&bars.q_empty[C::q_slot(n)]);  // every S of this item is done
     if (it.t_begin < it.t_end) {  // the last P V
       tma::wait(&bars.v_full[pst], pph);
       const uint64_t dV = v3::opaque(dVb + pst * kStageStep);

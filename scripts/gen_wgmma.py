@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Writes cuda/wgmma_ops.inc: the wgmma.mma_async wrappers of cuda/wgmma.cuh.
 
-One wrapper per (N, A source, dtype): N in {32, 64, 128} accumulator columns, A from shared memory
+One wrapper per (N, A source, dtype): N in {32, 64, 128, 176} accumulator columns, A from shared memory
 (descriptor, "ss"; "ss0": d = A B, accumulators written only) or from registers ("rs"), bf16 or
 f16 inputs, fp32 accumulators. The operand
 lists are long (N/2 accumulators), so they are generated rather than typed.
 Run: python3 scripts/gen_wgmma.py > cuda/wgmma_ops.inc
 """
 
-NS = (32, 64, 128)
+NS = (32, 64, 128, 176)
 DTYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 
