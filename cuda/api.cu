@@ -252,8 +252,6 @@ bool launch_forward(Variant v, const FwdArgs<T>& a, cudaStream_t s, const char**
   if constexpr (kTensorCore<T>) {
     switch (v) {
       case Variant::V4: return detail::v4_forward<T>(a, s, why);
-      case Variant::V7: return detail::v7_forward<T>(a, s, why);
-      case Variant::V8: return detail::v8_forward<T>(a, s, why);
       case Variant::V3: detail::v3_forward<T>(a, s); return true;
       case Variant::V2: detail::v2_forward<T>(a, s); return true;
       default: break;

@@ -97,12 +97,6 @@ template <class T> void v3_backward(const BwdArgs<T, T>& a, cudaStream_t s);
 // engine can describe, and for the forward no block mask; returns false with *why set (nothing
 // launched) when a call does not qualify.
 template <class T> bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
-// v7's forward: v4's (fwd_ws.cuh) with each item's last P V run alongside the next item's first
-// tile; v4's limits, false with *why (nothing launched) as v4.
-template <class T> bool v7_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
-// v8's forward: v4's (fwd_ws.cuh) with the consumer warpgroups taking turns to issue their
-// products (named barriers); v4's limits, false with *why (nothing launched) as v4.
-template <class T> bool v8_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why);
 // v4's backward runs two deterministic passes, or with dq_acc (fp32 scratch of v4_dq_acc_floats
 // elements) one pass that adds dQ's partial sums atomically (not bitwise repeatable). G = T: the
 // whole backward (gradients written); G = float: backward_block (gradients accumulated, contiguous

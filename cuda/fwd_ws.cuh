@@ -1,8 +1,8 @@
-// cuda/fwd_ws.cuh — the pieces that the warp-specialized persistent forward variants (v4_fwd.cu,
-// v7_fwd.cu) share (spec §4.1, §6.1): the CTA shapes and their register budgets, the mbarriers
-// and the two-slot item mailbox, the producer warp (work items in tile_scheduler.cuh's order,
-// every row's key interval, the TMA copies of Q and of the K/V ring), and the host side: the
-// grid, the knobs, the choice of shape. A variant brings its consumers. Internal; include from
+// cuda/fwd_ws.cuh — the warp-specialized persistent forward (v4_fwd.cu) apart from its consumers,
+// for any variant that brings other consumers (spec §4.1, §6.1): the CTA shapes and their register
+// budgets, the mbarriers and the two-slot item mailbox, the producer warp (work items in
+// tile_scheduler.cuh's order, every row's key interval, the TMA copies of Q and of the K/V ring),
+// and the host side: the grid, the knobs, the choice of shape. Internal; include from
 // .cu files compiled for sm_90a only. Its names have internal linkage (an anonymous namespace):
 // each file that includes it gets its own copy of the kernels.
 #pragma once
@@ -221,12 +221,12 @@ bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t
   return true;
 }
 
-// Do the query rows see at most `limit` keys on average? Estimated from 64 evenly spaced rows
-// (eq. 3.4 on the host); false when the mask or the positions live in device arrays (document
-// masks, indexed positions), which the host cannot read.
+// How many keys the query rows see on average, estimated from 64 evenly spaced rows (eq. 3.4
+// on the host); -1 when the mask or the positions live in device arrays (document masks,
+// indexed positions), which the host cannot read.
 template <class T>
-bool few_keys_per_row(const FwdArgs<T>& a, int64_t limit) {
-  if (a.mask.doc != nullptr || a.qp.index != nullptr || a.kp.index != nullptr) return false;
+double keys_per_row(const FwdArgs<T>& a) {
+  if (a.mask.doc != nullptr || a.qp.index != nullptr || a.kp.index != nullptr) return -1;
   int64_t sum = 0;
   constexpr int kSamples = 64;
   for (int k = 0; k < kSamples; ++k) {
@@ -234,18 +234,23 @@ bool few_keys_per_row(const FwdArgs<T>& a, int64_t limit) {
     local_range(a.mask, a.qp[(a.nq - 1) * k / (kSamples - 1)], a.kp, a.nk, &lo, &hi);
     sum += hi - lo;
   }
-  return sum <= limit * kSamples;
+  return double(sum) / kSamples;
 }
 
 // The shape for a call, and its launch: go(Cfg<...>{}, std::bool_constant<KIDX>{}) launches the
 // variant's kernel for that config. Rows that see few keys (short or causal sequences) give each
 // item few key tiles, so its loads and epilogue weigh: one consumer warpgroup, three (d=64,
-// 64-key tiles) or two (d=128) CTAs per multiprocessor. The limits are where that shape measured
-// faster on H200 with v4 (docs/performance-gpu.md).
+// 64-key tiles) or two (d=128) CTAs per multiprocessor. Rows that see many keys at d = 128 take
+// 176-key tiles (FA3's choice): fewer waits and softmax passes per key, at the price of one Q
+// buffer (shared memory), whose load then waits for the item before, and of a ragged last tile,
+// which short rows pay for. The limits are where each shape measured faster on H200
+// (docs/performance-gpu.md); rows the host cannot see take the default.
 template <class T, class Go>
 bool dispatch(const FwdArgs<T>& a, Go go) {
   const int cfg = tuning_cfg();
-  const bool few = cfg == 0 && few_keys_per_row(a, a.d == 64 ? 1024 : 512);
+  const double keys = cfg == 0 ? keys_per_row(a) : -1;
+  const bool few = keys >= 0 && keys <= (a.d == 64 ? 1024 : 512);
+  const bool many = a.d == 128 && keys > 4096;
   // Indexed keys, one shape per d whatever the knob: the general predicate's temporaries spill
   // the other shapes' accumulators (ptxas: 3 x 160 registers 476 bytes, d=128 with Bc = 128 196
   // bytes), not 2 x 240 at d=64 (4 bytes) and Bc = 64 at d=128 (none).
@@ -259,9 +264,9 @@ bool dispatch(const FwdArgs<T>& a, Go go) {
     return go(Cfg<64, 3, 128, 2>{}, band);  // also cfg 4: never the few-keys shape
   }
   if (cfg == 1) return go(Cfg<128, 2, 64, 4>{}, band);
-  if (cfg == 5) return go(Cfg<128, 2, 176, 2, 1, 1>{}, band);
+  if (cfg == 5 || many) return go(Cfg<128, 2, 176, 2, 1, 1>{}, band);
   if (cfg == 3 || few) return go(Cfg<128, 1, 64, 2>{}, band);
-  return go(Cfg<128, 2, 128, 2>{}, band);
+  return go(Cfg<128, 2, 128, 2>{}, band);  // also cfg 4: neither the few- nor the many-keys shape
 }
 
 }  // namespace fwd_ws

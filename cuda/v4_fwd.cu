@@ -6,7 +6,7 @@
 //             item's key tiles and posts them to the consumers, and one thread issues every
 //             copy: the item's Q, then K and V tiles of BC keys into a ring of STAGES buffers, by
 //             the bulk tensor copy engine (TMA, tma.cuh), straight into wgmma's 128-byte swizzle
-//             (fwd_ws.cuh, with the shapes and the host side, shared with v7);
+//             (fwd_ws.cuh, with the shapes and the host side);
 //   consumers warpgroups 1..WGS, 64 query rows each, run v3's per-tile math (S = Q K^T, the
 //             online softmax of softmax.cuh, O += P V overlapped with the next tile's softmax),
 //             with a lagging max (softmax::online_lazy: O~ is rescaled only when a row's max

@@ -33,16 +33,6 @@ std::vector<VariantInfo> make_table() {
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
-  t.push_back({Variant::V7, "v7", "v7_fwd.cu, fwd_ws.cuh",
-               "v4's persistent forward with each item's last P V overlapping the next item's first softmax",
-               {Pass::Forward, Pass::ForwardBlock}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::Always,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
-  t.push_back({Variant::V8, "v8", "v8_fwd.cu, fwd_ws.cuh",
-               "v4's persistent forward with the consumer warpgroups taking turns at the tensor cores",
-               {Pass::Forward, Pass::ForwardBlock}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::Always,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
   t.push_back({Variant::V3, "v3", "v3_fwd.cu, v3_bwd.cu, wgmma.cuh, wgmma_ops.inc",
                "Hopper warpgroup MMA (wgmma) with cp.async loads; two-pass backward",
                {Pass::Forward, Pass::ForwardBlock, Pass::Backward}, tc, {64, 128}, 128, 31,

@@ -143,24 +143,6 @@ TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   EXPECT_EQ(parse_variant("5"), Variant::V5);
 }
 
-// v7, v8: the forward and forward_block only, v4's rules otherwise; by name, after v4.
-TEST(CudaVariantTable, TheRowsOfV7AndV8) {
-  const VariantInfo& v4 = variant_info(Variant::V4);
-  for (Variant id : {Variant::V7, Variant::V8}) {
-    const VariantInfo& v = variant_info(id);
-    SCOPED_TRACE(v.name);
-    EXPECT_EQ(&variants()[id == Variant::V7 ? 3 : 4], &v);
-    EXPECT_EQ(v.passes, (std::vector<Pass>{Pass::Forward, Pass::ForwardBlock}));
-    EXPECT_EQ(v.d_values, v4.d_values);
-    EXPECT_EQ(v.dtypes, v4.dtypes);
-    EXPECT_FALSE(v.block_sparse_forward);
-    EXPECT_TRUE(v.may_decline);
-    EXPECT_EQ(v.cc, 90);
-  }
-  EXPECT_EQ(parse_variant("v7"), Variant::V7);
-  EXPECT_EQ(parse_variant("8"), Variant::V8);
-}
-
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
   const Dtype bf = Dtype::BF16, h = Dtype::F16;
   // Forward: v4 on 9.0, v3 there for block-sparse masks; v2 elsewhere; v1 for the rest.
@@ -265,17 +247,13 @@ TEST(CudaVariantDispatch, ExplicitVariantsRunOrThrowNamingThemselves) {
   expect_throw(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::V5, "variant (v5)", "has no backward_block");
   expect_throw(make_call(Pass::Backward, bf, 128), kHopper, Variant::V6, "variant (v6) cannot run this backward",
                "d in {64}");
-  expect_throw(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::V7, "variant (v7)", "block-sparse");
-  expect_throw(make_call(Pass::Backward, bf, 64), kHopper, Variant::V7, "variant (v7) cannot run this backward",
-               "has no backward");
-  EXPECT_EQ(choose_variant(make_call(Pass::ForwardBlock, bf, 128), kHopper, Variant::V7), Variant::V7);
 }
 
 TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   const Dtype bf = Dtype::BF16;
   using VV = std::vector<Variant>;
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V4, Variant::V7, Variant::V8, Variant::V3, Variant::V2, Variant::V1}));  // v4 declining runs v7
+            (VV{Variant::V4, Variant::V3, Variant::V2, Variant::V1}));  // v4 declining runs v3
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
