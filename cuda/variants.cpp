@@ -10,8 +10,10 @@ namespace burstlab::cuda {
 
 namespace {
 
-// Preference order: auto runs the first row that supports a call. v6 comes after v4: measured
-// slower than v5 and v4 on every shape it runs (docs/performance-gpu.md); it stays for study by name.
+// Preference order: auto runs the first row that supports a call (at a d of its auto_d). v5 is
+// auto's backward at d = 64 only: at d = 128 it measured level with v4 or slower (0.74-1.05x,
+// one H100 and one H200; docs/performance-gpu.md). v6 comes after v4: measured slower than v5
+// and v4 on every shape it runs; it stays for study by name.
 std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
@@ -20,31 +22,31 @@ std::vector<VariantInfo> make_table() {
                "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{64}});
   t.push_back({Variant::V4, "v4", "v4_fwd.cu, v4_bwd.cu, fwd_ws.cuh, tile_scheduler.cuh, tma.cuh, tma.cu, softmax.cuh",
                "v3's math warp-specialized: a TMA producer warp, an mbarrier ring, setmaxnreg consumers; "
                "persistent forward; one-pass backward with atomic dQ sums",
                all, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::OnRequest,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V6, "v6", "v6_bwd.cu, bwd_ws.cuh",
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V3, "v3", "v3_fwd.cu, v3_bwd.cu, wgmma.cuh, wgmma_ops.inc",
                "Hopper warpgroup MMA (wgmma) with cp.async loads; two-pass backward",
                {Pass::Forward, Pass::ForwardBlock, Pass::Backward}, tc, {64, 128}, 128, 31,
-               true, true, Determinism::Always, true, 90, "sm_90a", false});
+               true, true, Determinism::Always, true, 90, "sm_90a", false, {}});
   t.push_back({Variant::V2, "v2", "v2_fwd.cu, v2_bwd.cu, mma.cuh",
                "mma.sync tensor cores, FlashAttention-2 style; two-pass backward",
                {Pass::Forward, Pass::ForwardBlock, Pass::Backward}, tc, {64, 128}, 128, 31,
-               true, true, Determinism::Always, true, 0, "", false});
+               true, true, Determinism::Always, true, 0, "", false, {}});
   t.push_back({Variant::V1, "v1", "v1.cu",
                "plain CUDA cores, a warp per row, no atomics: the baseline and the fallback",
                all, {Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16}, {}, 1024, 63,
-               true, true, Determinism::Always, false, 0, "", false});
+               true, true, Determinism::Always, false, 0, "", false, {}});
   return t;
 }
 
@@ -63,6 +65,12 @@ std::string d_rule(const VariantInfo& v) {
     os << "}";
   }
   return os.str();
+}
+
+std::string auto_d_rule(const VariantInfo& v) {
+  std::string s;
+  for (int64_t d : v.auto_d) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "d in {" + s + "}";
 }
 
 std::string dtype_rule(const VariantInfo& v, const char* sep) {
@@ -182,8 +190,12 @@ Variant choose_variant(const Call& c, int cc, Variant requested, std::string* pa
   for (const VariantInfo& v : variants()) {
     std::string why;
     if (supports(v, c, cc, &why)) {
-      if (passed_over) *passed_over = skipped;
-      return v.id;
+      if (v.auto_d.empty() || has(v.auto_d, c.d)) {
+        if (passed_over) *passed_over = skipped;
+        return v.id;
+      }
+      why = std::string(v.name) + " is auto's choice at " + auto_d_rule(v) + " only (by name at d = " +
+            std::to_string(c.d) + ")";
     }
     if (has(v.passes, c.pass)) skipped += (skipped.empty() ? "" : "; ") + why;  // rows without the pass: not candidates
   }
@@ -195,7 +207,7 @@ std::vector<Variant> launch_order(const Call& c, int cc, Variant requested) {
   if (requested != Variant::Auto) return r;
   bool after = false;
   for (const VariantInfo& v : variants()) {
-    if (after && supports(v, c, cc)) r.push_back(v.id);
+    if (after && supports(v, c, cc) && (v.auto_d.empty() || has(v.auto_d, c.d))) r.push_back(v.id);
     after = after || v.id == r.front();
   }
   return r;
@@ -224,7 +236,8 @@ std::string capability_table() {
     std::string views = v.aligned_views ? "16-byte aligned, unit d-stride, other strides multiples of 8" : "any strides";
     if (v.may_decline) views += "; the copy engine must describe them (else auto runs the next row)";
     os << "| " << ++order << " | " << v.name << " | " << passes << " | " << dtype_rule(v, ", ") << " | "
-       << (v.d_values.empty() ? "1.." + std::to_string(v.d_max) : d_rule(v).substr(5)) << " | "
+       << (v.d_values.empty() ? "1.." + std::to_string(v.d_max) : d_rule(v).substr(5))
+       << (v.auto_d.empty() ? "" : " (auto: " + auto_d_rule(v).substr(5) + ")") << " | "
        << (v.len_log2 < 63 ? "< 2^" + std::to_string(v.len_log2) : std::string("any")) << " | " << blocks << " | "
        << indexed << " | " << det << " | " << dev << " | " << views << " |\n";
   }

@@ -68,6 +68,8 @@ struct VariantInfo {
   bool may_decline;    // its launcher may refuse what the host rules admit (v4: views the copy
                        // engine cannot describe, more than 2^30 query tiles): auto then runs
                        // the next supporting variant
+  std::vector<int64_t> auto_d;  // the d at which auto takes it (empty: every d it runs); at the
+                                // others it runs by name only (measured slower than a later row)
 };
 
 // The table in preference order (fastest first; the last supports every call the layer takes).

@@ -137,6 +137,7 @@ TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   EXPECT_EQ(v6.determinism, Determinism::Never);
   EXPECT_EQ(v5.passes, std::vector<Pass>{Pass::Backward});
   EXPECT_EQ(v5.determinism, Determinism::Never);
+  EXPECT_EQ(v5.auto_d, std::vector<int64_t>{64});
   EXPECT_TRUE(v5.may_decline);
   EXPECT_EQ(v5.cc, 90);
   EXPECT_EQ(parse_variant("v5"), Variant::V5);
@@ -182,8 +183,14 @@ TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
   // Backward: v5 on 9.0 (block masks included), v4 there when deterministic, else v2, else v1; v3
   // and v6 only by name (or after v4 declines).
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V5);
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto), Variant::V5);
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V5);
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 64, true), kHopper, Variant::Auto), Variant::V5);
+  {  // d = 128: v4 (v5 by name only)
+    std::string why;
+    EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto, &why), Variant::V4);
+    EXPECT_NE(why.find("v5 is auto's choice at d in {64} only"), std::string::npos) << why;
+    EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V4);
+    EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::V5), Variant::V5);
+  }
   {
     Call det = make_call(Pass::Backward, bf, 128);
     det.deterministic = true;
@@ -259,7 +266,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V5, Variant::V4, Variant::V6, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto),
-            (VV{Variant::V5, Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
+            (VV{Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V1}));  // v4 declining runs v1
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kAmpere, Variant::Auto), (VV{Variant::V2, Variant::V1}));
@@ -269,7 +276,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
 }
 
 // The dispatch rules as api.cu wrote them out before the table, one branch per entry point (and
-// v5 for the backward since).
+// v5 for the backward at d = 64 since).
 Variant rules_by_hand(const Call& c, int cc) {
   const bool tc = c.dtype == Dtype::BF16 || c.dtype == Dtype::F16;
   const int64_t lim = int64_t(1) << 31;
@@ -281,7 +288,7 @@ Variant rules_by_hand(const Call& c, int cc) {
     case Pass::ForwardBlock:
       return ok && hopper && !c.block_sparse ? Variant::V4 : ok && hopper ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
     case Pass::Backward:
-      return ok && hopper ? (c.deterministic ? Variant::V4 : Variant::V5) : ok ? Variant::V2 : Variant::V1;
+      return ok && hopper ? (c.deterministic || c.d == 128 ? Variant::V4 : Variant::V5) : ok ? Variant::V2 : Variant::V1;
     case Pass::BackwardBlock:
       return ok && c.n_q < lim && c.n_k < lim && !(c.k_indexed && c.deterministic) && hopper ? Variant::V4
                                                                                              : Variant::V1;
@@ -314,7 +321,7 @@ TEST(CudaVariantDispatch, AutoIsTheFirstSupportingRowAndMatchesTheRulesOnRandomC
     const Variant got = choose_variant(c, cc, Variant::Auto);
     Variant first = Variant::Auto;
     for (const VariantInfo& v : variants())
-      if (supports(v, c, cc)) {
+      if (supports(v, c, cc) && (v.auto_d.empty() || std::find(v.auto_d.begin(), v.auto_d.end(), c.d) != v.auto_d.end())) {
         first = v.id;
         break;
       }
