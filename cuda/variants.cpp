@@ -67,6 +67,9 @@ std::string d_rule(const VariantInfo& v) {
   return os.str();
 }
 
+// Whether auto takes row v at head dimension d (its auto_d; empty: every d it runs).
+bool auto_takes(const VariantInfo& v, int64_t d) { return v.auto_d.empty() || has(v.auto_d, d); }
+
 std::string auto_d_rule(const VariantInfo& v) {
   std::string s;
   for (int64_t d : v.auto_d) s += (s.empty() ? "" : ", ") + std::to_string(d);
@@ -190,7 +193,7 @@ Variant choose_variant(const Call& c, int cc, Variant requested, std::string* pa
   for (const VariantInfo& v : variants()) {
     std::string why;
     if (supports(v, c, cc, &why)) {
-      if (v.auto_d.empty() || has(v.auto_d, c.d)) {
+      if (auto_takes(v, c.d)) {
         if (passed_over) *passed_over = skipped;
         return v.id;
       }
@@ -207,7 +210,7 @@ std::vector<Variant> launch_order(const Call& c, int cc, Variant requested) {
   if (requested != Variant::Auto) return r;
   bool after = false;
   for (const VariantInfo& v : variants()) {
-    if (after && supports(v, c, cc) && (v.auto_d.empty() || has(v.auto_d, c.d))) r.push_back(v.id);
+    if (after && supports(v, c, cc) && auto_takes(v, c.d)) r.push_back(v.id);
     after = after || v.id == r.front();
   }
   return r;

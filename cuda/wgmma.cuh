@@ -133,19 +133,28 @@ template <> struct Wgmma<bf16> {
     if constexpr (N == 32) mma_ss_bf16_n32<TB, TA>(d, a, b, acc);
     else if constexpr (N == 64) mma_ss_bf16_n64<TB, TA>(d, a, b, acc);
     else if constexpr (N == 176) mma_ss_bf16_n176<TB, TA>(d, a, b, acc);
-    else mma_ss_bf16_n128<TB, TA>(d, a, b, acc);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_ss_bf16_n128<TB, TA>(d, a, b, acc);
+    }
   }
   template <int N, int TB, int TA = 0> __device__ static void ss0(float* d, uint64_t a, uint64_t b) {
     if constexpr (N == 32) mma_ss0_bf16_n32<TB, TA>(d, a, b);
     else if constexpr (N == 64) mma_ss0_bf16_n64<TB, TA>(d, a, b);
     else if constexpr (N == 176) mma_ss0_bf16_n176<TB, TA>(d, a, b);
-    else mma_ss0_bf16_n128<TB, TA>(d, a, b);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_ss0_bf16_n128<TB, TA>(d, a, b);
+    }
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
     if constexpr (N == 32) mma_rs_bf16_n32<TB>(d, a, b, acc);
     else if constexpr (N == 64) mma_rs_bf16_n64<TB>(d, a, b, acc);
     else if constexpr (N == 176) mma_rs_bf16_n176<TB>(d, a, b, acc);
-    else mma_rs_bf16_n128<TB>(d, a, b, acc);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_rs_bf16_n128<TB>(d, a, b, acc);
+    }
   }
 };
 template <> struct Wgmma<f16> {
@@ -153,19 +162,28 @@ template <> struct Wgmma<f16> {
     if constexpr (N == 32) mma_ss_f16_n32<TB, TA>(d, a, b, acc);
     else if constexpr (N == 64) mma_ss_f16_n64<TB, TA>(d, a, b, acc);
     else if constexpr (N == 176) mma_ss_f16_n176<TB, TA>(d, a, b, acc);
-    else mma_ss_f16_n128<TB, TA>(d, a, b, acc);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_ss_f16_n128<TB, TA>(d, a, b, acc);
+    }
   }
   template <int N, int TB, int TA = 0> __device__ static void ss0(float* d, uint64_t a, uint64_t b) {
     if constexpr (N == 32) mma_ss0_f16_n32<TB, TA>(d, a, b);
     else if constexpr (N == 64) mma_ss0_f16_n64<TB, TA>(d, a, b);
     else if constexpr (N == 176) mma_ss0_f16_n176<TB, TA>(d, a, b);
-    else mma_ss0_f16_n128<TB, TA>(d, a, b);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_ss0_f16_n128<TB, TA>(d, a, b);
+    }
   }
   template <int N, int TB> __device__ static void rs(float* d, const uint32_t* a, uint64_t b, int acc) {
     if constexpr (N == 32) mma_rs_f16_n32<TB>(d, a, b, acc);
     else if constexpr (N == 64) mma_rs_f16_n64<TB>(d, a, b, acc);
     else if constexpr (N == 176) mma_rs_f16_n176<TB>(d, a, b, acc);
-    else mma_rs_f16_n128<TB>(d, a, b, acc);
+    else {
+      static_assert(N == 128, "wgmma_ops.inc has N in {32, 64, 128, 176}");
+      mma_rs_f16_n128<TB>(d, a, b, acc);
+    }
   }
 };
 
