@@ -6,6 +6,7 @@
 // in A = fp32). Without a GPU the tests skip; BURSTLAB_REQUIRE_GPU=1 turns a skip into a failure.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -129,7 +130,17 @@ TEST_P(CudaEngineSchedules, Fp16MatchesOracleAndClosedForms) {
   REQUIRE_GPU();
   run_case<f16_t>(cases()[GetParam()], Dtype::F16, 37 + GetParam());
 }
-INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 15));
+INSTANTIATE_TEST_SUITE_P(All, CudaEngineSchedules, ::testing::Range(0, 15),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           const Case& c = cases()[info.param];
+                           std::string n = c.algo + "_G" + std::to_string(c.world) + "_" +
+                                           dist::to_string(c.partition) + "_" + c.mask + "_Hq" + std::to_string(c.Hq) +
+                                           "_Hkv" + std::to_string(c.Hkv) + "_Nq" + std::to_string(c.Nq) + "_Nk" +
+                                           std::to_string(c.Nk) + "_d" + std::to_string(c.d);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 // The engine made with each variant of the table whose forward_block runs bf16 at d = 64 (its
 // forward blocks by that variant; the block backward as the engine chooses), where this GPU runs it.

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -130,7 +131,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 2, 2, 53, 37, 5, "document:3", Layout::BSHD},
                       Shape{1, 4, 2, 37, 53, 5, "block:7x9@0.5", Layout::BHSD},
                       Shape{1, 4, 1, 53, 37, 4, "causal+document:3+block:8x8@0.6", Layout::BHSD},
-                      Shape{1, 1, 1, 1, 1, 1, "none", Layout::BHSD}));
+                      Shape{1, 1, 1, 1, 1, 1, "none", Layout::BHSD}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      std::string n = "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.H_q) + "_Hkv" + std::to_string(s.H_kv) +
+                      "_Nq" + std::to_string(s.N_q) + "_Nk" + std::to_string(s.N_k) + "_d" + std::to_string(s.d) +
+                      "_" + s.mask + "_" + to_string(s.layout);
+      for (char& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
 
 // ---------------------------------------------------------------- the sample
 TEST(Sample, DistinctSortedFirstLastEmptyDeterministic) {

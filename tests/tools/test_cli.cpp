@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -65,6 +66,25 @@ struct BadCase {
 };
 std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << "burstlab " << c.args; }
 
+// A test name from the arguments, e.g. 12_run_nq_m1 for "run --nq -1" (GoogleTest names take
+// letters, digits and '_'; the index keeps them unique).
+std::string args_name(size_t index, const std::string& args) {
+  std::string n = std::to_string(index);
+  std::istringstream words(args);
+  for (std::string w; words >> w;) {
+    size_t at = w.find_first_not_of('-');
+    if (at == std::string::npos) continue;
+    if (n.back() != '_') n += '_';
+    if (at > 0 && std::isdigit(static_cast<unsigned char>(w[at]))) n += 'm';  // a negative number
+    for (; at < w.size(); ++at) {
+      const unsigned char ch = static_cast<unsigned char>(w[at]);
+      if (std::isalnum(ch)) n += static_cast<char>(ch);
+      else if (n.back() != '_') n += '_';
+    }
+  }
+  return args.empty() ? n + "_no_args" : n;
+}
+
 class BadInput : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadInput, ExitsTwoNamesTheFieldPrintsNoTable) {
@@ -113,7 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"run --check-rows -1", "check-rows (-1) must be >= 1"},
                       BadCase{"bench --nq 200000 --nk 200000 --verify same", "TB needed"},
                       BadCase{"nosuch", "nosuch"},
-                      BadCase{"", "subcommand"}));
+                      BadCase{"", "subcommand"}),
+    [](const ::testing::TestParamInfo<BadCase>& i) { return args_name(i.index, i.param.args); });
 
 // ---------------------------------------------------------------- memory (tools/resources.hpp)
 // BURSTLAB_MEMORY_AVAILABLE replaces what the machine reports, so the figures are exact here.

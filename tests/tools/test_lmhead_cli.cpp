@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -95,6 +96,25 @@ struct BadCase {
   const char* message;
 };
 std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << "burstlab " << c.args; }
+
+// A test name from the arguments, e.g. 12_run_nq_m1 for "run --nq -1" (GoogleTest names take
+// letters, digits and '_'; the index keeps them unique).
+std::string args_name(size_t index, const std::string& args) {
+  std::string n = std::to_string(index);
+  std::istringstream words(args);
+  for (std::string w; words >> w;) {
+    size_t at = w.find_first_not_of('-');
+    if (at == std::string::npos) continue;
+    if (n.back() != '_') n += '_';
+    if (at > 0 && std::isdigit(static_cast<unsigned char>(w[at]))) n += 'm';  // a negative number
+    for (; at < w.size(); ++at) {
+      const unsigned char ch = static_cast<unsigned char>(w[at]);
+      if (std::isalnum(ch)) n += static_cast<char>(ch);
+      else if (n.back() != '_') n += '_';
+    }
+  }
+  return args.empty() ? n + "_no_args" : n;
+}
 class LmHeadBadInput : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(LmHeadBadInput, ExitsTwoNamesTheField) {
@@ -124,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"run --op lmhead-ce --vocab 10 --bv -1", "bv (-1) must be >= 1"},
                       BadCase{"run --op lmhead-ce --vocab 100000000 --nq 1000000 -d 4096", "not enough memory"},
                       BadCase{"bench --op lmhead-ce --vocab 10 --gemm-n 64", "--gemm-n does not apply"},
-                      BadCase{"bench --op lmhead-ce --vocab 10 --reps 0", "reps (0) must be >= 1"}));
+                      BadCase{"bench --op lmhead-ce --vocab 10 --reps 0", "reps (0) must be >= 1"}),
+    [](const ::testing::TestParamInfo<BadCase>& i) { return args_name(i.index, i.param.args); });
 
 TEST(LmHeadCli, BenchVerifiesThenReportsTimeAndHeap) {
   const Output o = burstlab("bench --op lmhead-ce --vocab 3000 --nq 256 -d 32 --reps 1 --json");
