@@ -22,12 +22,31 @@ bool gpu_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    if (why) {
+      // Without a driver the runtime says "CUDA driver version is insufficient for CUDA runtime
+      // version", which reads as an old driver: say what is missing, the runtime's text after it.
+      // cudaDriverGetVersion gives 0 when no driver is installed.
+      const std::string raw = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+      int drv = 0, rt = 0;
+      cudaDriverGetVersion(&drv);
+      cudaRuntimeGetVersion(&rt);
+      std::ostringstream os;
+      if (e == cudaErrorInsufficientDriver && drv == 0)
+        os << "no NVIDIA GPU or driver found (" << raw << ")";
+      else if (e == cudaErrorInsufficientDriver)
+        os << "the NVIDIA driver supports CUDA " << drv / 1000 << "." << (drv % 1000) / 10
+           << ", older than this build's runtime " << rt / 1000 << "." << (rt % 1000) / 10 << " (" << raw << ")";
+      else if (e == cudaErrorNoDevice)
+        os << "no NVIDIA GPU found (" << raw << ")";
+      else
+        os << raw;
+      *why = os.str();
+    }
     cudaGetLastError();  // clear the sticky-free error state
     return false;
   }
   if (n == 0) {
-    if (why) *why = "no CUDA device";
+    if (why) *why = "no NVIDIA GPU found (cudaGetDeviceCount: 0 devices)";
     return false;
   }
   return true;

@@ -27,7 +27,7 @@ inline bool require_gpu_env() {
     if (!(usable)(&why_gpu_)) {                                                                  \
       if (::burstlab::testutil::require_gpu_env())                                               \
         FAIL() << "BURSTLAB_REQUIRE_GPU=1 but no usable GPU: " << why_gpu_;                      \
-      GTEST_SKIP() << "no CUDA GPU (" << why_gpu_                                                \
-                   << "); set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure";   \
+      GTEST_SKIP() << why_gpu_                                                                   \
+                   << "; set BURSTLAB_REQUIRE_GPU=1 on a GPU machine to make this a failure";    \
     }                                                                                            \
   } while (0)
