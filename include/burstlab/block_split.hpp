@@ -1,0 +1,72 @@
+// burstlab/block_split.hpp — one block of attention (spec §6.1) over positions that form a few
+// arithmetic progressions, as blocks over contiguous positions merged in place (eq. 4.5).
+//
+// Kernels skip invisible tiles, and drop the per-element predicate inside full ones, only when
+// the key positions are contiguous; a block whose keys are indexed runs every tile through the
+// predicate. The blocks that the schedules build from zigzag and striped partitions (gathered
+// shards, grid rows and columns) are a few progressions each side: stride 1 runs (zigzag,
+// contiguous) or stride-G progressions (striped). A pair of stride-1 runs is a block over
+// contiguous global positions under the block's own mask. A pair of progressions of one stride
+// s > 1 under a band (eq. 3.4) is a band again in LOCAL indices, i -> a + s i, j -> c + s j:
+//   key j visible from row i  <=>  max(0, i + L) <= j < min(n_k, i + R),
+//   L = ceil((a + off - left - c) / s),  R = ceil((a + off + right + 1 - c) / s),  off = N_k - N_q,
+// which `BlockPart` states as a problem of its own (N_q', N_k', band edges) over positions 0..n.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "burstlab/mask.hpp"
+#include "burstlab/problem.hpp"
+#include "burstlab/tensor.hpp"
+
+namespace burstlab {
+
+// Local rows [at, at + n) of positions p, and of a (B, H, N, d) or (B, H, N) view along N (same
+// strides, no copy).
+inline Positions slice_positions(Positions p, int64_t at, int64_t n) {
+  return p.index ? Positions{0, n, p.index + at} : contiguous(p.start + at, n);
+}
+template <class T>
+View4<T> slice_rows(View4<T> v, int64_t at, int64_t n) {
+  v.data += at * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+template <class T>
+View3<T> slice_rows(View3<T> v, int64_t at, int64_t n) {
+  v.data += at * v.stride[2];
+  v.dim[2] = n;
+  return v;
+}
+
+// A maximal arithmetic progression of positions in storage order: local rows [at, at + n) hold
+// positions pos + stride * r (stride 1 for a lone position).
+struct Progression {
+  int64_t at = 0, pos = 0, stride = 1, n = 0;
+};
+std::vector<Progression> progressions(Positions p);
+
+// Rows [q_at, q_at + q_n) by keys [k_at, k_at + k_n) of the block.
+struct BlockPart {
+  int64_t q_at = 0, q_n = 0, k_at = 0, k_n = 0;
+  bool hidden = false;  // no visible pair: nothing to add
+  bool local = false;   // mask is a band over local positions (a problem of mask.N_q x mask.N_k); else
+                        // the block's own mask over global positions
+  MaskParams mask;
+  Positions q_pos, k_pos;  // contiguous
+};
+
+// The parts of the block (q, k) under mask m, ordered by query progression, then key
+// progression; empty when the block does not split: a side with more than kMaxProgressions or
+// fewer than kMinRows rows per progression on average (not worth a launch each), strides that
+// differ, or stride > 1 with a document or block-sparse mask (not a band in local indices).
+constexpr size_t kMaxProgressions = 32;
+constexpr int64_t kMinRows = 128;
+std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k);
+
+// The problem a part runs as: p itself for a global part; for a local part, p with N_q, N_k and
+// the band of part.mask (validate() accepts it).
+Problem part_problem(const Problem& p, const BlockPart& part);
+
+}  // namespace burstlab
