@@ -5,36 +5,49 @@
     print(burstlab.check(q, k, v, out=o, lse=lse, mask="causal"))           # the `burstlab check` table
 
 Inputs are NumPy arrays or PyTorch tensors (CPU or CUDA, fp64/fp32/bf16/fp16, any strides) in
-layout "BSHD" (B, N, H, d), as flash-attn, or "BHSD" (B, H, N, d), as SDPA; K and V may have fewer
-heads than Q (GQA/MQA). Bad input raises ValueError (burstlab.Error) naming the field.
-burstlab.testing.assert_attention_close raises AssertionError with the table;
-burstlab.cuda.attention is the cuda layer as a PyTorch operator (when built with CUDA).
+layout "BHSD" (B, H, N, d), as SDPA and the case files (the default everywhere, as on the command
+line), or "BSHD" (B, N, H, d), as flash-attn (pass layout="BSHD"); K and V may have fewer heads
+than Q (GQA/MQA). Bad input raises ValueError (burstlab.Error) naming the field; a problem that
+does not fit in memory raises burstlab.NotEnoughMemory (a ValueError and a MemoryError) with what
+fits, before anything big is allocated. burstlab.testing.assert_attention_close raises
+AssertionError with the table; burstlab.cuda.attention is the cuda layer as a PyTorch operator
+(burstlab.cuda.why_unavailable() says why it cannot run here, also without PyTorch).
 """
-import importlib
-import json
-import os
-from typing import NamedTuple, Optional
+import importlib as _importlib
+import json as _json
+import os as _os
+from typing import NamedTuple as _NamedTuple
 
-import numpy as np
+import numpy as _np
 
 from . import _core
-from ._core import CheckResult, Error, Mismatch, TensorCheck
-from ._tensors import as_array, dtype_name, is_torch, layout_name, like, scale_value
+from ._core import CheckResult, Error, Mismatch, NotEnoughMemory, TensorCheck
+from ._tensors import as_array as _as_array
+from ._tensors import dtype_name as _dtype_name
+from ._tensors import layout_hint as _layout_hint
+from ._tensors import layout_name as _layout_name
+from ._tensors import like as _like
+from ._tensors import scale_value as _scale_value
 from .mask import Mask
 
 __version__ = "0.1.0"
 __all__ = ["oracle", "check", "Mask", "Case", "suite", "CheckResult", "TensorCheck", "Mismatch", "Error",
-           "Forward", "ForwardBackward", "testing", "cuda"]
+           "NotEnoughMemory", "Forward", "ForwardBackward", "testing", "cuda"]
 
 
-class Forward(NamedTuple):
+def __dir__():
+    # The public names only (tab completion, dir()): not the modules imported to implement them.
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
+
+
+class Forward(_NamedTuple):
     """The oracle's forward: O in the inputs' layout, LSE (B, H_q, N_q), natural log, -inf on
     empty rows (spec §2.3); fp64."""
     O: object
     LSE: object
 
 
-class ForwardBackward(NamedTuple):
+class ForwardBackward(_NamedTuple):
     """Forward plus the gradients for dO (spec §5): dQ like Q, dK and dV like K; fp64."""
     O: object
     LSE: object
@@ -43,64 +56,69 @@ class ForwardBackward(NamedTuple):
     dV: object
 
 
-def oracle(q, k, v, *, mask=None, scale=None, layout="BSHD", do=None):
+def oracle(q, k, v, *, mask=None, scale=None, layout="BHSD", do=None):
     """The fp64 oracle (reference<double>, spec §2 and §5) on the caller's inputs.
 
-    q (B, N_q, H_q, d) and k, v (B, N_k, H_kv, d) for layout "BSHD"; (B, H, N, d) for "BHSD".
+    q (B, H_q, N_q, d) and k, v (B, H_kv, N_k, d) for layout "BHSD" (the default: SDPA's and the
+    case files'); (B, N, H, d) for "BSHD" (flash-attn's).
     mask: None (every key), "causal", a burstlab.Mask or a dict of its fields. scale: default
     1/sqrt(d). With do (shaped like q) the gradients are returned too. Returns Forward(O, LSE) or
     ForwardBackward(O, LSE, dQ, dK, dV) in fp64: NumPy arrays, or torch tensors on q's device
     when q is a torch tensor. fp64 NumPy / CPU-tensor inputs are read in place, whatever their
-    strides; other dtypes are converted to fp64 exactly.
+    strides; other dtypes are converted to fp64 exactly. A problem whose oracle does not fit in
+    this machine's memory raises NotEnoughMemory (needed, available, and what fits) up front.
     """
-    layout = layout_name(layout)
+    layout = _layout_name(layout)
     m = Mask.of(mask)
-    qa, _ = as_array(q, "q")
-    ka, _ = as_array(k, "k")
-    va, _ = as_array(v, "v")
-    da = None if do is None else as_array(do, "do")[0]
-    res = _core.oracle(qa, ka, va, da, m.json, scale_value(scale), layout)
-    res = like(q, list(res))
+    qa, _ = _as_array(q, "q")
+    ka, _ = _as_array(k, "k")
+    va, _ = _as_array(v, "v")
+    da = None if do is None else _as_array(do, "do")[0]
+    with _layout_hint(layout):
+        res = _core.oracle(qa, ka, va, da, m.json, _scale_value(scale), layout)
+    res = _like(q, list(res))
     return Forward(*res) if do is None else ForwardBackward(*res)
 
 
 def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, do=None, mask=None, scale=None,
-          layout="BSHD", dtype=None, lse_empty="-inf", lse_base="e", max_list=5, name=None):
+          layout="BHSD", dtype=None, lse_empty="-inf", lse_base="e", max_list=5, name=None):
     """Checks a candidate's outputs against the fp64 oracle under the spec §9 rule, as
     `burstlab check` does, and returns the CheckResult (``str()`` is the same table).
 
-    q, k, v (and do, needed for dq, dk, dv) are the inputs the candidate read, in its precision;
+    q, k, v (and do, needed for dq, dk, dv) are the inputs the candidate read, in its precision,
+    in layout "BHSD" (B, H, N, d) (the default) or "BSHD" (B, N, H, d), as the candidate's tensors;
     out, lse, dq, dk, dv are what it returned (only the tensors given are checked). dtype: the
     candidate's precision for the bound (default: out's dtype, else the gradients', else q's).
     lse_empty="+inf" and lse_base="2" convert other LSE conventions first (spec §2.3).
     The result: .passed (also its truth value), .tensors (max_abs, max_rel, err_bound, wrong,
     checked, mismatches with their (b, h, i, k) coordinates), .json().
     """
-    layout = layout_name(layout)
+    layout = _layout_name(layout)
     m = Mask.of(mask)
-    qa, qt = as_array(q, "q")
-    ka, kt = as_array(k, "k")
-    va, vt = as_array(v, "v")
+    qa, qt = _as_array(q, "q")
+    ka, kt = _as_array(k, "k")
+    va, vt = _as_array(v, "v")
     for n, t in (("k", kt), ("v", vt)):
         if t != qt:
             raise ValueError(f"{n} has dtype {t} but q has {qt}: the inputs share one precision")
-    da = None if do is None else as_array(do, "do")[0]
+    da = None if do is None else _as_array(do, "do")[0]
     cand = {}
     for n, x in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv)):
-        cand[n] = None if x is None else as_array(x, n)
+        cand[n] = None if x is None else _as_array(x, n)
     if dtype is None:
         first = next((cand[n] for n in ("out", "dq", "dk", "dv") if cand[n] is not None), None)
         dtype = qt if first is None else first[1]
-    dtype = dtype_name(dtype)
+    dtype = _dtype_name(dtype)
     if not isinstance(max_list, int) or isinstance(max_list, bool):
         raise ValueError(f"max_list ({max_list!r}) must be an integer")
     arr = {n: (None if c is None else c[0]) for n, c in cand.items()}
-    return _core.check(qa, ka, va, da, m.json, scale_value(scale), layout, qt, arr["out"], arr["lse"], arr["dq"],
-                       arr["dk"], arr["dv"], dtype, str(lse_empty), str(lse_base), max_list, name or "")
+    with _layout_hint(layout):
+        return _core.check(qa, ka, va, da, m.json, _scale_value(scale), layout, qt, arr["out"], arr["lse"],
+                           arr["dq"], arr["dk"], arr["dv"], dtype, str(lse_empty), str(lse_base), max_list, name or "")
 
 
 # ---- case files --------------------------------------------------------------------------------
-_NP_OF = {"fp64": np.float64, "fp32": np.float32, "bf16": np.float32, "fp16": np.float16}
+_NP_OF = {"fp64": _np.float64, "fp32": _np.float32, "bf16": _np.float32, "fp16": _np.float16}
 
 
 class Case:
@@ -114,7 +132,7 @@ class Case:
 
     def __init__(self, handle):
         self._h = handle
-        meta = json.loads(handle.json)
+        meta = _json.loads(handle.json)
         self.meta = meta
         for key in ("name", "B", "H_q", "H_kv", "N_q", "N_k", "d", "scale", "layout", "dtype", "values", "seed",
                     "backward", "mask_spec"):
@@ -124,12 +142,12 @@ class Case:
     @classmethod
     def load(cls, dir):
         """Reads a case directory (`burstlab gen`), with expected/ when present (`burstlab oracle`)."""
-        return cls(_core.read_case(os.fspath(dir)))
+        return cls(_core.read_case(_os.fspath(dir)))
 
     def save(self, dir, expected=True):
         """Writes case.json and q k v dO .npy into dir (created) and, with expected=True, the
         oracle's expected/ outputs: the same bytes as `burstlab gen --oracle`."""
-        _core.write_case(self._h, os.fspath(dir), bool(expected))
+        _core.write_case(self._h, _os.fspath(dir), bool(expected))
 
     def _input(self, a):
         if a is None:
@@ -158,13 +176,14 @@ class Case:
         import torch
 
         t = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
-        conv = [None if a is None else torch.from_numpy(np.array(a)).to(device=device, dtype=t)
+        conv = [None if a is None else torch.from_numpy(_np.array(a)).to(device=device, dtype=t)
                 for a in (self._h.q, self._h.k, self._h.v, self._h.do)]
         return tuple(conv)
 
     @property
     def expected(self):
-        """The fp64 oracle's outputs (read from expected/ or computed once), read-only arrays."""
+        """The fp64 oracle's outputs (read from expected/ or computed once, NotEnoughMemory when that
+        does not fit), read-only arrays."""
         res = list(self._h.expected())
         for a in res:
             a.flags.writeable = False
@@ -176,13 +195,15 @@ class Case:
         torch) in the case's layout (or `layout`); dtype defaults to the case's."""
         arr = {}
         for n, x in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv)):
-            arr[n] = None if x is None else as_array(x, n)[0]
+            arr[n] = None if x is None else _as_array(x, n)[0]
         if dtype is None:
             dtype = ""
         else:
-            dtype = dtype_name(dtype)
-        return self._h.check(arr["out"], arr["lse"], arr["dq"], arr["dk"], arr["dv"], dtype, str(lse_empty),
-                             str(lse_base), "" if layout is None else layout_name(layout), max_list)
+            dtype = _dtype_name(dtype)
+        layout = self.layout if layout is None else _layout_name(layout)
+        with _layout_hint(layout):
+            return self._h.check(arr["out"], arr["lse"], arr["dq"], arr["dk"], arr["dv"], dtype, str(lse_empty),
+                                 str(lse_base), layout, max_list)
 
     def __repr__(self):
         return (f"<burstlab.Case {self.name}: B={self.B} Hq={self.H_q} Hkv={self.H_kv} Nq={self.N_q} Nk={self.N_k} "
@@ -193,11 +214,11 @@ def suite(quick=True, dtype="fp32"):
     """The curated conformance suite (`burstlab gen`): every mask kind, GQA/MQA, ragged lengths,
     fully masked rows, large logits, ties, d in {1, 3, ..., 128} (256 in the full set). Seeds are
     fixed: the same cases, byte for byte, as the command line writes."""
-    return [Case(h) for h in _core.suite(bool(quick), dtype_name(dtype))]
+    return [Case(h) for h in _core.suite(bool(quick), _dtype_name(dtype))]
 
 
 def __getattr__(name):
     # burstlab.cuda imports torch and burstlab.testing is small: both load on first use.
     if name in ("cuda", "testing"):
-        return importlib.import_module(f".{name}", __name__)
+        return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'burstlab' has no attribute '{name}'")

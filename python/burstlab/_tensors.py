@@ -9,9 +9,13 @@ Every input becomes a NumPy array that shares the caller's memory where it can:
   buffer protocol / array interface (``numpy.asarray``).
 The C++ side then reads fp64 arrays in place and converts the rest to fp64 exactly.
 """
+import contextlib
+import re
 import sys
 
 import numpy as np
+
+from . import _core
 
 DTYPES = ("fp64", "fp32", "bf16", "fp16")
 _NP = {np.dtype(np.float64): "fp64", np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
@@ -82,8 +86,30 @@ def as_array(x, name):
 
 def layout_name(layout):
     if not isinstance(layout, str) or layout.upper() not in ("BSHD", "BHSD"):
-        raise ValueError(f"layout ({layout!r}) must be 'BSHD' (B, N, H, d) or 'BHSD' (B, H, N, d)")
+        raise ValueError(f"layout ({layout!r}) must be 'BHSD' (B, H, N, d) or 'BSHD' (B, N, H, d)")
     return layout.upper()
+
+
+# Errors about the problem's dimensions: the axes may have been read in the wrong layout.
+_SHAPE_ERROR = re.compile(r"\b(B|H_q|H_kv|N_q|N_k|d) \(|shape|q_segment|k_segment|block_mask")
+_AXES = {"BHSD": "(B, H, N, d)", "BSHD": "(B, N, H, d)"}
+
+
+@contextlib.contextmanager
+def layout_hint(layout):
+    """Adds the layout the arrays were read in to a shape error: with the default "BHSD", arrays
+    stored (B, N, H, d) are read with H and N swapped, and the message alone would not say so."""
+    try:
+        yield
+    except _core.NotEnoughMemory:
+        raise
+    except _core.Error as e:
+        text = str(e)
+        if "layout" in text or not _SHAPE_ERROR.search(text):
+            raise
+        other = "BSHD" if layout == "BHSD" else "BHSD"
+        raise type(e)(f"{text} (arrays read as layout {layout!r}: {_AXES[layout]}; for {_AXES[other]} arrays "
+                      f"pass layout={other!r})") from None
 
 
 def scale_value(scale):

@@ -1,7 +1,7 @@
 """burstlab.cuda: burstlab's attention as a PyTorch operator, to swap into a model and compare.
 
-    o = burstlab.cuda.attention(q, k, v, mask=burstlab.Mask(causal=True))          # (B, N, H, d)
-    o, lse = burstlab.cuda.attention(q, k, v, layout="BHSD", return_lse=True)
+    o = burstlab.cuda.attention(q, k, v, mask=burstlab.Mask(causal=True))          # (B, H, N, d), as SDPA
+    o, lse = burstlab.cuda.attention(q, k, v, layout="BSHD", return_lse=True)      # (B, N, H, d), as flash-attn
 
 Two operators registered with torch.library (torch >= 2.4): ``burstlab::attention`` (forward:
 O, LSE) and ``burstlab::attention_backward`` (dQ, dK, dV), with fake (meta) kernels for
@@ -10,16 +10,24 @@ cuda layer (cuda/cuda.hpp: bf16, fp16, fp32, fp64; the fastest variant for the c
 on the caller's current stream; on CPU tensors the cpu layer (fp32, fp64). LSE is fp32 (fp64 for
 fp64 inputs), natural log, -inf on empty rows, and is not differentiable (the backward of spec §5
 has no LSE term). GQA/MQA: k and v may have fewer heads than q.
+
+Without PyTorch this module still imports: available() is False, why_unavailable() says so, and
+attention() raises RuntimeError with that reason.
 """
 import math
 from typing import Optional, Tuple
-
-import torch
 
 from . import _core
 from .mask import _NAMED, Mask
 
 __all__ = ["attention", "available", "why_unavailable"]
+
+try:
+    import torch
+    _torch_error = None
+except ImportError as e:
+    torch = None
+    _torch_error = str(e)
 
 try:
     from . import _cuda
@@ -28,12 +36,15 @@ except ImportError as e:  # built without CUDA, or the CUDA runtime library is n
     _cuda = None
     _cuda_error = str(e)
 
-_DTYPE = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-_HAVE_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+_DTYPE = {} if torch is None else {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16",
+                                   torch.float16: "fp16"}
+_HAVE_CUSTOM_OP = torch is not None and hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
 
 
 def why_unavailable():
     """'' when burstlab.cuda.attention can run on CUDA tensors here, else the reason."""
+    if torch is None:
+        return f"PyTorch is not importable ({_torch_error}): burstlab.cuda.attention is a PyTorch operator"
     if not _HAVE_CUSTOM_OP:
         return f"torch {torch.__version__} has no torch.library.custom_op (torch >= 2.4 needed)"
     if _cuda is None:
@@ -138,14 +149,15 @@ if _HAVE_CUSTOM_OP:
     _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, mask=None, *, scale=None, layout="BSHD", return_lse=False, variant="auto",
+def attention(q, k, v, mask=None, *, scale=None, layout="BHSD", return_lse=False, variant="auto",
               deterministic=False):
     """Attention (spec §2) by burstlab's cuda layer on CUDA tensors (cpu layer on CPU tensors),
     differentiable in q, k, v.
 
-    q (B, N_q, H_q, d), k and v (B, N_k, H_kv, d) for layout "BSHD" (flash-attn's); (B, H, N, d)
-    for "BHSD" (SDPA's); one dtype and device for all three. mask: None, "causal", a burstlab.Mask
-    or a dict of its fields (spec §3: bottom-right aligned band, documents, block mask).
+    q (B, H_q, N_q, d), k and v (B, H_kv, N_k, d) for layout "BHSD" (the default: SDPA's, as
+    burstlab.oracle and the command line); (B, N, H, d) for "BSHD" (flash-attn's); one dtype and
+    device for all three. mask: None, "causal", a burstlab.Mask or a dict of its fields (spec §3:
+    bottom-right aligned band, documents, block mask).
     scale: default 1/sqrt(d). variant: "auto" or "v1".."v6" (cuda/README.md; a pass the variant
     lacks runs auto: v5 and v6 are backward only; auto's backward is v5 at d = 64, v4 at
     d = 128). deterministic: a bitwise repeatable backward (the one-pass backwards of v4-v6 add
@@ -155,7 +167,7 @@ def attention(q, k, v, mask=None, *, scale=None, layout="BSHD", return_lse=False
     if not _HAVE_CUSTOM_OP:
         raise RuntimeError(why_unavailable())
     if layout not in ("BSHD", "BHSD"):
-        raise ValueError(f"layout ({layout!r}) must be 'BSHD' or 'BHSD'")
+        raise ValueError(f"layout ({layout!r}) must be 'BHSD' (B, H, N, d) or 'BSHD' (B, N, H, d)")
     if isinstance(mask, Mask):
         mask_json = mask.json
     elif mask is None:

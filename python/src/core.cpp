@@ -7,6 +7,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <omp.h>
+
+#include <algorithm>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,7 +19,9 @@
 #include "burstlab/problem.hpp"
 #include "case.hpp"
 #include "cpu.hpp"
+#include "impls.hpp"  // tools/: ImplOptions
 #include "reference.hpp"
+#include "resources.hpp"  // tools/: the command line's memory estimates, one formula for both
 
 namespace py = pybind11;
 
@@ -74,12 +80,84 @@ View4<double> view_of(py::array_t<double>& a, Layout layout, int64_t B, int64_t 
   return view4<double>(a.mutable_data(), layout, B, H, N, d);
 }
 
+// The problem from the arrays' shapes alone, before any of them is converted (copied).
+Problem problem_of_shapes(const py::array& q, const py::array& k, const py::array& v, Layout layout,
+                          const std::string& mask_json, std::optional<double> scale) {
+  View4<const double> Q, K, V;
+  py_arrays::logical_dims(q, layout, "q", Q.dim);
+  py_arrays::logical_dims(k, layout, "k", K.dim);
+  py_arrays::logical_dims(v, layout, "v", V.dim);
+  return problem_of(Q, K, V, mask_json, scale);
+}
+
+// ---- memory: refused before allocating, as the command line refuses ----------------------------
+// A problem whose estimate exceeds what the machine has would end in std::bad_alloc (or the
+// OOM killer) minutes into the run; it is refused up front with what fits instead.
+struct NotEnoughMemory : Error {
+  using Error::Error;
+};
+
+// Threads the oracle's OpenMP regions run on in this process (each holds its own N_q x N_k).
+int omp_threads() { return std::max(1, omp_get_max_threads()); }
+
+// A call's peak bytes for problem p, with or without its backward.
+using NeedOf = std::function<tools::MemNeed(const Problem& p, bool backward)>;
+
+// Throws NotEnoughMemory ("not enough memory for <step>: <need> needed, <available> available
+// (<source>); the largest part: ...; it fits with ...") when need(p, backward) exceeds what is
+// available. The advice: the largest N_q = N_k that fits and, for a backward, `forward_only`
+// (how the caller drops it, e.g. "without do") when the forward alone fits.
+void require_fits(const Problem& p, bool backward, const NeedOf& need, const std::string& forward_only) {
+  const tools::MemAvailable avail = tools::memory_available();
+  const tools::MemNeed n = need(p, backward);
+  if (avail.bytes < 0 || n.bytes <= avail.bytes) return;
+  // The suggestion keeps 10% headroom: what is available moves between two calls.
+  const int64_t budget = avail.bytes / 10 * 9;
+  auto fits = [&](const Problem& x, bool bwd) { return need(x, bwd).bytes <= budget; };
+  std::vector<std::string> ways;
+  const int64_t c = tools::largest_fitting_length(p.N_q, p.N_k, [&](int64_t nq, int64_t nk) {
+    Problem x = p;
+    x.N_q = nq;  // the estimate reads the lengths; the mask's arrays keep their size
+    x.N_k = nk;
+    return fits(x, backward);
+  });
+  if (c > 0)
+    ways.push_back("N_q and N_k up to " + std::to_string(c) + " (B, H, d as they are)");
+  if (backward && !forward_only.empty() && fits(p, false))
+    ways.push_back(forward_only + " (the forward alone: " + tools::format_bytes(need(p, false).bytes) + ")");
+  std::string advice;
+  for (size_t i = 0; i < ways.size(); ++i) advice += (i == 0 ? "it fits with " : ", or ") + ways[i];
+  if (ways.empty()) advice = "it does not fit even with N_q = N_k = 1: use fewer heads, a smaller batch or d";
+  try {
+    tools::require_memory(n, avail, [&] { return advice; });
+  } catch (const Error& e) {
+    throw NotEnoughMemory(e.what());
+  }
+}
+
+// The bare oracle holds what `burstlab run --impl reference --dtype fp64` holds (its copies of
+// the inputs and outputs, reference<fp64>'s N_q x N_k per thread): the same formula.
+tools::MemNeed oracle_call_need(const Problem& p, bool backward) {
+  return tools::make_need("the fp64 oracle (reference<fp64>)",
+                          tools::reference_footprint(p, Dtype::F64, tools::ImplOptions{}, backward, omp_threads()));
+}
+
+// check/'s compute_expected: the oracle with its §9 bounds (as `burstlab check` and `run`), over
+// `extra` (the fp64 copies the caller holds next to it).
+tools::MemNeed expected_need(const Problem& p, bool backward, const std::vector<tools::MemPart>& extra) {
+  const tools::MemNeed o = tools::oracle_need(p, backward, omp_threads());
+  std::vector<tools::MemPart> parts = extra;
+  parts.insert(parts.end(), o.parts.begin(), o.parts.end());
+  return tools::make_need(o.step, parts);
+}
+
 // ---- oracle: reference<double> on the caller's arrays (spec §2, §5) ------------------------
 py::tuple oracle(const py::array& q, const py::array& k, const py::array& v, const Arr& dO,
                  const std::string& mask_json, std::optional<double> scale, const std::string& layout_s) {
   const Layout layout = parse_layout(layout_s);
+  const Problem p = problem_of_shapes(q, k, v, layout, mask_json, scale);
+  require_fits(p, dO.has_value(), oracle_call_need, "without do");
   const In4 Q = py_arrays::in4(q, layout, "q"), K = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
-  const Problem p = problem_of(Q.view, K.view, V.view, mask_json, scale);
   std::optional<In4> dO_in;
   if (dO) {
     dO_in = py_arrays::in4(*dO, layout, "do");
@@ -175,6 +253,19 @@ check::CheckResult check_arrays(const py::array& q, const py::array& k, const py
   const bool backward = dq || dk || dv;
   if (backward && !dO) fail("do is required to check dq, dk or dv (the oracle's backward needs dO)");
   if (!out && !lse && !backward) fail("nothing to check: give out, lse, dq, dk or dv");
+  // Held next to the oracle: the fp64 copies of the inputs (cd.in) and of the candidate's tensors.
+  auto need = [&](const Problem& x, bool bwd) {
+    const int64_t Eq = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d));
+    const int64_t Ek = tools::bytes_mul(tools::bytes_mul(x.B, x.H_kv), tools::bytes_mul(x.N_k, x.d));
+    const int64_t Er = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q);
+    int64_t cand = tools::bytes_add(out ? Eq : 0, lse ? Er : 0);
+    if (bwd) cand = tools::bytes_add(cand, tools::bytes_add(dq ? Eq : 0, tools::bytes_mul(int64_t(!!dk) + !!dv, Ek)));
+    std::vector<tools::MemPart> held = tools::inputs_footprint(x);
+    held.push_back({"the candidate's tensors in fp64", tools::bytes_mul(8, cand)});
+    return expected_need(x, bwd, held);
+  };
+  require_fits(problem_of_shapes(q, k, v, layout, mask_json, scale), backward, need,
+               out || lse ? "without dq, dk, dv" : "");
   const In4 Q = py_arrays::in4(q, layout, "q"), K = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
   check::CaseData cd;
   cd.meta.p = problem_of(Q.view, K.view, V.view, mask_json, scale);
@@ -212,6 +303,8 @@ struct PyCase {
 
 const check::Expected& expected_of(PyCase& c) {
   if (!c.expected) {
+    require_fits(c.data.meta.p, c.data.meta.backward,
+                 [](const Problem& x, bool bwd) { return expected_need(x, bwd, {}); }, "");
     py::gil_scoped_release unlocked;
     c.expected = check::compute_expected(c.data);
   }
@@ -300,6 +393,11 @@ PYBIND11_MODULE(_core, m) {
   using namespace burstlab::python;
   m.doc() = "burstlab's C++ layers for Python: the fp64 oracle, the checker, case files, the cpu layer";
   py::register_exception<Error>(m, "Error", PyExc_ValueError);
+  // Both ValueError (bad input, as the command line's exit 2) and MemoryError (what `except
+  // MemoryError` expects). Module-local: local translators run before the global ones, among
+  // which _cuda's catches every burstlab::Error.
+  py::register_local_exception<NotEnoughMemory>(m, "NotEnoughMemory",
+                                                py::make_tuple(m.attr("Error"), py::handle(PyExc_MemoryError)));
 
   m.def("oracle", &oracle, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do_"), py::arg("mask"),
         py::arg("scale"), py::arg("layout"),

@@ -47,7 +47,7 @@ def test_exact_copy_passes_and_perturbed_fails_with_coordinates(rng, layout):
 
 
 def test_lse_mismatch_and_nonfinite_positions(rng):
-    q, k, v, _ = inputs((1, 37, 2, 8), (1, 50, 1, 8), rng)
+    q, k, v, _ = inputs((1, 2, 37, 8), (1, 1, 50, 8), rng)
     mask = masks_37_50()["document"]
     ref = burstlab.oracle(q, k, v, mask=mask)
     lse = ref.LSE.copy()
@@ -62,7 +62,7 @@ def test_lse_mismatch_and_nonfinite_positions(rng):
 
 def test_conventions_are_converted(rng):
     """+inf on empty rows and log2 units (flash-attn / Triton conventions) pass once declared."""
-    q, k, v, _ = inputs((1, 37, 2, 8), (1, 50, 1, 8), rng)
+    q, k, v, _ = inputs((1, 2, 37, 8), (1, 1, 50, 8), rng)
     mask = masks_37_50()["document"]
     ref = burstlab.oracle(q, k, v, mask=mask)
     lse2 = np.where(np.isneginf(ref.LSE), np.inf, ref.LSE / np.log(2))
@@ -78,7 +78,7 @@ def test_conventions_are_converted(rng):
 
 def test_low_precision_candidate_uses_its_own_bound(rng):
     """An fp32 candidate rounded from the oracle passes under the fp32 bound and fails the fp64 one."""
-    q, k, v, do = (x.astype(np.float32) for x in inputs((1, 37, 4, 16), (1, 50, 2, 16), rng))
+    q, k, v, do = (x.astype(np.float32) for x in inputs((1, 4, 37, 16), (1, 2, 50, 16), rng))
     ref = burstlab.oracle(q, k, v, do=do, mask="causal")
     out = ref.O.astype(np.float32)
     r = burstlab.check(q, k, v, out=out, mask="causal")
@@ -87,12 +87,12 @@ def test_low_precision_candidate_uses_its_own_bound(rng):
 
 
 def test_assert_attention_close(rng):
-    q, k, v, do = inputs((1, 37, 2, 8), (1, 50, 2, 8), rng)
+    q, k, v, do = inputs((1, 2, 37, 8), (1, 2, 50, 8), rng)
     ref = burstlab.oracle(q, k, v, do=do, mask="causal")
     r = assert_attention_close(q, k, v, out=ref.O, lse=ref.LSE, mask="causal")
     assert r.passed
     O = ref.O.copy()
-    O[0, 7, 1, 2] = np.nan
+    O[0, 1, 7, 2] = np.nan
     with pytest.raises(AssertionError) as e:
         assert_attention_close(q, k, v, out=O, mask="causal", msg="my kernel")
     text = str(e.value)

@@ -8,17 +8,17 @@ import burstlab
 
 @pytest.fixture
 def qkv(rng):
-    return inputs((1, 20, 4, 8), (1, 30, 2, 8), rng)[:3]
+    return inputs((1, 4, 20, 8), (1, 2, 30, 8), rng)[:3]  # (B, H, N, d): the default layout
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda q, k, v: burstlab.oracle(q[0], k, v), r"q has shape \(20, 4, 8\): 4 dimensions \(B, N, H, d\)"),
+    (lambda q, k, v: burstlab.oracle(q[0], k, v), r"q has shape \(4, 20, 8\): 4 dimensions \(B, H, N, d\)"),
     (lambda q, k, v: burstlab.oracle(q, k[..., :4], v[..., :4]), r"k's d \(4\) must equal q's d \(8\)"),
-    (lambda q, k, v: burstlab.oracle(q, k, v[:, :29]), r"v .* must have the shape of k"),
+    (lambda q, k, v: burstlab.oracle(q, k, v[:, :, :29]), r"v .* must have the shape of k"),
     (lambda q, k, v: burstlab.oracle(q, np.concatenate([k, k]), np.concatenate([v, v])), r"k's B \(2\)"),
-    (lambda q, k, v: burstlab.oracle(q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2)),
+    (lambda q, k, v: burstlab.oracle(q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1)),
      r"H_q \(4\) must be a multiple of H_kv \(3\)"),
-    (lambda q, k, v: burstlab.oracle(q, k, v, do=q[:, :19]), r"do has logical shape"),
+    (lambda q, k, v: burstlab.oracle(q, k, v, do=q[:, :, :19]), r"do has logical shape"),
     (lambda q, k, v: burstlab.oracle(q, k, v, scale=float("nan")), r"scale \(nan\) must be finite"),
     (lambda q, k, v: burstlab.oracle(q, k, v, scale="x"), r"scale \('x'\) must be a number"),
     (lambda q, k, v: burstlab.oracle(q, k, v, layout="SBHD"), r"layout \('SBHD'\)"),

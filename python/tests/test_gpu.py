@@ -58,7 +58,7 @@ def test_operator_against_the_oracle(layout, dtype):
 def test_operator_variants(variant):
     """The variants named explicitly (auto picks v4/v3 on Hopper): the same check in bf16."""
     torch = require_gpu()
-    sq, sk = shapes("BSHD")
+    sq, sk = shapes("BHSD")  # the default layout
     q, k, v, do = (randn(torch, s, torch.bfloat16, i) for i, s in enumerate((sq, sk, sk, sq)))
     for name in ("causal", "document", "window"):
         mask = masks_37_50()[name]
@@ -72,7 +72,7 @@ def test_operator_on_the_callers_stream():
     backward within the bound (mask arrays uploaded per call included); deterministic=True
     repeats the backward bit for bit."""
     torch = require_gpu()
-    sq, sk = shapes("BSHD")
+    sq, sk = shapes("BHSD")
     q, k, v, do = (randn(torch, s, torch.bfloat16, i) for i, s in enumerate((sq, sk, sk, sq)))
     mask = masks_37_50()["causal+document+block"]
     want = run_operator(torch, q, k, v, do, mask=mask)
@@ -97,11 +97,11 @@ def test_gradcheck_fp64():
     import burstlab.cuda as bc
 
     mask = masks_37_50()["causal+document+block"]
-    q = randn(torch, (1, 37, 2, 4), torch.float64, 1).requires_grad_(True)
-    k = randn(torch, (1, 50, 1, 4), torch.float64, 2).requires_grad_(True)
-    v = randn(torch, (1, 50, 1, 4), torch.float64, 3).requires_grad_(True)
+    q = randn(torch, (1, 2, 37, 4), torch.float64, 1).requires_grad_(True)
+    k = randn(torch, (1, 1, 50, 4), torch.float64, 2).requires_grad_(True)
+    v = randn(torch, (1, 1, 50, 4), torch.float64, 3).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda q, k, v: bc.attention(q, k, v, mask=mask), (q, k, v))
-    do = randn(torch, (1, 37, 2, 4), torch.float64, 4)
+    do = randn(torch, (1, 2, 37, 4), torch.float64, 4)
     o, lse, dq, dk, dv = run_operator(torch, q, k, v, do, mask=mask)
     report("burstlab.cuda.attention fp64 (v1)",
            assert_attention_close(q, k, v, out=o, lse=lse, dq=dq, dk=dk, dv=dv, do=do, mask=mask))
@@ -114,14 +114,14 @@ def test_opcheck_and_compile():
     import burstlab.cuda as bc
 
     mask = masks_37_50()["causal+document+block"]
-    sq, sk = shapes("BSHD")
+    sq, sk = shapes("BHSD")
     q, k, v, do = (randn(torch, s, torch.bfloat16, i) for i, s in enumerate((sq, sk, sk, sq)))
     torch.library.opcheck(torch.ops.burstlab.attention.default,
                           (q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True), mask.json, None,
-                           "BSHD", "auto", True))
+                           "BHSD", "auto", True))
     o, lse = bc.attention(q.detach(), k.detach(), v.detach(), mask=mask, return_lse=True)
     torch.library.opcheck(torch.ops.burstlab.attention_backward.default,
-                          (do, q.detach(), k.detach(), v.detach(), o, lse, mask.json, None, "BSHD", "auto", True))
+                          (do, q.detach(), k.detach(), v.detach(), o, lse, mask.json, None, "BHSD", "auto", True))
 
     def step(q, k, v):
         return bc.attention(q, k, v, mask=mask)
@@ -159,7 +159,8 @@ def sdpa(torch, q, k, v, do, mask, backend=None):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_sdpa_against_the_oracle(dtype):
     """torch SDPA (default backend choice) on masks where every row sees a key: O, dQ, dK, dV within
-    the spec §9 bound. (SDPA returns no LSE.)"""
+    the spec §9 bound, SDPA's (B, H, N, d) tensors passed without layout= (the default). (SDPA
+    returns no LSE.)"""
     torch = require_gpu()
     t = getattr(torch, dtype)
     sq, sk = shapes("BHSD")
@@ -170,7 +171,7 @@ def test_sdpa_against_the_oracle(dtype):
         assert mask.dense(N_q, N_k).any(axis=1).all()  # no empty row
         o, dq, dk, dv = sdpa(torch, q, k, v, do, mask)
         report(f"torch SDPA {dtype} mask={name}",
-               assert_attention_close(q, k, v, out=o, dq=dq, dk=dk, dv=dv, do=do, mask=mask, layout="BHSD",
+               assert_attention_close(q, k, v, out=o, dq=dq, dk=dk, dv=dv, do=do, mask=mask,
                                       msg=f"torch SDPA {dtype} mask={name}"))
 
 

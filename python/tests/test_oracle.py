@@ -141,25 +141,25 @@ def test_low_precision_inputs_are_read_exactly(rng, dtype, layout):
 def test_empty_rows_and_mask_kinds(rng):
     """Rows with no visible key (document without keys, all-zero block rows): O = 0, LSE = -inf,
     dQ = 0 there (spec §2.3); every other row finite."""
-    q, k, v, do = inputs((1, 37, 2, 8), (1, 50, 1, 8), rng)
+    q, k, v, do = inputs((1, 2, 37, 8), (1, 1, 50, 8), rng)
     m = masks_37_50()["document"]
     r = burstlab.oracle(q, k, v, do=do, mask=m)
     empty = np.arange(37)[(np.arange(37) >= 10) & (np.arange(37) < 22)]
     assert np.isneginf(r.LSE[:, :, empty]).all() and np.isfinite(np.delete(r.LSE, empty, axis=2)).all()
-    assert not r.O[:, empty].any() and not r.dQ[:, empty].any()
+    assert not r.O[:, :, empty].any() and not r.dQ[:, :, empty].any()
     # the keys of document 0 and 2 receive gradients; nothing is NaN
     assert np.isfinite(r.dK).all() and np.abs(r.dK).max() > 0
 
 
 def test_scale_default_and_explicit(rng):
-    q, k, v, _ = inputs((1, 20, 2, 16), (1, 30, 2, 16), rng)
+    q, k, v, _ = inputs((1, 2, 20, 16), (1, 2, 30, 16), rng)
     assert same(burstlab.oracle(q, k, v).O, burstlab.oracle(q, k, v, scale=0.25).O)
     assert not same(burstlab.oracle(q, k, v).O, burstlab.oracle(q, k, v, scale=0.5).O)
 
 
 def test_dlpack_and_buffer_protocol(rng):
     """Objects that are not NumPy arrays: a DLPack producer and a buffer-protocol object (memoryview)."""
-    q, k, v, _ = inputs((1, 20, 2, 4), (1, 30, 2, 4), rng)
+    q, k, v, _ = inputs((1, 2, 20, 4), (1, 2, 30, 4), rng)
     want = burstlab.oracle(q, k, v)
 
     class DL:

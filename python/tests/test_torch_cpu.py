@@ -49,13 +49,13 @@ def test_strided_tensors_and_shared_memory():
     assert tag == "fp64" and a.__array_interface__["data"][0] == q.data_ptr() and not q.is_contiguous()
     k = randn(torch, (2, 2, 50, 16), torch.float64, 6).transpose(1, 2)
     v = randn(torch, (2, 2, 100, 16), torch.float64, 7)[:, :, ::2].transpose(1, 2)
-    r = burstlab.oracle(q, k, v, mask="causal")
-    w = burstlab.oracle(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal")
+    r = burstlab.oracle(q, k, v, mask="causal", layout="BSHD")
+    w = burstlab.oracle(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal", layout="BSHD")
     assert torch.allclose(r.O, w.O, rtol=1e-12, atol=1e-12) and torch.equal(r.LSE.isinf(), w.LSE.isinf())
     # a perturbed strided candidate is named at its logical coordinates
     o = w.O.clone().transpose(1, 2).contiguous().transpose(1, 2)  # BSHD logical, BHSD memory
     o[1, 20, 3, 4] += 1e-3
-    res = burstlab.check(q, k, v, out=o, mask="causal")
+    res = burstlab.check(q, k, v, out=o, mask="causal", layout="BSHD")
     assert res["O"].mismatches[0].index == (1, 3, 20, 4) and res["O"].wrong == 1
 
 
@@ -96,15 +96,15 @@ def test_operator_gradcheck_opcheck_and_compile():
     import burstlab.cuda as bc
 
     mask = masks_37_50()["causal+document+block"]
-    q = randn(torch, (1, 37, 2, 4), torch.float64, 1).requires_grad_(True)
-    k = randn(torch, (1, 50, 1, 4), torch.float64, 2).requires_grad_(True)
-    v = randn(torch, (1, 50, 1, 4), torch.float64, 3).requires_grad_(True)
+    q = randn(torch, (1, 2, 37, 4), torch.float64, 1).requires_grad_(True)
+    k = randn(torch, (1, 1, 50, 4), torch.float64, 2).requires_grad_(True)
+    v = randn(torch, (1, 1, 50, 4), torch.float64, 3).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda q, k, v: bc.attention(q, k, v, mask=mask), (q, k, v))
-    torch.library.opcheck(torch.ops.burstlab.attention.default, (q, k, v, mask.json, None, "BSHD", "auto", True))
+    torch.library.opcheck(torch.ops.burstlab.attention.default, (q, k, v, mask.json, None, "BHSD", "auto", True))
     o, lse = bc.attention(q, k, v, mask=mask, return_lse=True)
     torch.library.opcheck(torch.ops.burstlab.attention_backward.default,
                           (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, mask.json, None,
-                           "BSHD", "auto", True))
+                           "BHSD", "auto", True))
 
     def loss(q, k, v):
         return (bc.attention(q, k, v, mask=mask) ** 2).sum()
@@ -124,8 +124,8 @@ def test_operator_bad_input():
     torch = require_custom_op()
     import burstlab.cuda as bc
 
-    q = torch.randn(1, 8, 4, 8)
-    k = torch.randn(1, 8, 3, 8)
+    q = torch.randn(1, 4, 8, 8)
+    k = torch.randn(1, 3, 8, 8)
     with pytest.raises(ValueError, match=r"H_q \(4\) must be a multiple of H_kv \(3\)"):
         bc.attention(q, k, k)
     with pytest.raises(ValueError, match="v .* must have q's dtype"):
