@@ -1,6 +1,8 @@
 // cpu/cpu_engine.cpp — Engine<T> over cpu.hpp; host memory.
 #include "cpu_engine.hpp"
 
+#include "burstlab/block_split.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -65,17 +67,18 @@ class CpuEngine final : public Engine<T> {
     return m;
   }
 
+  // Blocks over a few position progressions run by parts over contiguous positions, as the CUDA
+  // engine runs them (block_split.hpp), so that the split is checked end to end here too.
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k,
                      View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE,
                      bool accumulate) override {
-    if (!accumulate) return cpu::forward_block<T>(p, mask.params, q, k, Q, K, V, O, LSE, tiles_);
-    // The partial in scratch, then the merge (4.5) into (O, LSE).
-    const int64_t B = O.dim[0], H = O.dim[1], n = O.dim[2], d = O.dim[3];
-    std::vector<T> o(static_cast<size_t>(B * H * n * d)), l(static_cast<size_t>(B * H * n));
-    View4<T> Op = view4(o.data(), Layout::BHSD, B, H, n, d);
-    View3<T> Lp = view3(l.data(), B, H, n);
-    cpu::forward_block<T>(p, mask.params, q, k, Q, K, V, Op, Lp, tiles_);
-    burstlab::merge<T>(O, LSE, as_const(Op), as_const(Lp));
+    const auto part = [&](const Problem& pp, const MaskParams& m, Positions qp, Positions kp, int64_t q_at,
+                          int64_t q_n, int64_t k_at, int64_t k_n, bool acc) {
+      block(pp, m, qp, kp, slice_rows(Q, q_at, q_n), slice_rows(K, k_at, k_n), slice_rows(V, k_at, k_n),
+            slice_rows(O, q_at, q_n), slice_rows(LSE, q_at, q_n), acc);
+    };
+    if ((q.index || k.index) && forward_parts(p, mask.params, q, k, accumulate, part)) return;
+    block(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
   }
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
     burstlab::merge<T>(O, LSE, O_part, LSE_part);
@@ -88,6 +91,18 @@ class CpuEngine final : public Engine<T> {
   }
 
  private:
+  void block(const Problem& p, const MaskParams& mask, Positions q, Positions k, View4<const T> Q,
+             View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) {
+    if (!accumulate) return cpu::forward_block<T>(p, mask, q, k, Q, K, V, O, LSE, tiles_);
+    // The partial in scratch, then the merge (4.5) into (O, LSE).
+    const int64_t B = O.dim[0], H = O.dim[1], n = O.dim[2], d = O.dim[3];
+    std::vector<T> o(static_cast<size_t>(B * H * n * d)), l(static_cast<size_t>(B * H * n));
+    View4<T> Op = view4(o.data(), Layout::BHSD, B, H, n, d);
+    View3<T> Lp = view3(l.data(), B, H, n);
+    cpu::forward_block<T>(p, mask, q, k, Q, K, V, Op, Lp, tiles_);
+    burstlab::merge<T>(O, LSE, as_const(Op), as_const(Lp));
+  }
+
   Tiles tiles_;
 };
 

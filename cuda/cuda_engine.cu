@@ -255,36 +255,16 @@ class CudaEngine final : public Engine<T> {
 
   // Positions in a few progressions (the gathered shards, grid rows and columns of zigzag and
   // striped partitions) run as blocks over contiguous positions, where the kernels skip hidden
-  // tiles and full tiles skip the predicate (block_split.hpp); the parts of a query progression
-  // merge in place (eq. 4.5), hidden parts are skipped. Other blocks run as given.
+  // tiles and full tiles skip the predicate (block_split.hpp). Other blocks run as given.
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
-    const std::vector<BlockPart> parts =
-        q.index || k.index ? split_block(mask.params, q, k) : std::vector<BlockPart>{};
-    if (parts.empty()) {
-      launch_forward(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
-      return;
-    }
-    for (size_t first = 0; first < parts.size();) {
-      size_t end = first;
-      while (end < parts.size() && parts[end].q_at == parts[first].q_at) ++end;
-      const BlockPart& a = parts[first];
-      const View4<const T> Qa = slice_rows(Q, a.q_at, a.q_n);
-      const View4<T> Oa = slice_rows(O, a.q_at, a.q_n);
-      const View3<A> La = slice_rows(LSE, a.q_at, a.q_n);
-      bool acc = accumulate;
-      for (size_t x = first; x < end; ++x) {
-        const BlockPart& b = parts[x];
-        if (b.hidden) continue;
-        launch_forward(part_problem(p, b), b.mask, b.q_pos, b.k_pos, Qa, slice_rows(K, b.k_at, b.k_n),
-                       slice_rows(V, b.k_at, b.k_n), Oa, La, acc);
-        acc = true;
-      }
-      if (!acc)  // every key hidden and nothing to add to: the rows' identity (O = 0, LSE = -inf)
-        launch_forward(p, mask.params, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), Qa,
-                       slice_rows(K, a.k_at, a.k_n), slice_rows(V, a.k_at, a.k_n), Oa, La, false);
-      first = end;
-    }
+    const auto part = [&](const Problem& pp, const MaskParams& m, Positions qp, Positions kp, int64_t q_at,
+                          int64_t q_n, int64_t k_at, int64_t k_n, bool acc) {
+      launch_forward(pp, m, qp, kp, slice_rows(Q, q_at, q_n), slice_rows(K, k_at, k_n), slice_rows(V, k_at, k_n),
+                     slice_rows(O, q_at, q_n), slice_rows(LSE, q_at, q_n), acc);
+    };
+    if ((q.index || k.index) && forward_parts(p, mask.params, q, k, accumulate, part)) return;
+    launch_forward(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
   }
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
     Options opt;

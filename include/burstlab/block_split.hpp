@@ -69,4 +69,33 @@ std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k
 // the band of part.mask (validate() accepts it).
 Problem part_problem(const Problem& p, const BlockPart& part);
 
+// A forward block (§6.1) by its parts, when it splits: run(pp, mask, q_pos, k_pos, q_at, q_n,
+// k_at, k_n, accumulate) computes rows [q_at, q_at + q_n) of the block against keys [k_at,
+// k_at + k_n) as the problem pp, merging into the rows' (O, LSE) when accumulate (eq. 4.5). Each
+// query progression's visible parts run in order, the first with the caller's accumulate; one
+// with none visible and nothing to accumulate into runs once over its first part on the block's
+// own positions, which gives its rows the identity (O = 0, LSE = -inf). Returns false, having
+// run nothing, when the block does not split.
+template <class Run>
+bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, bool accumulate, Run&& run) {
+  const std::vector<BlockPart> parts = split_block(m, q, k);
+  for (size_t first = 0; first < parts.size();) {
+    size_t end = first;
+    while (end < parts.size() && parts[end].q_at == parts[first].q_at) ++end;
+    bool acc = accumulate;
+    for (size_t x = first; x < end; ++x) {
+      const BlockPart& b = parts[x];
+      if (b.hidden) continue;
+      run(part_problem(p, b), b.mask, b.q_pos, b.k_pos, b.q_at, b.q_n, b.k_at, b.k_n, acc);
+      acc = true;
+    }
+    const BlockPart& a = parts[first];
+    if (!acc)
+      run(p, m, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), a.q_at, a.q_n, a.k_at, a.k_n,
+          false);
+    first = end;
+  }
+  return !parts.empty();
+}
+
 }  // namespace burstlab
