@@ -98,9 +98,10 @@ struct Ctx {
       return;
     }
     const int64_t eb = sizeof(U);
-    Batch batch(c);
-    reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
-    reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
+    c.batch([&] {
+      reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
+      reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
+    });
   }
   // (7.22) transpose: this rank's K, V (B, H_kv, n_k, d) go to the rank holding them row-major;
   // Kt, Vt (B, H_kv, nt, d) receive shard g.row_major(r), the one this rank holds after it.
@@ -140,19 +141,20 @@ struct Ctx {
   void gather(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
               std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me], eb = sizeof(U);
-    Batch batch(c);  // every member's send and receive: one group
-    for (size_t k = 0; k < m.ranks.size(); ++k)
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          U* to = dst + at(b, h, m.off[k], H, m.total, w);
-          const U* from = src + at(b, h, 0, H, n_me, w);
-          if (static_cast<int>(k) == m.me) {
-            copy(e, to, from, n_me * w);
-            continue;
+    c.batch([&] {  // every member's send and receive: one group
+      for (size_t k = 0; k < m.ranks.size(); ++k)
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            U* to = dst + at(b, h, m.off[k], H, m.total, w);
+            const U* from = src + at(b, h, 0, H, n_me, w);
+            if (static_cast<int>(k) == m.me) {
+              copy(e, to, from, n_me * w);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, m.rows[k] * w * eb, m.ranks[k], tag, what));
+            reqs.push_back(c.isend(from, n_me * w * eb, m.ranks[k], tag, what));
           }
-          reqs.push_back(c.irecv(to, m.rows[k] * w * eb, m.ranks[k], tag, what));
-          reqs.push_back(c.isend(from, n_me * w * eb, m.ranks[k], tag, what));
-        }
+    });
   }
   // Reduce-scatter within a group, stage: every member's partial of my rows, (members, B, H,
   // rows[me], w); src (B, H, total, w).
@@ -161,19 +163,19 @@ struct Ctx {
     const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w, eb = sizeof(U);
     Buffer<U> stage = alloc<U>(e, static_cast<int64_t>(m.ranks.size()) * piece);
     std::vector<RequestPtr> reqs;
-    c.begin_batch();
-    for (size_t k = 0; k < m.ranks.size(); ++k)
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          U* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
-          if (static_cast<int>(k) == m.me) {
-            copy(e, to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
-            continue;
+    c.batch([&] {
+      for (size_t k = 0; k < m.ranks.size(); ++k)
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            U* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
+            if (static_cast<int>(k) == m.me) {
+              copy(e, to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, n_me * w * eb, m.ranks[k], tag, what));
+            reqs.push_back(c.isend(src + at(b, h, m.off[k], H, m.total, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
           }
-          reqs.push_back(c.irecv(to, n_me * w * eb, m.ranks[k], tag, what));
-          reqs.push_back(c.isend(src + at(b, h, m.off[k], H, m.total, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
-        }
-    c.end_batch();
+    });
     wait_all(reqs);
     e.synchronize();
     return stage;
@@ -324,11 +326,12 @@ void column_ring_step(Communicator& comm, std::vector<RequestPtr>& reqs, T* Kc, 
   const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
   const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
   const int64_t NC = col.total;
-  Batch batch(comm);
-  recv_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
-  recv_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
-  send_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
-  send_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
+  comm.batch([&] {
+    recv_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
+    recv_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
+    send_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
+    send_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
+  });
 }
 }  // namespace
 
@@ -378,11 +381,10 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   if (pc > 1) {
     comm.set_context(Phase::Forward, 1 + pr);
     const int first = md(jm + 1, pc);
-    {
-      Batch batch(comm);
+    comm.batch([&] {
       recv_rows<T>(comm, reqs, Qs[1].data, B, Hq, row.rows[first], d, 0, row.rows[first], right, 2000, "Q");
       send_rows<T>(comm, reqs, x.Q.data, B, Hq, nq, d, 0, nq, left, 2000, "Q");
-    }
+    });
     wait_all(reqs);
   }
   std::vector<RequestPtr> acc;  // the partial chain's receive, posted one step ahead
@@ -393,9 +395,10 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     Buffer<T>& Qm = Qs[v % 2];
     if (v + 1 < pc) {  // prefetch the next query block, pass this one on
       const int m2 = md(jm + v + 1, pc);
-      Batch batch(comm);
-      recv_rows<T>(comm, reqs, Qs[(v + 1) % 2].data, B, Hq, row.rows[m2], d, 0, row.rows[m2], right, 2000 + 8 * v, "Q");
-      send_rows<T>(comm, reqs, Qm.data, B, Hq, n, d, 0, n, left, 2000 + 8 * v, "Q");
+      comm.batch([&] {
+        recv_rows<T>(comm, reqs, Qs[(v + 1) % 2].data, B, Hq, row.rows[m2], d, 0, row.rows[m2], right, 2000 + 8 * v, "Q");
+        send_rows<T>(comm, reqs, Qm.data, B, Hq, n, d, 0, n, left, 2000 + 8 * v, "Q");
+      });
     }
     e.forward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(Qm.data, B, Hq, n, d)),
                     as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
@@ -413,11 +416,12 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     {  // post the next partial's receive before anything waits: block j + v + 1 (our own at the end)
       const int m2 = md(jm + v + 1, pc);
       const int64_t n2 = row.rows[m2];
-      Batch batch(comm);
-      recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
-      recv_rows<A>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
-      send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
-      send_rows<A>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
+      comm.batch([&] {
+        recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
+        recv_rows<A>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
+        send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
+        send_rows<A>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
+      });
     }
     if (v == pc - 1) {  // the chain of our own block arrives from the right
       wait_all(acc);
@@ -498,11 +502,10 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   };
   if (pc > 1) {
     comm.set_context(Phase::Backward, 1 + pr);
-    {
-      Batch batch(comm);
+    comm.batch([&] {
       post_q(qs[1], md(jm + 1, pc), 2000);
       pass_q(x.Q.data, x.dO.data, x.LSE.data, D.data, nq, 2000);
-    }
+    });
     wait_all(reqs);
   }
   std::vector<RequestPtr> acc;  // the dQ chain's receive, posted one step ahead
@@ -512,9 +515,10 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     const int64_t n = row.rows[m];
     QSide& s = qs[v % 2];
     if (v + 1 < pc) {
-      Batch batch(comm);
-      post_q(qs[(v + 1) % 2], md(jm + v + 1, pc), 2000 + 8 * v);
-      pass_q(s.Q.data, s.dO.data, s.L.data, s.D.data, n, 2000 + 8 * v);
+      comm.batch([&] {
+        post_q(qs[(v + 1) % 2], md(jm + v + 1, pc), 2000 + 8 * v);
+        pass_q(s.Q.data, s.dO.data, s.L.data, s.D.data, n, 2000 + 8 * v);
+      });
     }
     fill(e, dQp.data, B * Hq * n * d, 0.0);
     e.backward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(s.Q.data, B, Hq, n, d)),
@@ -531,9 +535,10 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     {  // the next partial's receive, posted before anything waits (our own block at the end)
       const int64_t n2 = row.rows[md(jm + v + 1, pc)];
       e.synchronize();  // the partial is complete before the transport reads it
-      Batch batch(comm);
-      recv_rows<A>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
-      send_rows<A>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
+      comm.batch([&] {
+        recv_rows<A>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
+        send_rows<A>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
+      });
     }
     if (v == pc - 1) {
       wait_all(acc);

@@ -53,22 +53,23 @@ struct Ctx {
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    Batch batch(c);  // every peer's send and receive: one group
-    for (int k = 0; k < G; ++k) {
-      const int s = (r + k) % G;  // peer order r, r+1, ...: the same per pair on both sides
-      const int64_t n_s = part.local_size(s);
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < Hg; ++h) {
-          const U* from = src + at(b, s * Hg + h, 0, H, n_r, w);
-          U* to = dst + at(b, h, off[s], Hg, N, w);
-          if (s == r) {
-            copy(e, to, from, n_r * w);
-            continue;
+    c.batch([&] {  // every peer's send and receive: one group
+      for (int k = 0; k < G; ++k) {
+        const int s = (r + k) % G;  // peer order r, r+1, ...: the same per pair on both sides
+        const int64_t n_s = part.local_size(s);
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < Hg; ++h) {
+            const U* from = src + at(b, s * Hg + h, 0, H, n_r, w);
+            U* to = dst + at(b, h, off[s], Hg, N, w);
+            if (s == r) {
+              copy(e, to, from, n_r * w);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, n_s * w * int64_t(sizeof(U)), s, tag, what));
+            reqs.push_back(c.isend(from, n_r * w * int64_t(sizeof(U)), s, tag, what));
           }
-          reqs.push_back(c.irecv(to, n_s * w * int64_t(sizeof(U)), s, tag, what));
-          reqs.push_back(c.isend(from, n_r * w * int64_t(sizeof(U)), s, tag, what));
-        }
-    }
+      }
+    });
   }
   // The inverse: src (B, H/G, N, w) head group r -> dst (B, H, n_r, w) home rows.
   template <class U>
@@ -76,22 +77,23 @@ struct Ctx {
                     std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    Batch batch(c);  // every peer's send and receive: one group
-    for (int k = 0; k < G; ++k) {
-      const int s = (r + k) % G;
-      const int64_t n_s = part.local_size(s);
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < Hg; ++h) {
-          const U* from = src + at(b, h, off[s], Hg, N, w);
-          U* to = dst + at(b, s * Hg + h, 0, H, n_r, w);
-          if (s == r) {
-            copy(e, to, from, n_r * w);
-            continue;
+    c.batch([&] {  // every peer's send and receive: one group
+      for (int k = 0; k < G; ++k) {
+        const int s = (r + k) % G;
+        const int64_t n_s = part.local_size(s);
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < Hg; ++h) {
+            const U* from = src + at(b, h, off[s], Hg, N, w);
+            U* to = dst + at(b, s * Hg + h, 0, H, n_r, w);
+            if (s == r) {
+              copy(e, to, from, n_r * w);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, n_r * w * int64_t(sizeof(U)), s, tag, what));
+            reqs.push_back(c.isend(from, n_s * w * int64_t(sizeof(U)), s, tag, what));
           }
-          reqs.push_back(c.irecv(to, n_r * w * int64_t(sizeof(U)), s, tag, what));
-          reqs.push_back(c.isend(from, n_s * w * int64_t(sizeof(U)), s, tag, what));
-        }
-    }
+      }
+    });
   }
   // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
   template <class U>
@@ -99,22 +101,23 @@ struct Ctx {
                    std::vector<RequestPtr>& reqs) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    Batch batch(c);  // every peer's send and receive: one group
-    for (int k = 0; k < G; ++k) {
-      const int s = (r + k) % G;
-      const int64_t n_s = part.local_size(s);
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          const U* from = src + at(b, h, 0, H, n_r, d);
-          U* to = dst + at(b, h, off[s], H, N, d);
-          if (s == r) {
-            copy(e, to, from, n_r * d);
-            continue;
+    c.batch([&] {  // every peer's send and receive: one group
+      for (int k = 0; k < G; ++k) {
+        const int s = (r + k) % G;
+        const int64_t n_s = part.local_size(s);
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            const U* from = src + at(b, h, 0, H, n_r, d);
+            U* to = dst + at(b, h, off[s], H, N, d);
+            if (s == r) {
+              copy(e, to, from, n_r * d);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, n_s * d * int64_t(sizeof(U)), s, tag, what));
+            reqs.push_back(c.isend(from, n_r * d * int64_t(sizeof(U)), s, tag, what));
           }
-          reqs.push_back(c.irecv(to, n_s * d * int64_t(sizeof(U)), s, tag, what));
-          reqs.push_back(c.isend(from, n_r * d * int64_t(sizeof(U)), s, tag, what));
-        }
-    }
+      }
+    });
   }
   // Reduce-scatter of rows with a sum: src (B, H, N, d) partials of every row; rank r receives
   // the partials of its own rows from every rank into stage (G, B, H, n_r, d) and sums them in
@@ -125,23 +128,23 @@ struct Ctx {
     const std::vector<int64_t> off = offsets(part);
     Buffer<U> stage = alloc<U>(e, G * piece);
     std::vector<RequestPtr> reqs;
-    c.begin_batch();
-    for (int k = 0; k < G; ++k) {
-      const int s = (r + k) % G;
-      const int64_t n_s = part.local_size(s);
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          const U* from = src + at(b, h, off[s], H, N, d);
-          U* to = stage.data + s * piece + at(b, h, 0, H, n_r, d);
-          if (s == r) {
-            copy(e, to, src + at(b, h, off[r], H, N, d), n_r * d);
-            continue;
+    c.batch([&] {
+      for (int k = 0; k < G; ++k) {
+        const int s = (r + k) % G;
+        const int64_t n_s = part.local_size(s);
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            const U* from = src + at(b, h, off[s], H, N, d);
+            U* to = stage.data + s * piece + at(b, h, 0, H, n_r, d);
+            if (s == r) {
+              copy(e, to, src + at(b, h, off[r], H, N, d), n_r * d);
+              continue;
+            }
+            reqs.push_back(c.irecv(to, n_r * d * int64_t(sizeof(U)), s, tag, what));
+            reqs.push_back(c.isend(from, n_s * d * int64_t(sizeof(U)), s, tag, what));
           }
-          reqs.push_back(c.irecv(to, n_r * d * int64_t(sizeof(U)), s, tag, what));
-          reqs.push_back(c.isend(from, n_s * d * int64_t(sizeof(U)), s, tag, what));
-        }
-    }
-    c.end_batch();
+      }
+    });
     wait_all(reqs);
     e.synchronize();
     sum_pieces(e, stage.data, G, piece, dst);

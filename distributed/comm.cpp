@@ -57,7 +57,7 @@ void Communicator::record(int src, int dst, int tag, int64_t bytes, bool sent, c
 int Communicator::next_collective_tag() { return (1 << 24) + (collective_seq_++ % (1 << 20)); }
 
 void Communicator::begin_batch() {
-  if (batch_open_) fail("rank ", rank(), ": begin_batch in ", context(), " while a batch is open (batches do not nest)");
+  if (batch_open_) fail("rank ", rank(), ": a batch begun in ", context(), " inside another (batches do not nest)");
   batch_open_ = true;
   ++batch_seq_;
 }
@@ -67,18 +67,22 @@ void Communicator::end_batch() {
   batch_open_ = false;
 }
 
+void Communicator::cancel_batch(const char* why) noexcept {
+  (void)why;
+  batch_open_ = false;
+}
+
 void Communicator::barrier() {
   // Zero-byte messages to and from every peer: returns once every rank has entered.
   const int G = size(), r = rank(), tag = next_collective_tag();
   std::vector<RequestPtr> reqs;
   char dummy_in[1], dummy_out[1] = {0};
-  {
-    Batch batch(*this);
+  batch([&] {
     for (int k = 1; k < G; ++k) {
       reqs.push_back(irecv(dummy_in, 0, (r - k + G) % G, tag, "barrier"));
       reqs.push_back(isend(dummy_out, 0, (r + k) % G, tag, "barrier"));
     }
-  }
+  });
   wait_all(reqs);
 }
 

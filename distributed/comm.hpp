@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,7 @@ struct Transfer {
   Link link = Link::Intra;
   bool sent = true;
   std::string what;  // tensor name, e.g. "K", or a collective's name
-  int batch = -1;    // the batch it was posted in (begin_batch's sequence number), -1 = none
+  int batch = -1;    // the batch it was posted in (its sequence number), -1 = none
 };
 
 // Totals over a log; step < 0 = every step; link: -1 = both classes.
@@ -70,8 +71,14 @@ class Communicator {
   virtual int size() const = 0;
   virtual Link link_to(int peer) const { (void)peer; return Link::Intra; }
 
-  // Accounting and error context: what the caller is doing now.
-  void set_context(Phase phase, int step) { phase_ = phase; step_ = step; }
+  // Accounting and error context: what the caller is doing now. Every schedule calls it at the
+  // start of each of its steps, also of a step that moves nothing, so a transport's failure
+  // injection (context_changed) is reached at every step of every schedule.
+  void set_context(Phase phase, int step) {
+    phase_ = phase;
+    step_ = step;
+    context_changed();
+  }
   Phase phase() const { return phase_; }
   int step() const { return step_; }
   std::string context() const;  // "forward step 2"
@@ -84,14 +91,30 @@ class Communicator {
                            bool consume = false) = 0;
   virtual RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) = 0;
 
-  // The batch boundary: the sends and receives posted between begin_batch() and end_batch()
-  // are one group (NCCL: ncclGroupStart/End, without which two ranks that post a send to each
-  // other before their receives deadlock). Their requests are waited for after end_batch(),
-  // never inside the batch. Batches do not nest. SimComm posts each operation at once (its
-  // transfer threads need no grouping) and records the batch of every transfer in the log, so
-  // tests assert that schedules post all their messages in batches.
-  virtual void begin_batch();
-  virtual void end_batch();
+  // The batch boundary: the sends and receives that post() makes are one group (NCCL:
+  // ncclGroupStart/End, without which two ranks that post a send to each other before their
+  // receives deadlock). batch() begins the group, runs post(), and ends it explicitly, so an
+  // error at the end (a timeout, a transport error, another rank's failure) reaches the caller
+  // as an exception like any other. An exception from post() cancels the group instead
+  // (cancel_batch: never throws; NCCL aborts the communicator, which cannot withdraw operations
+  // it was given) and propagates. The requests are waited for after batch() returns, never
+  // inside it. Batches do not nest. SimComm posts each operation at once (its transfer threads
+  // need no grouping) and records the batch of every transfer in the log, so tests assert that
+  // schedules post all their messages in batches.
+  template <class Post>
+  void batch(Post&& post) {
+    begin_batch();
+    try {
+      post();
+    } catch (const std::exception& e) {
+      cancel_batch(e.what());
+      throw;
+    } catch (...) {
+      cancel_batch("an unknown exception");
+      throw;
+    }
+    end_batch();
+  }
   bool in_batch() const { return batch_open_; }
 
   // Returns once every rank has entered (zero-byte messages to and from every peer).
@@ -101,6 +124,19 @@ class Communicator {
   void clear_log() { log_.clear(); }
 
  protected:
+  // Called by set_context once the new phase and step are set: SimComm and NcclComm fire an
+  // injected failure here.
+  virtual void context_changed() {}
+  // The pieces of batch(), for transports to extend; only batch() calls them, so no batch is
+  // left open and none is ended by a destructor while an exception unwinds.
+  virtual void begin_batch();
+  virtual void end_batch();
+  virtual void cancel_batch(const char* why) noexcept;  // why: the error that abandons the batch
+  // The same on another communicator (a Communicator that forwards to one, as usp's ring does).
+  static void begin_batch_of(Communicator& c) { c.begin_batch(); }
+  static void end_batch_of(Communicator& c) { c.end_batch(); }
+  static void cancel_batch_of(Communicator& c, const char* why) noexcept { c.cancel_batch(why); }
+
   void record(int src, int dst, int tag, int64_t bytes, bool sent, const char* what);
   int next_collective_tag();  // reserved tag space for collectives, same sequence on every rank
 
@@ -111,21 +147,6 @@ class Communicator {
   int batch_seq_ = 0;
   bool batch_open_ = false;
   std::vector<Transfer> log_;
-};
-
-// A batch for a scope: begin_batch() now, end_batch() at the end of the scope (also when the
-// posting throws, so the error that follows is the real one).
-class Batch {
- public:
-  explicit Batch(Communicator& c) : c_(c) { c_.begin_batch(); }
-  ~Batch() {
-    if (c_.in_batch()) c_.end_batch();
-  }
-  Batch(const Batch&) = delete;
-  Batch& operator=(const Batch&) = delete;
-
- private:
-  Communicator& c_;
 };
 
 }  // namespace burstlab::dist

@@ -109,18 +109,18 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
     const FlashStep& st = s.steps[r][t];
     std::vector<RequestPtr> in, out, res;  // after the buffers: destroyed (cancelled) first
     const int T_ = static_cast<int>(t);
-    comm.begin_batch();  // this step's fetches and hand-offs: one group
-    if (st.role == FlashRole::Owner && st.k != r) {
-      in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
-      in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
-    }
-    if (st.role == FlashRole::Helper) in.push_back(comm.irecv(Qr.data, B * Hq * f.nq(st.q) * d * eb, st.q, tag(T_, 2), "Q"));
-    if (st.q_dst >= 0) out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
-    if (st.kv_dst >= 0) {
-      out.push_back(comm.isend(x.K.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 0), "K"));
-      out.push_back(comm.isend(x.V.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 1), "V"));
-    }
-    comm.end_batch();
+    comm.batch([&] {  // this step's fetches and hand-offs: one group
+      if (st.role == FlashRole::Owner && st.k != r) {
+        in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
+        in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
+      }
+      if (st.role == FlashRole::Helper) in.push_back(comm.irecv(Qr.data, B * Hq * f.nq(st.q) * d * eb, st.q, tag(T_, 2), "Q"));
+      if (st.q_dst >= 0) out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
+      if (st.kv_dst >= 0) {
+        out.push_back(comm.isend(x.K.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 0), "K"));
+        out.push_back(comm.isend(x.V.data, B * Hkv * x.n_k * d * eb, st.kv_dst, tag(T_, 1), "V"));
+      }
+    });
     wait_all(in);
     if (st.role == FlashRole::Owner) {  // (r, k): own queries, K, V home (t = 0) or fetched
       const bool home = st.k == r;
@@ -136,10 +136,9 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
                       bhsd<T>(Oh.data, B, Hq, n, d), view3<A>(Lh.data, B, Hq, n), false);
       e.synchronize();
     }
-    {
-      // Results after the compute, on both sides: the helper's partial goes out, ours comes in
-      // (a receive in the first batch would pair with a later group of the helper, §7.4).
-      Batch batch(comm);
+    // Results after the compute, on both sides: the helper's partial goes out, ours comes in
+    // (a receive in the first batch would pair with a later group of the helper, §7.4).
+    comm.batch([&] {
       if (st.role == FlashRole::Helper) {
         const int64_t n = f.nq(st.q);
         out.push_back(comm.isend(Oh.data, B * Hq * n * d * eb, st.q, tag(T_, 3), "O"));
@@ -149,7 +148,7 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
         res.push_back(comm.irecv(Orv.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 3), "O"));
         res.push_back(comm.irecv(Lrv.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 4), "LSE"));
       }
-    }
+    });
     if (!res.empty()) {
       wait_all(res);  // the helper's partial of our queries: merged after our own block (4.5)
       e.merge(bhsd<T>(x.O.data, B, Hq, nqr, d), view3<A>(x.LSE.data, B, Hq, nqr),
@@ -184,29 +183,29 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
     const FlashStep& st = s.steps[r][t];
     const int T_ = static_cast<int>(t);
     std::vector<RequestPtr> in, out, res;
-    comm.begin_batch();  // this step's fetches and hand-offs: one group
-    if (st.role == FlashRole::Owner && st.k != r) {
-      in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
-      in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
-    }
-    if (st.role == FlashRole::Helper) {
-      const int64_t n = f.nq(st.q);
-      in.push_back(comm.irecv(Qr.data, B * Hq * n * d * eb, st.q, tag(T_, 2), "Q"));
-      in.push_back(comm.irecv(dOr.data, B * Hq * n * d * eb, st.q, tag(T_, 5), "dO"));
-      in.push_back(comm.irecv(Lr.data, B * Hq * n * ab, st.q, tag(T_, 6), "LSE"));
-      in.push_back(comm.irecv(Dr.data, B * Hq * n * ab, st.q, tag(T_, 7), "D"));
-    }
-    if (st.kv_dst >= 0) {
-      out.push_back(comm.isend(x.K.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 0), "K"));
-      out.push_back(comm.isend(x.V.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 1), "V"));
-    }
-    if (st.q_dst >= 0) {
-      out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
-      out.push_back(comm.isend(x.dO.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 5), "dO"));
-      out.push_back(comm.isend(x.LSE.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 6), "LSE"));
-      out.push_back(comm.isend(D.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 7), "D"));
-    }
-    comm.end_batch();
+    comm.batch([&] {  // this step's fetches and hand-offs: one group
+      if (st.role == FlashRole::Owner && st.k != r) {
+        in.push_back(comm.irecv(Kr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 0), "K"));
+        in.push_back(comm.irecv(Vr.data, B * Hkv * f.nk(st.k) * d * eb, st.k, tag(T_, 1), "V"));
+      }
+      if (st.role == FlashRole::Helper) {
+        const int64_t n = f.nq(st.q);
+        in.push_back(comm.irecv(Qr.data, B * Hq * n * d * eb, st.q, tag(T_, 2), "Q"));
+        in.push_back(comm.irecv(dOr.data, B * Hq * n * d * eb, st.q, tag(T_, 5), "dO"));
+        in.push_back(comm.irecv(Lr.data, B * Hq * n * ab, st.q, tag(T_, 6), "LSE"));
+        in.push_back(comm.irecv(Dr.data, B * Hq * n * ab, st.q, tag(T_, 7), "D"));
+      }
+      if (st.kv_dst >= 0) {
+        out.push_back(comm.isend(x.K.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 0), "K"));
+        out.push_back(comm.isend(x.V.data, B * Hkv * nkr * d * eb, st.kv_dst, tag(T_, 1), "V"));
+      }
+      if (st.q_dst >= 0) {
+        out.push_back(comm.isend(x.Q.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 2), "Q"));
+        out.push_back(comm.isend(x.dO.data, B * Hq * nqr * d * eb, st.q_dst, tag(T_, 5), "dO"));
+        out.push_back(comm.isend(x.LSE.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 6), "LSE"));
+        out.push_back(comm.isend(D.data, B * Hq * nqr * ab, st.q_dst, tag(T_, 7), "D"));
+      }
+    });
     wait_all(in);
     if (st.role == FlashRole::Owner) {
       const bool home = st.k == r;
@@ -234,8 +233,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
                        bhsd<A>(x.dK.data, B, Hkv, nkr, d), bhsd<A>(x.dV.data, B, Hkv, nkr, d));
       e.synchronize();
     }
-    {
-      Batch batch(comm);  // results after the compute, on both sides (as in the forward)
+    comm.batch([&] {  // results after the compute, on both sides (as in the forward)
       if (st.role == FlashRole::Owner && st.k != r) {
         const int64_t n = f.nk(st.k);
         out.push_back(comm.isend(dKp.data, B * Hkv * n * d * ab, st.k, tag(T_, 9), "dK"));
@@ -248,7 +246,7 @@ void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
         res.push_back(comm.irecv(dVin.data, B * Hkv * nkr * d * ab, st.kv_dst, tag(T_, 10), "dV"));
       }
       if (st.q_dst >= 0) res.push_back(comm.irecv(dQin.data, B * Hq * nqr * d * ab, st.q_dst, tag(T_, 8), "dQ"));
-    }
+    });
     wait_all(res);  // partials of our rows, added in a fixed order: dK, dV then dQ
     if (st.kv_dst >= 0) {
       add(e, x.dK.data, dKin.data, B * Hkv * nkr * d);

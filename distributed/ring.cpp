@@ -132,18 +132,6 @@ class RingRun {
       c_.set_context(s_.phase, t);
       const RankStep& st = s_.steps[r_][t];
       std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
-      Batch batch(c_);  // this step's receives and read-only sends: one group
-      for (const Message& m : st.recvs) {
-        if (m.after_compute) continue;  // posted with the sends that pair with it, below
-        if (m.lands > 0) {  // into the inter-node slot not read this round
-          const int k = next_islot[m.item]++ % 2;
-          landed_[m.item][m.lands] = k;
-          in_flight.emplace_back(m.lands, c_.irecv(islots_[m.item][k].data, bytes(m), m.peer, m.tag,
-                                                   m.tensor.c_str()));
-          continue;
-        }
-        recv(m, t, reqs);
-      }
       auto prefetched = [&](int item) {
         for (const Message& m : st.sends)
           if (m.item == item && m.lands > 0) return true;
@@ -160,15 +148,27 @@ class RingRun {
           else reqs.push_back(std::move(q));
         }
       };
-      send(false);  // prefetch: overlaps with the compute below
-      c_.end_batch();
+      c_.batch([&] {  // this step's receives and read-only sends: one group
+        for (const Message& m : st.recvs) {
+          if (m.after_compute) continue;  // posted with the sends that pair with it, below
+          if (m.lands > 0) {  // into the inter-node slot not read this round
+            const int k = next_islot[m.item]++ % 2;
+            landed_[m.item][m.lands] = k;
+            in_flight.emplace_back(m.lands, c_.irecv(islots_[m.item][k].data, bytes(m), m.peer, m.tag,
+                                                     m.tensor.c_str()));
+            continue;
+          }
+          recv(m, t, reqs);
+        }
+        send(false);  // prefetch: overlaps with the compute below
+      });
       for (const BlockTask& b : st.blocks) compute(st, b, t);
       e_.synchronize();
-      c_.begin_batch();
-      for (const Message& m : st.recvs)
-        if (m.after_compute) recv(m, t, reqs);
-      send(true);  // gradients, after the compute that produced them
-      c_.end_batch();
+      c_.batch([&] {
+        for (const Message& m : st.recvs)
+          if (m.after_compute) recv(m, t, reqs);
+        send(true);  // gradients, after the compute that produced them
+      });
       wait_all(reqs);
       // Prefetched hops landing at step t + 1 (both the receive and the send whose slot the
       // next round reuses) must be complete before it.

@@ -295,6 +295,39 @@ class SimComm final : public Communicator {
     return std::make_unique<SimRequest>(w_, op, rank_);
   }
 
+ protected:
+  // As NCCL's group end, which settles the group while watching for other ranks' failures: a
+  // batch ends with an error once the world has failed.
+  void end_batch() override {
+    Communicator::end_batch();
+    std::unique_lock<std::mutex> lk(w_->m);
+    if (w_->aborted) {
+      lk.unlock();
+      w_->throw_aborted(rank_, "the end of a batch in " + context());
+    }
+  }
+  void context_changed() override {
+    const SimOptions& o = w_->opt;
+    if (injected_ || rank_ != o.fail_rank || o.fail_step < 0 || phase() != o.fail_phase || step() != o.fail_step) return;
+    injected_ = true;
+    const std::string where = "injected failure on rank " + std::to_string(rank_) + " in " + context();
+    if (!o.fail_hang) fail(where);
+    // Stop communicating until the world fails: a wait on this rank times out (what a hang
+    // tests). Bounded by twice the timeout, so the other ranks' waits expire first.
+    std::unique_lock<std::mutex> lk(w_->m);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(2 * o.timeout_s));
+    w_->done_cv.wait_until(lk, deadline, [&] { return w_->aborted; });
+    if (w_->aborted) {
+      lk.unlock();
+      w_->throw_aborted(rank_, "its " + where + " (hanging)");
+    }
+    lk.unlock();
+    fail("rank ", rank_, ": ", where, " (hanging) ended after twice the timeout of ", o.timeout_s,
+         " s: no other rank waited for it");
+  }
+
  private:
   void check_peer(int peer, const char* fn, const char* what) const {
     if (peer < 0 || peer >= w_->G)
@@ -316,12 +349,13 @@ class SimComm final : public Communicator {
   }
   void maybe_fail(const Op& op) {
     const int n = calls_++;
-    if (rank_ == w_->opt.fail_rank && n == w_->opt.fail_at_op)
+    if (rank_ == w_->opt.fail_rank && w_->opt.fail_step < 0 && n == w_->opt.fail_at_op)
       fail("injected failure on rank ", rank_, " at communicator call #", n, " (", op.describe(), ")");
   }
   SimState* w_;
   int rank_;
   int calls_ = 0;
+  bool injected_ = false;
 };
 
 }  // namespace

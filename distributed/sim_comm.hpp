@@ -8,6 +8,11 @@
 //   reorder    matched transfers complete in a seeded random order after random delays.
 //   fail_rank  that rank throws at its fail_at_op-th communicator call (0 = the first); every
 //              other rank then fails with an error naming the failed rank and its operation.
+//              With fail_step >= 0 it fails instead when it enters step fail_step of fail_phase
+//              (set_context), as NcclComm's --inject-failure does: every schedule reaches that
+//              point at each of its steps, also a step that moves nothing. fail_hang: it stops
+//              communicating there instead of throwing, until the world fails (another rank's
+//              wait times out), at most 2 timeout_s.
 //   timeout_s  bounds every wait; a timeout fails the whole world (nothing hangs).
 //   in_order   after every SimWorld::run, fail unless an in-order transport (NCCL) would match
 //              every message the same way and finish (in_order_problem, comm.hpp).
@@ -38,6 +43,9 @@ struct SimOptions {
   uint64_t seed = 1;
   int fail_rank = -1;
   int fail_at_op = 0;
+  Phase fail_phase = Phase::Forward;
+  int fail_step = -1;  // >= 0: fail at this step of fail_phase instead of at fail_at_op
+  bool fail_hang = false;
   double timeout_s = 60.0;
   int gpus_per_node = 0;
   bool in_order = true;

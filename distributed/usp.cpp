@@ -70,20 +70,27 @@ class GroupRing final : public Communicator {
   int size() const override { return w_.size() / u_; }
   Link link_to(int peer) const override { return w_.link_to(world_rank(peer)); }
   RequestPtr isend(const void* buf, int64_t bytes, int dst, int tag, const char* what, bool consume) override {
-    w_.set_context(phase(), step() + 1);
     return w_.isend(buf, bytes, world_rank(dst), kRingTags + tag, what, consume);
   }
   RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) override {
-    w_.set_context(phase(), step() + 1);
     return w_.irecv(buf, bytes, world_rank(src), kRingTags + tag, what);
   }
+
+ protected:
+  // Every ring step is a world step (so the world's failure injection reaches it, also a step
+  // that moves nothing), and every ring batch a world batch.
+  void context_changed() override { w_.set_context(phase(), step() + 1); }
   void begin_batch() override {
+    begin_batch_of(w_);
     Communicator::begin_batch();
-    w_.begin_batch();
   }
   void end_batch() override {
     Communicator::end_batch();
-    w_.end_batch();
+    end_batch_of(w_);
+  }
+  void cancel_batch(const char* why) noexcept override {
+    Communicator::cancel_batch(why);
+    cancel_batch_of(w_, why);
   }
 
  private:
@@ -117,42 +124,44 @@ template <class U, class T>
 void seq_to_heads(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
                   U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
   const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
-  Batch batch(c);
-  for (int k = 0; k < g.u; ++k) {
-    const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hu; ++h) {
-        U* to = dst + at(b, h, g.off[m], Hu, g.total, w);        // member m's rows of my heads
-        const U* from = src + at(b, m * Hu + h, 0, H, n, w);     // my rows of member m's heads
-        if (m == g.me) {
-          copy(e, to, from, n * w);
-          continue;
+  c.batch([&] {
+    for (int k = 0; k < g.u; ++k) {
+      const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hu; ++h) {
+          U* to = dst + at(b, h, g.off[m], Hu, g.total, w);        // member m's rows of my heads
+          const U* from = src + at(b, m * Hu + h, 0, H, n, w);     // my rows of member m's heads
+          if (m == g.me) {
+            copy(e, to, from, n * w);
+            continue;
+          }
+          reqs.push_back(c.irecv(to, g.rows[m] * w * eb, g.first + m, tag, what));
+          reqs.push_back(c.isend(from, n * w * eb, g.first + m, tag, what));
         }
-        reqs.push_back(c.irecv(to, g.rows[m] * w * eb, g.first + m, tag, what));
-        reqs.push_back(c.isend(from, n * w * eb, g.first + m, tag, what));
-      }
-  }
+    }
+  });
 }
 // The inverse: src (B, H/u, total, w) heads block me -> dst (B, H, rows[me], w).
 template <class U, class T>
 void heads_to_seq(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
                   U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
   const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
-  Batch batch(c);
-  for (int k = 0; k < g.u; ++k) {
-    const int m = (g.me + k) % g.u;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hu; ++h) {
-        const U* from = src + at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
-        U* to = dst + at(b, m * Hu + h, 0, H, n, w);               // my rows of member m's heads
-        if (m == g.me) {
-          copy(e, to, from, n * w);
-          continue;
+  c.batch([&] {
+    for (int k = 0; k < g.u; ++k) {
+      const int m = (g.me + k) % g.u;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hu; ++h) {
+          const U* from = src + at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+          U* to = dst + at(b, m * Hu + h, 0, H, n, w);               // my rows of member m's heads
+          if (m == g.me) {
+            copy(e, to, from, n * w);
+            continue;
+          }
+          reqs.push_back(c.irecv(to, n * w * eb, g.first + m, tag, what));
+          reqs.push_back(c.isend(from, g.rows[m] * w * eb, g.first + m, tag, what));
         }
-        reqs.push_back(c.irecv(to, n * w * eb, g.first + m, tag, what));
-        reqs.push_back(c.isend(from, g.rows[m] * w * eb, g.first + m, tag, what));
-      }
-  }
+    }
+  });
 }
 
 void check_ring(const Schedule& ring, Phase phase, int G, int u) {

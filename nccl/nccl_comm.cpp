@@ -28,26 +28,44 @@ bool posted(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 }  // namespace
 
 Injection parse_injection(const std::string& s) {
+  const char* form = "RANK:STEP, RANK:STEP:bwd, RANK:STEP:hang or RANK:STEP:bwd:hang";
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t c = s.find(':', at);
+    parts.push_back(s.substr(at, c == std::string::npos ? std::string::npos : c - at));
+    if (c == std::string::npos) break;
+    at = c + 1;
+  }
+  if (parts.size() < 2 || parts.size() > 4) fail("inject-failure (", s, ") must be ", form);
   Injection in;
-  const size_t c1 = s.find(':');
-  if (c1 == std::string::npos) fail("inject-failure (", s, ") must be RANK:STEP or RANK:STEP:hang");
-  const size_t c2 = s.find(':', c1 + 1);
-  const std::string r = s.substr(0, c1), t = s.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
   try {
     size_t used = 0;
-    in.rank = std::stoi(r, &used);
-    if (used != r.size()) throw std::invalid_argument(r);
-    in.step = std::stoi(t, &used);
-    if (used != t.size()) throw std::invalid_argument(t);
+    in.rank = std::stoi(parts[0], &used);
+    if (used != parts[0].size()) throw std::invalid_argument(parts[0]);
+    in.step = std::stoi(parts[1], &used);
+    if (used != parts[1].size()) throw std::invalid_argument(parts[1]);
   } catch (const std::exception&) {
-    fail("inject-failure (", s, ") must be RANK:STEP or RANK:STEP:hang with whole numbers");
+    fail("inject-failure (", s, ") must be ", form, ", with whole numbers RANK and STEP");
   }
-  if (c2 != std::string::npos) {
-    if (s.substr(c2 + 1) != "hang") fail("inject-failure (", s, "): the third part must be 'hang'");
-    in.hang = true;
+  bool phase_given = false;
+  for (size_t k = 2; k < parts.size(); ++k) {
+    const std::string& x = parts[k];
+    if ((x == "fwd" || x == "bwd") && !phase_given && !in.hang) {
+      in.phase = x == "bwd" ? Phase::Backward : Phase::Forward;
+      phase_given = true;
+    } else if (x == "hang" && !in.hang) {
+      in.hang = true;
+    } else {
+      fail("inject-failure (", s, "): '", x, "' is not expected there; the form is ", form);
+    }
   }
   if (in.rank < 0 || in.step < 0) fail("inject-failure (", s, ") needs RANK >= 0 and STEP >= 0");
   return in;
+}
+
+std::string to_string(const Injection& in) {
+  return std::to_string(in.rank) + ":" + std::to_string(in.step) + (in.phase == Phase::Backward ? ":bwd" : "") +
+         (in.hang ? ":hang" : "");
 }
 
 std::vector<char> new_unique_id() {
@@ -80,7 +98,7 @@ class NcclRequest : public dist::Request {
   }
   void wait() override {
     if (!g_) return;  // zero bytes
-    if (!g_->ended) fail("rank ", c_->rank(), ": wait on ", op_, " inside its batch (end_batch first)");
+    if (!g_->ended) fail("rank ", c_->rank(), ": wait on ", op_, " inside its batch (wait after batch() returns)");
     c_->check_usable(op_.c_str());
     const auto t0 = Clock::now();
     c_->poll([&] { return ready(); }, op_);
@@ -157,10 +175,13 @@ Link NcclComm::link_to(int peer) const {
   return o_.node_of[peer] == o_.node_of[rank_] ? Link::Intra : Link::Inter;
 }
 
-void NcclComm::abort(const std::string& why) {
+void NcclComm::abort(const std::string& why) noexcept {
   if (aborted_) return;
   aborted_ = true;
-  abort_reason_ = why;
+  try {
+    abort_reason_ = why;
+  } catch (...) {  // out of memory for the reason: abort all the same
+  }
   // Close this thread's NCCL group first (its depth is per thread; the comm must still exist).
   if (group_started_) ncclGroupEnd();
   group_started_ = false;
@@ -179,9 +200,9 @@ void NcclComm::fail_op(const std::string& op, const std::string& why) {
   throw Error(msg);
 }
 
-void NcclComm::poll(const std::function<bool()>& done, const std::string& op) {
+void NcclComm::poll(const std::function<bool()>& done, const std::string& op, int timeouts) {
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration<double>(o_.timeout_s);
+  const auto deadline = t0 + std::chrono::duration<double>(timeouts * o_.timeout_s);
   for (int spin = 0;; ++spin) {
     if (done()) return;
     if (comm_) {
@@ -198,8 +219,8 @@ void NcclComm::poll(const std::function<bool()>& done, const std::string& op) {
     if (Clock::now() > deadline) {
       char t[64];
       std::snprintf(t, sizeof t, "%.1f", o_.timeout_s);
-      fail_op(op, std::string("did not complete within the timeout of ") + t +
-                      " s (--timeout); a peer is late, failed or waits for a different message");
+      fail_op(op, std::string("did not complete within ") + (timeouts == 1 ? "" : std::to_string(timeouts) + " x ") +
+                      "the timeout of " + t + " s (--timeout); a peer is late, failed or waits for a different message");
     }
     if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
@@ -219,15 +240,15 @@ void NcclComm::settle(const std::string& op) {
       op);
 }
 
-void NcclComm::inject(const char* op) {
+void NcclComm::context_changed() {
   const Injection& in = o_.inject;
-  if (in.rank != rank_ || phase() != Phase::Forward || step() != in.step || injected_) return;
+  if (injected_ || in.rank != rank_ || phase() != in.phase || step() != in.step) return;
   injected_ = true;
-  const std::string what = std::string(op) + " (--inject-failure " + std::to_string(in.rank) + ":" + std::to_string(in.step) +
-                           (in.hang ? ":hang" : "") + ")";
+  const std::string what = "fault injection (--inject-failure " + to_string(in) + ")";
   if (!in.hang) fail_op(what, "injected failure");
-  // Stop communicating: the others' watchdogs give up, report, and this rank follows them.
-  poll([] { return false; }, what + ", hanging");
+  // Stop communicating: the others' watchdogs give up, report, and this rank follows them. Its
+  // own bound is twice the timeout, so theirs, which a hang tests, expire first.
+  poll([] { return false; }, what + ", hanging", 2);
 }
 
 RequestPtr NcclComm::post(bool send, void* buf, int64_t bytes, int peer, int tag, const char* what) {
@@ -236,18 +257,19 @@ RequestPtr NcclComm::post(bool send, void* buf, int64_t bytes, int peer, int tag
   check_usable(op.c_str());
   if (peer < 0 || peer >= size_) fail("rank ", rank_, ": ", op, ": peer outside the world of ", size_);
   if (bytes < 0) fail("rank ", rank_, ": ", op, ": negative size");
-  inject(op.c_str());
   record(send ? rank_ : peer, send ? peer : rank_, tag, bytes, send, what);
   if (bytes == 0) return std::make_unique<NcclRequest>(this, nullptr, op);  // NCCL moves nothing either
-  const bool own = !open_;  // outside a batch: a group of one
-  if (own) begin_batch();
-  std::shared_ptr<Group> g = open_;
-  if (g->n_ops++ < 2) g->ops += (g->ops.empty() ? "" : ", ") + op;
-  else if (g->n_ops == 3) g->ops += ", ...";
-  const ncclResult_t r = send ? ncclSend(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_))
-                              : ncclRecv(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_));
-  if (!posted(r)) fail_op(op, std::string("NCCL error: ") + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")");
-  if (own) end_batch();
+  std::shared_ptr<Group> g;
+  auto enqueue = [&] {
+    g = open_;
+    if (g->n_ops++ < 2) g->ops += (g->ops.empty() ? "" : ", ") + op;
+    else if (g->n_ops == 3) g->ops += ", ...";
+    const ncclResult_t r = send ? ncclSend(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_))
+                                : ncclRecv(buf, size_t(bytes), ncclUint8, peer, comm_, as_stream(stream_));
+    if (!posted(r)) fail_op(op, std::string("NCCL error: ") + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")");
+  };
+  if (open_) enqueue();
+  else batch(enqueue);  // outside a batch: a group of one
   return std::make_unique<NcclRequest>(this, std::move(g), op);
 }
 
@@ -262,27 +284,45 @@ RequestPtr NcclComm::irecv(void* buf, int64_t bytes, int src, int tag, const cha
 
 void NcclComm::begin_batch() {
   check_usable("begin_batch");
+  auto g = std::make_shared<Group>();
+  BURSTLAB_CUDA_CALL(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
   Communicator::begin_batch();
-  open_ = std::make_shared<Group>();
-  BURSTLAB_CUDA_CALL(cudaEventCreateWithFlags(&open_->done, cudaEventDisableTiming));
   const ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) fail_op("ncclGroupStart", ncclGetErrorString(r));
+  if (r != ncclSuccess) {
+    Communicator::cancel_batch("ncclGroupStart failed");
+    fail_op("ncclGroupStart", ncclGetErrorString(r));
+  }
   group_started_ = true;
+  open_ = std::move(g);
 }
 
 void NcclComm::end_batch() {
   Communicator::end_batch();
   std::shared_ptr<Group> g = std::move(open_);
-  // Closing a batch while an error unwinds (the Batch guard) must not throw: the communicator is
-  // aborted already and the error that aborted it is on its way.
-  if (aborted_) return;
-  group_started_ = false;
   const std::string op = "the batch of " + (g->ops.empty() ? std::string("no transfers") : g->ops);
+  check_usable(op.c_str());
+  group_started_ = false;
   const ncclResult_t r = ncclGroupEnd();
   if (!posted(r)) fail_op(op, std::string("ncclGroupEnd: ") + ncclGetErrorString(r) + " (" + ncclGetLastError(comm_) + ")");
   settle(op);
   BURSTLAB_CUDA_CALL(cudaEventRecord(g->done, as_stream(stream_)));
   g->ended = true;
+}
+
+void NcclComm::cancel_batch(const char* why) noexcept {
+  Communicator::cancel_batch(why);
+  open_.reset();
+  if (aborted_) return;  // fail_op aborted it and told the other ranks
+  // NCCL cannot withdraw the operations of a group, and ending it would start transfers into
+  // buffers the error is about to free: stop the communicator, and tell the other ranks, which
+  // would otherwise wait for this batch's messages until their timeout.
+  std::string msg;
+  try {
+    msg = "rank " + std::to_string(rank_) + ": a batch in " + context() + " was abandoned: " + why;
+    if (o_.peers.report) o_.peers.report(msg);
+  } catch (...) {  // out of memory or a failed notice: abort all the same
+  }
+  abort(msg);
 }
 
 void NcclComm::barrier() {

@@ -2,9 +2,11 @@
 // GPU (spec §7.4, "NCCL"). Schedules run on it unchanged.
 //
 // How the Communicator maps onto NCCL:
-//   begin_batch / end_batch   ncclGroupStart / ncclGroupEnd: the batch's sends and receives are
+//   batch                     ncclGroupStart / ncclGroupEnd: the batch's sends and receives are
 //                             one group, enqueued on this rank's communication stream; an event
-//                             recorded after the group completes every request of the batch.
+//                             recorded after the group completes every request of the batch. A
+//                             batch cancelled by an error (NCCL cannot withdraw a group's
+//                             operations) aborts the communicator and tells the other ranks.
 //   isend / irecv             ncclSend / ncclRecv of `bytes` as ncclUint8 (outside a batch: a
 //                             group of one). NCCL pairs the messages of a (src, dst) pair in
 //                             posting order; SimComm checks every schedule under that model
@@ -50,14 +52,18 @@ struct Peers {
   std::function<void(const std::string&)> report;
 };
 
-// --inject-failure RANK:STEP[:hang]: rank RANK fails at its first communicator call of the
-// forward's step STEP (throws, or with hang stops communicating until the others give up).
+// --inject-failure RANK:STEP[:bwd][:hang]: rank RANK fails when it enters step STEP of the
+// forward (of the backward with bwd; fwd names the forward explicitly), i.e. when its schedule
+// sets that context, before the step's first transfer; every schedule passes there, also at a
+// step that moves nothing. It throws, or with hang stops communicating until the others give up.
 struct Injection {
   int rank = -1;
   int step = 0;
+  Phase phase = Phase::Forward;
   bool hang = false;
 };
 Injection parse_injection(const std::string& s);  // Error naming "inject-failure" and the value
+std::string to_string(const Injection& in);        // as parse_injection reads it: "1:0:bwd:hang"
 
 struct NcclOptions {
   double timeout_s = 120.0;  // --timeout: the watchdog's bound on one wait
@@ -85,12 +91,11 @@ class NcclComm : public Communicator {
 
   RequestPtr isend(const void* buf, int64_t bytes, int dst, int tag, const char* what, bool consume = false) override;
   RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) override;
-  void begin_batch() override;
-  void end_batch() override;
   void barrier() override;
 
-  // Aborts the communicator (idempotent); later calls throw. Used when this rank fails.
-  void abort(const std::string& why);
+  // Aborts the communicator (idempotent; never throws); later calls throw. Used when this rank
+  // fails.
+  void abort(const std::string& why) noexcept;
   bool aborted() const { return aborted_; }
 
   // Host time spent blocked in Request::wait, per wait. Schedules wait after the step's compute
@@ -105,14 +110,20 @@ class NcclComm : public Communicator {
 
   struct Group;  // one ncclGroupStart/End and its completion event (nccl_comm.cpp)
 
+ protected:
+  void begin_batch() override;
+  void end_batch() override;
+  void cancel_batch(const char* why) noexcept override;
+  void context_changed() override;  // --inject-failure
+
  private:
   friend class NcclRequest;
   void check_usable(const char* op) const;
-  void inject(const char* op);
   // Polls until NCCL's asynchronous state is settled (non-blocking calls), or fails.
   void settle(const std::string& op);
-  // Polls `done` until true; on timeout, NCCL error or a peer's failure: abort and throw.
-  void poll(const std::function<bool()>& done, const std::string& op);
+  // Polls `done` until true; past `timeouts` x --timeout, on an NCCL error or a peer's failure:
+  // abort and throw.
+  void poll(const std::function<bool()>& done, const std::string& op, int timeouts = 1);
   [[noreturn]] void fail_op(const std::string& op, const std::string& why);
   RequestPtr post(bool send, void* buf, int64_t bytes, int peer, int tag, const char* what);
 

@@ -37,11 +37,10 @@ TEST(SimComm, RingExchangeAndAccounting) {
         c.set_context(Phase::Forward, 3);
         if (G == 1) return;
         std::vector<RequestPtr> reqs;
-        {
-          Batch batch(c);
+        c.batch([&] {
           reqs.push_back(c.irecv(got.data(), 8 * static_cast<int64_t>(got.size()), (r - 1 + G) % G, 1, "x"));
           reqs.push_back(c.isend(mine.data(), 8 * n, (r + 1) % G, 1, "x"));
-        }
+        });
         wait_all(reqs);
         for (double v : got) EXPECT_EQ(v, (r - 1 + G) % G + 0.5);
       });
@@ -106,15 +105,12 @@ TEST(SimComm, BatchBoundary) {
     const int peer = 1 - c.rank();
     double out = c.rank(), in = -1;
     std::vector<RequestPtr> reqs;
-    {
-      Batch batch(c);
+    c.batch([&] {
       EXPECT_TRUE(c.in_batch());
-      EXPECT_THROW(c.begin_batch(), Error);  // batches do not nest
       reqs.push_back(c.irecv(&in, 8, peer, 1, "x"));
       reqs.push_back(c.isend(&out, 8, peer, 1, "x"));
-    }
+    });
     EXPECT_FALSE(c.in_batch());
-    EXPECT_THROW(c.end_batch(), Error);  // no batch open
     wait_all(reqs);
     EXPECT_EQ(in, double(peer));
     ASSERT_EQ(c.log().size(), 2u);
@@ -128,6 +124,59 @@ TEST(SimComm, BatchBoundary) {
   });
   const std::string problem = in_order_problem(w.logs());
   EXPECT_NE(problem.find("deadlock"), std::string::npos) << problem;
+}
+
+// An exception while a batch is posted (here: a nested batch) cancels the batch and propagates;
+// the communicator is usable again after it (SimComm; NcclComm aborts instead).
+TEST(SimComm, AnExceptionInABatchCancelsIt) {
+  SimWorld w(2);
+  w.run([&](Communicator& c) {
+    const int peer = 1 - c.rank();
+    double out = c.rank(), in = -1;
+    std::string m;
+    try {
+      c.batch([&] { c.batch([] {}); });
+    } catch (const Error& e) {
+      m = e.what();
+    }
+    EXPECT_NE(m.find("batches do not nest"), std::string::npos) << m;
+    EXPECT_FALSE(c.in_batch());
+    std::vector<RequestPtr> reqs;
+    c.batch([&] {
+      reqs.push_back(c.irecv(&in, 8, peer, 1, "x"));
+      reqs.push_back(c.isend(&out, 8, peer, 1, "x"));
+    });
+    wait_all(reqs);
+    EXPECT_EQ(in, double(peer));
+  });
+}
+
+// The end of a batch reports another rank's failure, as NCCL's group end does (an error out of
+// batch(), never from a destructor).
+TEST(SimComm, EndOfABatchReportsAnotherRanksFailure) {
+  SimWorld w(2);
+  std::atomic<bool> thrown{false};
+  EXPECT_THROW(w.run([&](Communicator& c) {
+    c.set_context(Phase::Forward, 2);
+    if (c.rank() == 1) {
+      thrown = true;
+      throw std::runtime_error("rank 1 broke");
+    }
+    double x = 0;
+    std::vector<RequestPtr> reqs;
+    c.batch([&] {
+      reqs.push_back(c.irecv(&x, 8, 1, 0, "K"));
+      while (!thrown) std::this_thread::yield();
+      // SimWorld aborts the world right after rank 1's throw; leave it ample time.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    });
+    wait_all(reqs);
+  }),
+               Error);
+  EXPECT_NE(w.errors()[0].find("rank 0: gave up on the end of a batch in forward step 2 because rank 1 failed"),
+            std::string::npos)
+      << w.errors()[0];
+  EXPECT_NE(w.errors()[0].find("rank 1 broke"), std::string::npos) << w.errors()[0];
 }
 
 // The in-order model (NCCL's): pairs match in posting order and groups run one after another.
@@ -177,11 +226,10 @@ TEST(SimComm, LinkClassesFollowNodes) {
     double x = r, y = -1;
     c.set_context(Phase::Backward, 0);
     std::vector<RequestPtr> reqs;
-    {
-      Batch batch(c);
+    c.batch([&] {
       reqs.push_back(c.irecv(&y, 8, (r + 3) % 4, 0, "x"));
       reqs.push_back(c.isend(&x, 8, (r + 1) % 4, 0, "x"));
-    }
+    });
     wait_all(reqs);
   });
   for (int r = 0; r < 4; ++r) {

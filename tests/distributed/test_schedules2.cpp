@@ -312,7 +312,7 @@ TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
       }
 }
 
-// Every message of every schedule is posted inside a batch (Communicator::begin_batch): the
+// Every message of every schedule is posted inside a batch (Communicator::batch): the
 // grouping an NCCL transport needs so that pairwise exchanges cannot deadlock.
 TEST(Schedules, EveryTransferIsPostedInABatch) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
