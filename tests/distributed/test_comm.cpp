@@ -154,21 +154,26 @@ TEST(SimComm, AnExceptionInABatchCancelsIt) {
 // The end of a batch reports another rank's failure, as NCCL's group end does (an error out of
 // batch(), never from a destructor).
 TEST(SimComm, EndOfABatchReportsAnotherRanksFailure) {
-  SimWorld w(2);
-  std::atomic<bool> thrown{false};
+  SimOptions o;
+  o.timeout_s = 0.2;
+  SimWorld w(2, o);
+  std::atomic<bool> world_failed{false};
   EXPECT_THROW(w.run([&](Communicator& c) {
     c.set_context(Phase::Forward, 2);
-    if (c.rank() == 1) {
-      thrown = true;
-      throw std::runtime_error("rank 1 broke");
-    }
     double x = 0;
+    if (c.rank() == 1) {  // a wait that times out fails the world before it throws
+      RequestPtr q = c.irecv(&x, 8, 0, 99, "never");
+      try {
+        q->wait();
+      } catch (...) {
+        world_failed = true;
+        throw;
+      }
+    }
     std::vector<RequestPtr> reqs;
     c.batch([&] {
       reqs.push_back(c.irecv(&x, 8, 1, 0, "K"));
-      while (!thrown) std::this_thread::yield();
-      // SimWorld aborts the world right after rank 1's throw; leave it ample time.
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      while (!world_failed) std::this_thread::yield();
     });
     wait_all(reqs);
   }),
@@ -176,7 +181,7 @@ TEST(SimComm, EndOfABatchReportsAnotherRanksFailure) {
   EXPECT_NE(w.errors()[0].find("rank 0: gave up on the end of a batch in forward step 2 because rank 1 failed"),
             std::string::npos)
       << w.errors()[0];
-  EXPECT_NE(w.errors()[0].find("rank 1 broke"), std::string::npos) << w.errors()[0];
+  EXPECT_NE(w.errors()[0].find("timed out"), std::string::npos) << w.errors()[0];
 }
 
 // The in-order model (NCCL's): pairs match in posting order and groups run one after another.
