@@ -3,7 +3,8 @@ project's CMake and puts them next to the package's Python files (python/burstla
 
 Environment: BURSTLAB_CUDA=ON builds the cuda layer and the operator's CUDA kernels (minutes of
 nvcc; off by default, so the wheel imports anywhere); BURSTLAB_NATIVE=ON compiles for this CPU
-(-march=native: faster oracle, a wheel for this machine only); BURSTLAB_CMAKE_ARGS adds arguments.
+(-march=native: faster oracle, a wheel for this machine only); BURSTLAB_CMAKE_ARGS adds arguments;
+BURSTLAB_PIP_PROGRESS=0 keeps the build's steps off the terminal (class Progress).
 The CMake build directory is build/pip-<interpreter>, kept between installs.
 """
 import hashlib
