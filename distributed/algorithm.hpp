@@ -1,7 +1,7 @@
 // distributed/algorithm.hpp — one descriptor per algorithm (spec §7), in one table, like
 // nccl-tests' one descriptor per collective: its name, spec section, requirement check and plan,
 // the per-rank pass for each storage type, its closed-form bytes, its teaching trace and its
-// simulator model. A `Session` (session.hpp), `burstlab run --algo`, `schedule`, `simulate`,
+// simulator model. A `Session` (sim_run.hpp), `burstlab run --algo`, `schedule`, `simulate`,
 // `conform` and the tests all iterate this table; adding an algorithm is adding its file and one
 // entry in algorithm.cpp.
 #pragma once

@@ -1,5 +1,5 @@
-// distributed/comm.hpp — the Communicator: the one transport interface (DESIGN.md
-// "Distributed: one schedule, many transports"; spec §7.4).
+// distributed/comm.hpp — the Communicator: the one transport interface (docs/design.md §5;
+// spec §7.4).
 // Schedules talk to a Communicator only: rank, size, asynchronous point-to-point send/recv with
 // wait, grouped into batches, and a barrier. The schedules' collectives (gathers, all-to-alls,
 // reduce-scatters with the merge or a sum) are batches of point-to-point messages of contiguous
@@ -7,7 +7,8 @@
 // memory in a fixed order. Every transfer
 // is recorded (per rank, per phase and step, per link class) so byte counts can be asserted
 // against the closed forms of spec §7.5. Buffers are raw pointers in the memory the transport
-// works on (host for SimComm, device for NCCL later); sizes are in bytes.
+// works on (host or one GPU's memory for SimComm, the rank's GPU for NcclComm in nccl/); sizes
+// are in bytes.
 #pragma once
 
 #include <cstdint>

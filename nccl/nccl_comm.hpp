@@ -44,7 +44,7 @@ using dist::Phase;
 using dist::RequestPtr;
 
 // How a rank learns that another rank failed, and tells the others that it did. In one process
-// (a thread per GPU) a shared flag; under mpirun a message on the side (tools/).
+// (a thread per GPU) a shared flag; under mpirun a message on the side (mpi_world.cpp).
 struct Peers {
   // "" while every rank is fine; else the first failure's message.
   std::function<std::string()> failure;

@@ -1,5 +1,5 @@
-// tools/common.hpp — what the subcommands share: the flag vocabulary (DESIGN.md "Conventions
-// users expect"), building a validated Problem from it, checking implementations against the
+// tools/common.hpp — what the subcommands share: the flag vocabulary (docs/design.md §8),
+// building a validated Problem from it, checking implementations against the
 // oracle (verify before you time), result tables, and progress lines.
 #pragma once
 

@@ -47,7 +47,7 @@ struct DistFlags {
   bool single = false;            // --single: also the whole problem on one device
 };
 
-// G: --world, or --nodes x --gpus-per-node when --nodes is given (DESIGN.md's flag vocabulary),
+// G: --world, or --nodes x --gpus-per-node when --nodes is given (docs/design.md §8),
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f) {
 #ifdef BURSTLAB_HAVE_NCCL

@@ -1,5 +1,5 @@
-// tools/table.hpp — fixed-width text tables with a JSON twin (DESIGN.md "Conventions users
-// expect": a header row with units, fixed-width columns, machine-readable JSON on request).
+// tools/table.hpp — fixed-width text tables with a JSON twin (docs/design.md §8: a header row
+// with units, fixed-width columns, machine-readable JSON on request).
 // Every cell carries its display text and its typed JSON value, so the two never disagree.
 #pragma once
 
