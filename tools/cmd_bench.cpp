@@ -97,10 +97,15 @@ Command add_bench_command(CLI::App& app) {
   add_values_flag(sub, s->run);
   add_impl_flag(sub, s->run);
   add_tile_flags(sub, s->run);
-  sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = OMP_NUM_THREADS or every core)")->capture_default_str();
-  sub->add_option("--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up")
-      ->capture_default_str();
-  sub->add_option("--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)")->capture_default_str();
+  int_range(sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = OMP_NUM_THREADS or every core)")
+                ->capture_default_str(),
+            "threads", 0, kMaxThreads, ">= 1, or 0 for all");
+  int_range(sub->add_option("--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up")
+                ->capture_default_str(),
+            "reps", 1, kMaxRepeat);
+  // n^2 elements per matrix: validate()'s 2^48 per tensor.
+  int_range(sub->add_option("--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)")->capture_default_str(), "gemm-n",
+            1, int64_t(1) << 24);
   sub->add_option("--verify", s->verify,
                   "auto | same | reduced: check on the timed shape, or on N <= 1024 (auto: same when "
                   "B*H_q*visible_pairs*d <= 2^30)")
@@ -207,7 +212,9 @@ Command add_bench_command(CLI::App& app) {
     const MemAvailable avail = memory_available();
     const int64_t no_cap = std::numeric_limits<int64_t>::max();
     require_memory(need_of(s->verify, impls, all_threads, s->gemm_n, no_cap), avail, [&] {
-      // Alternatives with bench's own flags, fewest changes first; only those that fit are named.
+      // Alternatives with bench's own flags, fewest changes first; only those that fit (with
+      // headroom) are named.
+      const int64_t budget = advice_budget(avail);
       std::vector<std::string> verifies = {s->verify};
       if (s->verify != "reduced") verifies.push_back("reduced");
       std::vector<std::vector<const Impl*>> impl_sets = {impls};
@@ -229,7 +236,7 @@ Command add_bench_command(CLI::App& app) {
             for (size_t g = 0; g < gemm_sizes.size(); ++g) {
               const int changed = (v > 0) | (i > 0) << 1 | (t > 0) << 2 | (g > 0) << 3;
               if (changed == 0 ||
-                  need_of(verifies[v], impl_sets[i], thread_counts[t], gemm_sizes[g], no_cap).bytes > avail.bytes)
+                  need_of(verifies[v], impl_sets[i], thread_counts[t], gemm_sizes[g], no_cap).bytes > budget)
                 continue;
               std::string flags;
               auto add = [&](bool on, const std::string& flag) {
@@ -257,7 +264,7 @@ Command add_bench_command(CLI::App& app) {
       int64_t N_max = 0;
       for (const Problem& full : problems) N_max = std::max({N_max, full.N_q, full.N_k});
       const int64_t n = largest_fitting_length(N_max, N_max, [&](int64_t c, int64_t) {
-        return need_of(s->verify, impls, all_threads, s->gemm_n, c).bytes <= avail.bytes;
+        return need_of(s->verify, impls, all_threads, s->gemm_n, c).bytes <= budget;
       });
       if (n > 0) ways.push_back("--nq " + std::to_string(n) + " --nk " + std::to_string(n) + " (at most)");
       std::string out;

@@ -16,7 +16,7 @@
 #include "cmd_case.hpp"
 #include "npy.hpp"
 #include "common.hpp"
-#include "algos.hpp"  // double-ring, distflash, attention2d, ulysses, allgather
+#include "algorithm.hpp"  // the schedules of spec §7: algorithms()
 #include "sim_run.hpp"
 
 namespace burstlab::tools {
@@ -181,12 +181,15 @@ Command add_check(CLI::App& app) {
   sub->add_option("--lse-base", s->lse_base, "LSE units of the candidate: e (natural log) | 2 (log2)")->capture_default_str();
   sub->add_option("--layout", s->layout, "layout of the candidate's O, dQ, dK, dV (default: the case's)");
   sub->add_option("--tensors", s->tensors, "only these tensors, comma-separated (default: O,LSE and, for backward cases, dQ,dK,dV)");
-  sub->add_option("--max-list", s->max_list, "mismatches listed per tensor")->capture_default_str();
-  sub->add_option("--dw-roundings", s->dW_roundings,
-                  "LM head cases: how often the candidate rounds a partial sum of dW to its storage type (r_W of spec "
-                  "(10.21)): 1 when it sums in fp32 and stores once; the number of row chunks when it adds each "
-                  "chunk into a bf16/fp16 dW (as liger-kernel does)")
-      ->capture_default_str();
+  int_range(sub->add_option("--max-list", s->max_list, "mismatches listed per tensor")->capture_default_str(),
+            "max-list",
+            0, kMaxRepeat);
+  int_range(sub->add_option("--dw-roundings", s->dW_roundings,
+                            "LM head cases: how often the candidate rounds a partial sum of dW to its storage type (r_W "
+                            "of spec (10.21)): 1 when it sums in fp32 and stores once; the number of row chunks when it "
+                            "adds each chunk into a bf16/fp16 dW (as liger-kernel does)")
+                ->capture_default_str(),
+            "dw-roundings", 1, kMaxExtent);
   sub->add_flag("--json", s->json, "one JSON object per case on stdout");
   sub->footer(
       "Per tensor: max_abs, max_rel, err/bound, #wrong and the first mismatches with (b, h, i|j, k).\n"
@@ -218,8 +221,14 @@ Command add_check(CLI::App& app) {
       only.push_back(one);
     }
     const auto dirs = case_dirs(s->case_dir);
+    // A case of a suite whose subdirectory is absent is a candidate that skipped it (every tensor
+    // missing: exit 1); a candidate path that is absent altogether is bad input.
+    if (!fs::is_directory(s->cand))
+      fail("candidate (", s->cand, ") ", fs::exists(s->cand) ? "is not a directory" : "does not exist",
+           ": it must be a directory of O.npy [LSE.npy dQ.npy dK.npy dV.npy]",
+           dirs.size() > 1 ? ", one subdirectory per case" : "");
     const bool single = dirs.size() == 1 && dirs[0] == s->case_dir;
-    int failed = 0;
+    int failed = 0, judged = 0;  // judged: tensors compared (or found missing), over all cases
     for (const std::string& d : dirs) {
       const std::string cand_dir = single ? s->cand : (fs::path(s->cand) / fs::path(d).filename()).string();
       check::CheckResult r;
@@ -246,6 +255,7 @@ Command add_check(CLI::App& app) {
           r.tensors = keep;
         }
         failed += !r.pass();
+        judged += static_cast<int>(r.tensors.size());
         if (s->json) std::printf("%s\n", check::check_json(r).c_str());
         else {
           std::string text = check::format_check(r);
@@ -277,11 +287,21 @@ Command add_check(CLI::App& app) {
         r.tensors = keep;
       }
       failed += !r.pass();
+      judged += static_cast<int>(r.tensors.size());
       if (s->json) std::printf("%s\n", check::check_json(r).c_str());
       else std::printf("%s%s", check::format_check(r).c_str(), dirs.size() > 1 ? "\n" : "");
     }
     if (!s->json && dirs.size() > 1)
       std::printf("%zu passed, %d failed\n", dirs.size() - failed, failed);
+    if (judged == 0) {  // --tensors named none of the tensors these cases have
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "burstlab check: FAIL: nothing was judged: --tensors (%s) names no tensor of %s (a forward-only "
+                   "case has O, LSE; a backward case also dQ, dK, dV; an LM head case L, LSE, dH, dW); drop "
+                   "--tensors or name one the case has\n",
+                   s->tensors.c_str(), dirs.size() == 1 ? "this case" : "these cases");
+      return kExitFail;
+    }
     return failed ? kExitFail : kExitPass;
   };
   return c;
@@ -330,7 +350,7 @@ Column impl_column(const Impl& m) {
   return col;
 }
 
-// One distributed session (SimSession for ring/burst, ExtSession for the algorithms of §7.7-7.11)
+// One distributed session (dist::Session of an algorithm of the table)
 // on SimComm threads, with the engine of an implementation; outputs gathered back to global BHSD.
 template <class U>
 Tensor4<double> widen(const Tensor4<U>& x) {
@@ -427,13 +447,16 @@ Command add_conform(CLI::App& app) {
   auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand(
       "conform", "Run every built-in implementation over the case suite: one PASS/FAIL matrix (worst err/bound)");
-  sub->add_option("--suite", s->suite_dir, "a suite directory from `burstlab gen` (default: generate in memory)");
+  // --case as in oracle and check (a case directory or a suite of them); --suite is its old name.
+  sub->add_option("--case,--suite", s->suite_dir,
+                  "a case directory, or a suite directory from `burstlab gen` (default: generate the suite in memory)");
   sub->add_flag("--full", s->full, "the full generated suite (default: the quick subset)");
   sub->add_option("--dtype", s->dtype, "dtypes of the generated suite, comma-separated: fp64, fp32, bf16, fp16 (not "
                                        "with --suite: its cases name theirs)")
       ->capture_default_str();
   sub->add_option("--impl", s->impl, "only these columns (comma-separated names as printed)");
-  sub->add_option("--world", s->world, "ranks of the distributed columns (SimComm)")->capture_default_str();
+  int_range(sub->add_option("--world", s->world, "ranks of the distributed columns (SimComm)")->capture_default_str(),
+            "world", 1, kMaxWorld);
   sub->add_option("--partition", s->partition,
                   "contiguous | zigzag | striped: partition of the distributed columns (attention2d, attention2d-o: always striped)")
       ->capture_default_str();
@@ -441,7 +464,10 @@ Command add_conform(CLI::App& app) {
   sub->footer(
       "Cells: PASS/FAIL and the worst err/bound over O, LSE, dQ, dK, dV (spec §9); '-' = the column does\n"
       "not run that dtype; 'n/a' = it cannot run that problem (reason listed below the matrix).\n"
-      "Exit: 0 every cell passed, 1 a cell failed.");
+      "Exit: 0 every cell passed, 1 a cell failed or no cell was judged (every cell '-' or 'n/a').\n\n"
+      "Examples:\n"
+      "  burstlab conform                                   the quick suite, generated in memory, fp64 and fp32\n"
+      "  burstlab conform --case cases --impl cpu,ring       the cases `burstlab gen --out cases` wrote");
   Command c;
   c.app = sub;
   c.run = [s]() -> int {
@@ -529,6 +555,30 @@ Command add_conform(CLI::App& app) {
       }
     }
     progress.done();
+    // A matrix of '-' and 'n/a' checked nothing: it must not pass.
+    std::string nothing_judged;
+    if (passed + failed == 0) {
+      int dashes = 0, na_cells = 0;
+      for (const auto& row : cells)
+        for (const Cell& cell : row) (cell.text == "-" ? dashes : na_cells) += 1;
+      std::string unrun;  // the cases' dtypes that no selected column runs
+      for (const CaseMeta& m : metas) {
+        const std::string t = to_string(m.dtype);
+        const bool runs = std::any_of(cols.begin(), cols.end(), [&](const Column& col) {
+          return std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end();
+        });
+        if (!runs && ("," + unrun + ",").find("," + t + ",") == std::string::npos) unrun += (unrun.empty() ? "" : ",") + t;
+      }
+      std::string why;
+      if (dashes)
+        why += std::to_string(dashes) + " '-': " +
+               (unrun.empty() ? std::string("the column does not run the case's dtype") : "no column here runs " + unrun);
+      if (na_cells) why += std::string(why.empty() ? "" : "; ") + std::to_string(na_cells) + " 'n/a': the reasons above";
+      nothing_judged = "FAIL: nothing was judged: none of the " + std::to_string(metas.size() * cols.size()) +
+                       " cells ran (" + why +
+                       "). Choose columns (--impl) and cases (--case, --dtype) that run here; bf16 and fp16 cells "
+                       "need a build with CUDA on a GPU machine";
+    }
     if (s->json) {
       for (size_t r = 0; r < metas.size(); ++r)
         for (size_t k = 0; k < cols.size(); ++k) {
@@ -540,6 +590,11 @@ Command add_conform(CLI::App& app) {
           }
           std::printf("%s\n", j.dump().c_str());
         }
+      if (!nothing_judged.empty()) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "burstlab conform: %s\n", nothing_judged.c_str());
+        return kExitFail;
+      }
       return failed ? kExitFail : kExitPass;
     }
     size_t w0 = 4;
@@ -561,6 +616,10 @@ Command add_conform(CLI::App& app) {
                   cases[0].c_str(), cases.size() > 1 ? ", ..." : "", key.second.c_str());
     for (const std::string& n : notes) std::printf("%s\n", n.c_str());
     std::printf("%d passed, %d failed (cells: PASS/FAIL worst err/bound, spec §9)\n", passed, failed);
+    if (!nothing_judged.empty()) {
+      std::printf("%s\n", nothing_judged.c_str());
+      return kExitFail;
+    }
     return failed ? kExitFail : kExitPass;
   };
   return c;

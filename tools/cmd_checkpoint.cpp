@@ -38,6 +38,7 @@ struct CkptFlags {
   std::string partition;  // empty: the algorithm's own, else contiguous
   int gpus_per_node = 0;
   bool json = false;
+  std::vector<const CLI::Option*> with_algo;  // --world, --partition, --gpus-per-node
 };
 
 // The papers' numbers, as printed.
@@ -123,10 +124,19 @@ template <class T>
 int run_checkpoint(const CkptFlags& f) {
   layer::Shape s;
   s.p = make_problem(f.B, f.H_q, f.H_kv, f.N, f.N, f.d, f.mask, f.seed, nullptr);
-  s.D = f.D > 0 ? f.D : f.H_q * f.d;
-  s.F = f.F > 0 ? f.F : 4 * s.D;
   if (f.D < 0) fail("width (", f.D, ") must be >= 1 (0: H_q d)");
   if (f.F < 0) fail("ffn (", f.F, ") must be >= 1 (0: 4 D)");
+  // validate() has held B N H_q d to 2^48, and the flags D and F too: these products fit int64.
+  // The weights and activations are held to validate()'s 2^48 elements per tensor as well.
+  s.D = f.D > 0 ? f.D : s.p.H_q * s.p.d;
+  s.F = f.F > 0 ? f.F : 4 * s.D;
+  const std::pair<const char*, double> tensors[] = {{"W1 (D x F)", double(s.D) * double(s.F)},
+                                                    {"Wq (D x H_q d)", double(s.D) * double(s.p.H_q * s.p.d)},
+                                                    {"x (B N x D)", double(s.p.B * s.p.N_q) * double(s.D)},
+                                                    {"the MLP's hidden rows (B N x F)", double(s.p.B * s.p.N_q) * double(s.F)}};
+  for (const auto& [name, elems] : tensors)
+    if (elems > double(kMaxExtent))
+      fail("width (D = ", s.D, "), ffn (F = ", s.F, "): ", name, " would exceed 2^48 elements");
   layer::validate(s);
   if (f.tile < 1) fail("tile (", f.tile, ") must be >= 1");
   if (!(f.keep >= 0 && f.keep <= 1)) fail("keep (", f.keep, ") must lie in [0, 1]");
@@ -342,28 +352,45 @@ Command add_checkpoint_command(CLI::App& app) {
   auto f = std::make_shared<CkptFlags>();
   CLI::App* sub = app.add_subcommand(
       "checkpoint", "A transformer layer under four checkpoint placements, and the papers' cost models (spec §11)");
-  sub->add_option("-b,--batch", f->B, "batch B")->capture_default_str();
-  sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str();
-  sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str();
-  sub->add_option("--nq", f->N, "sequence length N (N_k = N_q: self-attention)")->capture_default_str();
-  sub->add_option("-d", f->d, "head dimension d")->capture_default_str();
-  sub->add_option("--width", f->D, "model width D (0: H_q d)")->capture_default_str();
-  sub->add_option("--ffn", f->F, "MLP width F (0: 4 D)")->capture_default_str();
+  // Lower bounds are validate()'s and run_checkpoint's; upper bounds here.
+  int_range(sub->add_option("-B,-b,--batch", f->B, "batch B")->capture_default_str(),
+            "B", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str(),
+            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str(), "H_kv", kNoLowerBound,
+            kMaxExtent, ">= 1");
+  int_range(sub->add_option("--nq", f->N, "sequence length N (N_k = N_q: self-attention)")->capture_default_str(),
+            "N_q",
+            kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("-d", f->d, "head dimension d")->capture_default_str(),
+            "d", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("--width", f->D, "model width D (0: H_q d)")->capture_default_str(), "width", 0, kMaxExtent,
+            ">= 1 (0: H_q d)");
+  int_range(sub->add_option("--ffn", f->F, "MLP width F (0: 4 D)")->capture_default_str(), "ffn", 0, kMaxExtent,
+            ">= 1 (0: 4 D)");
   sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
   sub->add_option("--dtype", f->dtype, "fp32 | fp64")->capture_default_str();
-  sub->add_option("--seed", f->seed, "seed of weights and inputs")->capture_default_str();
-  sub->add_option("--tile", f->tile, "cpu attention tiles Br = Bc; the sequence placement's segment length")
-      ->capture_default_str();
-  sub->add_option("--keep", f->keep, "sequence placement: the fraction of rows whose attention output is kept")
-      ->capture_default_str();
+  int_range(sub->add_option("--seed", f->seed, "seed of weights and inputs")->capture_default_str(), "seed", 0,
+            std::numeric_limits<uint64_t>::max());
+  int_range(sub->add_option("--tile", f->tile, "cpu attention tiles Br = Bc; the sequence placement's segment length")
+                ->capture_default_str(),
+            "tile", 1, kMaxExtent);
+  real_range(sub->add_option("--keep", f->keep, "sequence placement: the fraction of rows whose attention output is kept")
+                 ->capture_default_str(),
+             "keep", 0, 1);
   sub->add_option("--algo", f->algo,
                   "run the layer's attention distributed on SimComm with this algorithm: " + dist::algorithm_names() +
                       " (default: on one device)");
-  sub->add_option("--world", f->world, "ranks G (with --algo)")->capture_default_str();
-  sub->add_option("--partition", f->partition, "contiguous | zigzag | striped (default: the algorithm's own, else contiguous)");
-  sub->add_option("--gpus-per-node", f->gpus_per_node,
-                  "GPUs per node K (0 = one node): double-ring's K, usp's group size")
-      ->capture_default_str();
+  // These three mean nothing on one device: refused without --algo.
+  f->with_algo = {
+      int_range(sub->add_option("--world", f->world, "ranks G (with --algo)")->capture_default_str(), "world", 1,
+                kMaxWorld),
+      sub->add_option("--partition", f->partition,
+                      "contiguous | zigzag | striped, with --algo (default: the algorithm's own, else contiguous)"),
+      int_range(sub->add_option("--gpus-per-node", f->gpus_per_node,
+                                "GPUs per node K, with --algo (0 = one node): double-ring's K, usp's group size")
+                    ->capture_default_str(),
+                "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)")};
   sub->add_flag("--json", f->json, "JSON instead of tables");
   sub->footer(
       "Exit: 0 when every placement's gradients equal those of `none` bitwise, every distributed pass sent\n"
@@ -375,6 +402,11 @@ Command add_checkpoint_command(CLI::App& app) {
   Command c;
   c.app = sub;
   c.run = [f]() -> int {
+    if (f->algo.empty())
+      for (const CLI::Option* o : f->with_algo)
+        if (o->count() > 0)
+          fail(o->get_name(), " (", o->results().at(0), ") needs --algo (", dist::algorithm_names(),
+               "): without it the layer's attention runs on one device");
     if (f->dtype == "fp32" || f->dtype == "float") return run_checkpoint<float>(*f);
     if (f->dtype == "fp64" || f->dtype == "double") return run_checkpoint<double>(*f);
     fail("dtype (", f->dtype, ") must be fp32 or fp64 for the layer");

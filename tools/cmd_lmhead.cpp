@@ -539,16 +539,23 @@ std::vector<Result> run_lmhead_case(const LmHeadProblem& p, Dtype dtype, Values 
 void add_lmhead_flags(CLI::App* sub, LmHeadFlags& f) {
   sub->add_option("--op", f.op, "operator: attention | lmhead-ce (the fused LM head + cross-entropy, spec §10)")
       ->capture_default_str();
-  sub->add_option("--vocab", f.V, "lmhead-ce: vocabulary size V (required); rows N = B x nq, hidden size -d");
-  sub->add_option("--ignore-index", f.ignore_index, "lmhead-ce: the label of rows that do not count")
-      ->capture_default_str();
-  sub->add_option("--ignore-fraction", f.ignored, "lmhead-ce: fraction of rows labelled ignore-index (seeded)")
-      ->capture_default_str();
-  sub->add_option("--label-smoothing", f.eps, "lmhead-ce: label smoothing eps in [0, 1]")->capture_default_str();
-  sub->add_option("--z-loss", f.z_loss, "lmhead-ce: z-loss weight lambda >= 0")->capture_default_str();
+  int_range(sub->add_option("--vocab", f.V, "lmhead-ce: vocabulary size V (required); rows N = B x nq, hidden size -d"),
+            "vocab", 1, kMaxExtent);
+  int_range(sub->add_option("--ignore-index", f.ignore_index, "lmhead-ce: the label of rows that do not count")
+                ->capture_default_str(),
+            "ignore-index", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  real_range(sub->add_option("--ignore-fraction", f.ignored, "lmhead-ce: fraction of rows labelled ignore-index (seeded)")
+                 ->capture_default_str(),
+             "ignore-fraction", 0, 1);
+  // The names validate(LmHeadProblem) uses for these fields.
+  real_range(sub->add_option("--label-smoothing", f.eps, "lmhead-ce: label smoothing eps in [0, 1]")->capture_default_str(),
+             "label_smoothing", 0, 1);
+  real_range(sub->add_option("--z-loss", f.z_loss, "lmhead-ce: z-loss weight lambda >= 0")->capture_default_str(),
+             "z_loss", 0, std::numeric_limits<double>::max());
   sub->add_option("--reduction", f.reduction, "lmhead-ce: mean | sum")->capture_default_str();
-  sub->add_option("--bv", f.Bv, "lmhead-ce: vocabulary entries per tile Bv (0 = the implementation's default)")
-      ->capture_default_str();
+  int_range(sub->add_option("--bv", f.Bv, "lmhead-ce: vocabulary entries per tile Bv (0 = the implementation's default)")
+                ->capture_default_str(),
+            "bv", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
 }
 
 bool lmhead_selected(const CLI::App* sub, const LmHeadFlags& f) {
@@ -604,8 +611,8 @@ int run_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, int
   const int threads = max_threads();
   const bool backward = ps.bwd || ps.fused;
   const MemAvailable avail = memory_available();
-  auto fits = [&](const LmHeadProblem& q, bool bwd) {
-    return lmhead_case_need(q, dtype, bwd, impls, knobs, threads).bytes <= avail.bytes;
+  auto fits = [&](const LmHeadProblem& q, bool bwd) {  // for the advice: with headroom
+    return lmhead_case_need(q, dtype, bwd, impls, knobs, threads).bytes <= advice_budget(avail);
   };
   require_memory(lmhead_case_need(p, dtype, backward, impls, knobs, threads), avail,
                  [&] { return lmhead_advice(s, p, fits, backward); });
@@ -681,7 +688,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
     auto fits = [&](const LmHeadProblem& q, bool) {
       LmHeadProblem c = q;
       if (c.N > kReducedN && verify != "same") c.N = kReducedN;
-      return need(q, c).bytes <= avail.bytes;
+      return need(q, c).bytes <= advice_budget(avail);
     };
     return lmhead_advice(s, problems.front(), fits, false);
   });

@@ -15,7 +15,8 @@ namespace {
 // What to do instead when the case does not fit: each alternative is estimated, and only those
 // that fit are named, with `run`'s own flags.
 std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, int threads, const MemAvailable& avail) {
-  auto fits = [&](const Case& c, int t) { return case_need(c, impls, t).bytes <= avail.bytes; };
+  const int64_t budget = advice_budget(avail);  // every suggestion keeps headroom
+  auto fits = [&](const Case& c, int t) { return case_need(c, impls, t).bytes <= budget; };
   std::vector<std::string> ways;
   if (threads > 1 && fits(cs, 1)) ways.push_back("--threads 1");
   auto names = [](const std::vector<const Impl*>& ms) {
@@ -27,7 +28,7 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
   auto fitting = [&](const Case& c) {
     std::vector<const Impl*> keep;
     for (const Impl* m : impls)
-      if (case_need(c, {m}, threads).bytes <= avail.bytes) keep.push_back(m);
+      if (case_need(c, {m}, threads).bytes <= budget) keep.push_back(m);
     return keep;
   };
   if (cs.check_rows == 0) {  // the row-sampled oracle instead of the full one (spec §9.11)
@@ -88,11 +89,13 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
   add_pass_flag(sub, s->run);
   add_tile_flags(sub, s->run);
   add_threads_flag(sub, s->run);
-  sub->add_option("--repeat", s->repeat, "timed runs per pass; the best is reported")->capture_default_str();
-  sub->add_option("--check-rows", s->run.check_rows,
-                  "check K sampled query rows (O, LSE, dQ) and K key columns (dK, dV) with the row-sampled fp64 "
-                  "oracle (spec §9.11) instead of the full one (0): no N_q x N_k buffer, for huge N")
-      ->capture_default_str();
+  int_range(sub->add_option("--repeat", s->repeat, "timed runs per pass; the best is reported")->capture_default_str(),
+            "repeat", 1, kMaxRepeat);
+  int_range(sub->add_option("--check-rows", s->run.check_rows,
+                            "check K sampled query rows (O, LSE, dQ) and K key columns (dK, dV) with the row-sampled "
+                            "fp64 oracle (spec §9.11) instead of the full one (0): no N_q x N_k buffer, for huge N")
+                ->capture_default_str(),
+            "check-rows", 0, kMaxExtent, ">= 1, or 0 for the full oracle");
   add_json_flag(sub, s->run);
   sub->add_flag("-v,--verbose", s->run.verbose, "also print one row per tensor (O, LSE, dQ, dK, dV)");
   add_lmhead_flags(sub, s->lm);

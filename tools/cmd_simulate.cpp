@@ -152,6 +152,9 @@ int run_simulate(const SimFlags& f) {
                 m.reps_fwd, m.bwd / 1e9, m.reps_bwd);
   }
   if (f.elem_bytes < 1) fail("elem-bytes (", f.elem_bytes, ") must be >= 1");
+  if (int64_t(c.nodes) * c.gpus_per_node > kMaxWorld)
+    fail("world (nodes x gpus-per-node = ", c.nodes, " x ", c.gpus_per_node, " = ", int64_t(c.nodes) * c.gpus_per_node,
+         ") must be <= ", kMaxWorld);
   const int G = c.nodes * c.gpus_per_node, K = c.gpus_per_node;
   const Problem p = make_problem(f.B, f.H_q, f.H_kv, f.seq, f.seq, f.d, f.mask, 1, nullptr);
   const MaskData md = compile_mask(p);
@@ -303,21 +306,34 @@ void add_simulate_command(CLI::App& app) {
                   "striped partition and the most square grid; distflash: the contiguous partition)")
       ->capture_default_str();
   sub->add_option("--preset", f->preset, "a100-pcie | a100-roce | a800-32 | a800-64")->capture_default_str();
-  sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str();
-  sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)")->capture_default_str();
-  sub->add_option("--seq", f->seq, "sequence length N")->capture_default_str();
-  sub->add_option("-b,--batch", f->B, "batch B")->capture_default_str();
-  sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str();
-  sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str();
-  sub->add_option("-d", f->d, "head dimension")->capture_default_str();
+  int_range(sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str(), "nodes", 0,
+            kMaxWorld, ">= 1 (0 = the preset's)");
+  int_range(sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)")->capture_default_str(),
+            "gpus-per-node", 0, kMaxWorld, ">= 1 (0 = the preset's)");
+  // Lower bounds are validate()'s; upper bounds here.
+  int_range(sub->add_option("--seq", f->seq, "sequence length N")->capture_default_str(),
+            "seq", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("-B,-b,--batch", f->B, "batch B")->capture_default_str(),
+            "B", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str(),
+            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str(), "H_kv", kNoLowerBound,
+            kMaxExtent, ">= 1");
+  int_range(sub->add_option("-d", f->d, "head dimension")->capture_default_str(),
+            "d", kNoLowerBound, kMaxExtent, ">= 1");
   sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
   sub->add_option("--partition", f->partition, "contiguous | zigzag | striped")->capture_default_str();
-  sub->add_option("--elem-bytes", f->elem_bytes, "bytes per element (2 = bf16)")->capture_default_str();
-  sub->add_option("--intra-gbs", f->intra_gbs, "override intra-node bandwidth (GB/s)");
-  sub->add_option("--inter-gbs", f->inter_gbs, "override inter-node bandwidth per GPU (GB/s)");
-  sub->add_option("--intra-us", f->intra_us, "override intra-node latency (us)");
-  sub->add_option("--inter-us", f->inter_us, "override inter-node latency (us)");
-  sub->add_option("--tflops", f->tflops, "override attention TFLOP/s per GPU");
+  int_range(sub->add_option("--elem-bytes", f->elem_bytes, "bytes per element (2 = bf16)")->capture_default_str(),
+            "elem-bytes", 1, 64);
+  // The overrides: a value given is used, so it must be one the model can use.
+  const double most = std::numeric_limits<double>::max();
+  real_range(sub->add_option("--intra-gbs", f->intra_gbs, "override intra-node bandwidth (GB/s)"), "intra-gbs", 0, most,
+             true);
+  real_range(sub->add_option("--inter-gbs", f->inter_gbs, "override inter-node bandwidth per GPU (GB/s)"), "inter-gbs", 0,
+             most, true);
+  real_range(sub->add_option("--intra-us", f->intra_us, "override intra-node latency (us)"), "intra-us", 0, most);
+  real_range(sub->add_option("--inter-us", f->inter_us, "override inter-node latency (us)"), "inter-us", 0, most);
+  real_range(sub->add_option("--tflops", f->tflops, "override attention TFLOP/s per GPU"), "tflops", 0, most, true);
   sub->add_option("--flops", f->flops,
                   "measured: time the CPU engine's forward/backward on one 512 x 512 block (~0.2 s), print and use "
                   "those rates");

@@ -138,7 +138,17 @@ Command add_suite_command(CLI::App& app) {
       }
       return kExitPass;
     }
-    if (groups.empty()) fail("suite has nothing to run for impl (", s->run.impl, ")");
+    if (groups.empty()) {  // nothing would be judged: say why, per implementation
+      std::string why;
+      for (const Impl* m : impls) {
+        const auto k = std::find_if(skips.begin(), skips.end(), [&](const Skip& x) { return x.impl == m->name; });
+        why += "; " + m->name + ": " +
+               (k != skips.end() ? k->reason : std::string("no suite dtype (it is not compared with itself)"));
+      }
+      fail("impl (", s->run.impl.empty() ? registry_names() : s->run.impl,
+           ") has nothing to run here, so nothing would be judged", why,
+           ". Choose implementations that run on this machine (built: ", registry_names(), ")");
+    }
 
     Progress progress(static_cast<int>(groups.size()));
     std::vector<Result> rs;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <new>
 #include <stdexcept>
@@ -19,24 +20,98 @@
 namespace burstlab::tools {
 
 // ---------------------------------------------------------------- flags
+namespace {
+// A refusal from inside CLI11's parse: a ParseError whose text is the whole message (a
+// ValidationError would prefix the option's name again).
+[[noreturn]] void refuse(const std::string& message) { throw CLI::ConversionError(message); }
+std::string quoted(const std::string& field, const std::string& text) { return field + " (" + text + ")"; }
+}  // namespace
+
+CLI::Option* int_range(CLI::Option* o, const std::string& field, int64_t lo, uint64_t hi, const std::string& at_least,
+                       const std::string& at_most) {
+  const std::string flag = o->get_name();
+  o->transform(CLI::Validator(  // transform: it may rewrite the text (leading zeros)
+      [=](std::string& text) -> std::string {
+        const std::string typed = text;  // quoted in messages
+        const bool negative = !text.empty() && text[0] == '-';
+        const size_t first = negative ? 1 : 0;
+        if (text.size() == first || text.find_first_not_of("0123456789", first) != std::string::npos)
+          refuse(quoted(field, typed) + " must be a decimal integer (" + flag + ")");
+        // CLI11 converts with base 0: 010 would be octal 8. Leading zeros go; the value is decimal.
+        const size_t nonzero = std::min(text.find_first_not_of('0', first), text.size() - 1);
+        if (nonzero > first) text.erase(first, nonzero - first);
+        if (text == "-0") text = "0";
+        // The magnitude, saturated at 2^64 - 1 (more digits than any bound allows).
+        uint64_t mag = 0;
+        bool huge = false;
+        for (size_t k = first; k < text.size() && !huge; ++k) {
+          const uint64_t digit = static_cast<uint64_t>(text[k] - '0');
+          if (mag > (std::numeric_limits<uint64_t>::max() - digit) / 10) huge = true;
+          else mag = mag * 10 + digit;
+        }
+        const uint64_t lo_mag = lo < 0 ? uint64_t(0) - static_cast<uint64_t>(lo) : 0;  // |lo| when lo < 0
+        const bool below = negative ? (lo >= 0 ? mag != 0 : huge || mag > lo_mag)
+                                    : (lo > 0 && !huge && mag < static_cast<uint64_t>(lo));
+        if (below) refuse(quoted(field, typed) + " must be " + (at_least.empty() ? ">= " + std::to_string(lo) : at_least));
+        if (!negative && (huge || mag > hi))
+          refuse(quoted(field, typed) + " must be <= " + std::to_string(hi) + at_most);
+        return "";
+      },
+      "", "range"));
+  return o;
+}
+
+CLI::Option* real_range(CLI::Option* o, const std::string& field, double lo, double hi, bool lo_open) {
+  o->check(CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) refuse(quoted(field, text) + " must be a number");
+        if (!std::isfinite(v)) refuse(quoted(field, text) + " must be finite");
+        auto str = [](double x) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%g", x);
+          return std::string(buf);
+        };
+        const bool has_lo = lo > std::numeric_limits<double>::lowest(), has_hi = hi < std::numeric_limits<double>::max();
+        const bool below = lo_open ? !(v > lo) : v < lo;
+        if (has_lo && has_hi && !lo_open && (below || v > hi))
+          refuse(quoted(field, text) + " must lie in [" + str(lo) + ", " + str(hi) + "]");
+        if (has_lo && below) refuse(quoted(field, text) + " must be " + (lo_open ? "> " : ">= ") + str(lo));
+        if (has_hi && v > hi) refuse(quoted(field, text) + " must be <= " + str(hi));
+        return "";
+      },
+      "", "range"));
+  return o;
+}
+
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d) {
-  app->add_option("-B,--batch", f.B, "batch size B")->capture_default_str();
-  app->add_option("--hq", f.H_q, "query heads H_q")->capture_default_str();
-  app->add_option("--hkv", f.H_kv, "key/value heads H_kv (H_q % H_kv == 0; GQA/MQA when smaller)")
-      ->capture_default_str();
-  app->add_option("--nq", f.N_q, "queries per (b, h), N_q")->capture_default_str();
-  app->add_option("--nk", f.N_k, "keys per (b, h), N_k")->capture_default_str();
+  // Lower bounds are validate()'s (which names B, H_q, ... as these do); upper bounds here.
+  int_range(app->add_option("-B,--batch", f.B, "batch size B")->capture_default_str(),
+            "B", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(app->add_option("--hq", f.H_q, "query heads H_q")->capture_default_str(),
+            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(app->add_option("--hkv", f.H_kv, "key/value heads H_kv (H_q % H_kv == 0; GQA/MQA when smaller)")
+                ->capture_default_str(),
+            "H_kv", kNoLowerBound, kMaxExtent, ">= 1");
+  int_range(app->add_option("--nq", f.N_q, "queries per (b, h), N_q")->capture_default_str(), "N_q", kNoLowerBound,
+            kMaxExtent, ">= 1");
+  int_range(app->add_option("--nk", f.N_k, "keys per (b, h), N_k")->capture_default_str(), "N_k", kNoLowerBound,
+            kMaxExtent, ">= 1");
   CLI::Option* d = app->add_option("-d,--head-dim", f.d,
                                    multi_d ? "head dimension(s) d, e.g. -d 64,128" : "head dimension d")
                        ->capture_default_str()
                        ->delimiter(',');
   if (!multi_d) d->expected(1);
+  int_range(d, "d", kNoLowerBound, kMaxExtent, ">= 1");
   app->add_option("--mask", f.mask,
                   "mask spec, '+'-joined parts: none | causal | window:L,R (-1 = unbounded) | "
                   "document[:n_docs] | block[:BQxBK[@density]]")
       ->capture_default_str();
-  f.scale_opt = app->add_option("--scale", f.scale, "softmax scale (default 1/sqrt(d))");
-  app->add_option("--seed", f.seed, "seed of inputs and generated masks")->capture_default_str();
+  f.scale_opt = real_range(app->add_option("--scale", f.scale, "softmax scale (default 1/sqrt(d))"), "scale",
+                           std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max());
+  int_range(app->add_option("--seed", f.seed, "seed of inputs and generated masks")->capture_default_str(), "seed", 0,
+            std::numeric_limits<uint64_t>::max());
 }
 void add_dtype_flag(CLI::App* app, RunFlags& f) {
   app->add_option("--dtype", f.dtype, "storage dtype: fp64 | fp32 | bf16 | fp16")->capture_default_str();
@@ -57,12 +132,15 @@ void add_pass_flag(CLI::App* app, RunFlags& f) {
   app->add_option("--pass", f.pass, "fwd | bwd | both")->capture_default_str();
 }
 void add_tile_flags(CLI::App* app, RunFlags& f) {
-  app->add_option("--br", f.Br, "query rows per tile Br (0 = the implementation's default)")->capture_default_str();
-  app->add_option("--bc", f.Bc, "keys per tile Bc (0 = the implementation's default)")->capture_default_str();
+  int_range(app->add_option("--br", f.Br, "query rows per tile Br (0 = the implementation's default)")->capture_default_str(),
+            "br", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
+  int_range(app->add_option("--bc", f.Bc, "keys per tile Bc (0 = the implementation's default)")->capture_default_str(),
+            "bc", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
 }
 void add_threads_flag(CLI::App* app, RunFlags& f) {
-  app->add_option("--threads", f.threads, "OpenMP threads (0 = all, OMP_NUM_THREADS or every core)")
-      ->capture_default_str();
+  int_range(app->add_option("--threads", f.threads, "OpenMP threads (0 = all, OMP_NUM_THREADS or every core)")
+                ->capture_default_str(),
+            "threads", 0, kMaxThreads, ">= 1, or 0 for all");
 }
 void add_json_flag(CLI::App* app, RunFlags& f) {
   app->add_flag("--json", f.json, "print JSON on stdout instead of the table");
@@ -94,6 +172,7 @@ int max_threads() { return omp_get_max_threads(); }
 
 void apply_threads(int threads) {
   if (threads < 0) fail("threads (", threads, ") must be >= 1, or 0 for all");
+  if (threads > kMaxThreads) fail("threads (", threads, ") must be <= ", kMaxThreads);
   if (threads == 0) return;
   // Eigen's GEMMs follow it too (Eigen::setNbThreads would pin a count for every thread, SimComm
   // ranks included; cpu/cpu.cpp relies on it not being set).
@@ -343,6 +422,9 @@ int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json
       std::printf("%d passed, %d failed\n", passed, failed);
   }
   std::fflush(stdout);
+  if (rs.empty())  // an empty table passes nothing
+    std::fprintf(stderr, "FAIL: nothing was judged: no implementation ran; choose --impl that runs here (built: %s)\n",
+                 registry_names().c_str());
   return failed == 0 && passed > 0 ? kExitPass : kExitFail;
 }
 }  // namespace burstlab::tools

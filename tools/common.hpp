@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,27 @@ struct RunFlags {
   bool json = false;
   bool verbose = false;
 };
+
+// Numeric flags are checked on the text as typed, before CLI11 converts it: CLI11 2.1 reads
+// 99999999999999999999 as INT64_MAX, -1 into an unsigned field as 2^64 - 1, 010 as octal and 0x10
+// as hex. A refused value is "<field> (<text>) must be ..." on stderr, exit 2 (main.cpp).
+// int_range: a decimal integer in [lo, hi]; at_least replaces ">= lo" in the message (e.g.
+// ">= 1, or 0 for the implementation's default"), at_most is appended after "<= hi".
+CLI::Option* int_range(CLI::Option* o, const std::string& field, int64_t lo, uint64_t hi,
+                       const std::string& at_least = "", const std::string& at_most = "");
+// real_range: a finite number in [lo, hi] (lo_open: > lo).
+CLI::Option* real_range(CLI::Option* o, const std::string& field, double lo, double hi, bool lo_open = false);
+// Bounds shared by several subcommands. A tensor extent never exceeds validate()'s 2^48 elements.
+// Each OpenMP thread and each simulated rank is an operating-system thread: `run --impl cpu
+// --threads 100000` overflowed a stack in the OpenMP runtime (exit 139) while 1024 ran; a SimComm
+// run of 256 ranks (N = 256) took 37 s and 1 GB on 2 cores, one of 1024 ranks ran past 300 s and 6 GB.
+constexpr int64_t kMaxExtent = int64_t(1) << 48;
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWorld = 256;
+constexpr int64_t kMaxRepeat = 1000000;  // --repeat, --reps
+// Lower bounds that validate() checks (naming the field the same way): only a value beyond
+// int64 is refused here.
+constexpr int64_t kNoLowerBound = std::numeric_limits<int64_t>::min();
 
 // -B --hq --hkv --nq --nk -d --mask --scale --seed. multi_d: -d takes a list.
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d);

@@ -47,6 +47,14 @@ struct DistFlags {
   bool single = false;            // --single: also the whole problem on one device
 };
 
+// R x C of --grid RxC, at most kMaxWorld ranks (before Grid::size() multiplies two ints).
+int grid_ranks(const std::string& grid) {
+  const dist::Grid g = dist::parse_grid(grid);
+  const int64_t ranks = int64_t(g.p_r) * g.p_c;
+  if (ranks > kMaxWorld) fail("grid (", grid, " = ", ranks, " ranks) must have at most ", kMaxWorld, " ranks");
+  return static_cast<int>(ranks);
+}
+
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (docs/design.md §8),
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f) {
@@ -55,12 +63,15 @@ int world_of(const DistFlags& f) {
   if (f.transport == "nccl" && launched_by_mpi() && f.nodes == 0 && !f.world_given && f.grid.empty())
     return mpi_size();
 #endif
-  if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return dist::parse_grid(f.grid).size();
+  if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return grid_ranks(f.grid);
   if (f.nodes == 0) return f.world;
   if (f.nodes < 1) fail("nodes (", f.nodes, ") must be >= 1");
   if (f.gpus_per_node < 1)
     fail("nodes (", f.nodes, ") needs --gpus-per-node (", f.gpus_per_node, ") >= 1: world = nodes x gpus-per-node");
-  return f.nodes * f.gpus_per_node;
+  const int64_t world = int64_t(f.nodes) * f.gpus_per_node;
+  if (world > kMaxWorld)
+    fail("world (nodes x gpus-per-node = ", f.nodes, " x ", f.gpus_per_node, " = ", world, ") must be <= ", kMaxWorld);
+  return static_cast<int>(world);
 }
 
 // What one wrapped run leaves for the bytes table.
@@ -101,6 +112,7 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   if (!f.grid.empty()) {
     if (o.algo != "attention2d" && o.algo != "attention2d-o")
       fail("grid (", f.grid, ") is an attention2d and attention2d-o option, not one of ", f.algo);
+    grid_ranks(f.grid);
     o.grid = dist::parse_grid(f.grid);
     if (o.grid.size() != o.world)
       fail("grid (", f.grid, " = ", o.grid.size(), " ranks) must have world (", o.world, ") ranks");
@@ -516,17 +528,21 @@ void add_schedule_command(CLI::App& app) {
                   "R*C");
   sub->add_flag("--overlap", s->dist.overlap,
                 "attention2d: the overlapped variant Attention2D-O, its ring steps (spec §7.13; = --algo attention2d-o)");
-  sub->add_option("--gpus-per-node", s->dist.gpus_per_node,
-                  "GPUs per node K (0 = one node): double-ring's K (must divide --world), usp's default "
-                  "--ulysses-degree, --nodes' world M x K")
-      ->capture_default_str();
-  sub->add_option("--ulysses-degree", s->dist.ulysses_degree,
-                  "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
+  int_range(sub->add_option("--gpus-per-node", s->dist.gpus_per_node,
+                            "GPUs per node K (0 = one node): double-ring's K (must divide --world), usp's default "
+                            "--ulysses-degree, --nodes' world M x K")
+                ->capture_default_str(),
+            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
+  int_range(sub->add_option("--ulysses-degree", s->dist.ulysses_degree,
+                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
+            "ulysses-degree", 1, kMaxWorld);
   sub->add_option("--ring", s->dist.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
-  sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str()->each([s](const std::string&) {
+  int_range(sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str()->each([s](const std::string&) {
     s->dist.world_given = true;
-  });
-  sub->add_option("--nodes", s->dist.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)");
+  }),
+            "world", 1, kMaxWorld);
+  int_range(sub->add_option("--nodes", s->dist.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)"),
+            "nodes", 1, kMaxWorld);
   sub->add_option("--partition", s->dist.partition, "contiguous | zigzag | striped")->capture_default_str();
   sub->add_option("--svg", s->svg,
                   "ring, burst, double-ring, distflash: also draw the schedule into this SVG file (one row per rank, "
@@ -643,6 +659,7 @@ void add_schedule_command(CLI::App& app) {
 
 void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   auto st = std::make_shared<DistState>();
+  const std::vector<const CLI::Option*> before = static_cast<const CLI::App&>(run).get_options();
   std::string algos;
   for (const dist::Algorithm& a : dist::algorithms())
     algos += std::string(algos.empty() ? "" : " | ") + a.name + " (" + a.spec + ")";
@@ -657,27 +674,32 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
   run.add_flag("--overlap", st->f.overlap,
                "attention2d: the overlapped variant Attention2D-O, ring gather-compute-scatter (spec §7.13; = --algo "
                "attention2d-o)");
-  run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str()->each([st](const std::string&) {
+  int_range(run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str()->each([st](const std::string&) {
     st->f.world_given = true;
-  });
-  run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)");
+  }),
+            "world", 1, kMaxWorld);
+  int_range(run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)"),
+            "nodes", 1, kMaxWorld);
   run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
-  run.add_option("--gpus-per-node", st->f.gpus_per_node,
-                 "GPUs per node K for --algo (0 = one node): the intra/inter-node link of each byte count, "
-                 "double-ring's K, usp's default --ulysses-degree, --nodes' world M x K")
-      ->capture_default_str();
-  run.add_option("--ulysses-degree", st->f.ulysses_degree,
-                 "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)");
+  int_range(run.add_option("--gpus-per-node", st->f.gpus_per_node,
+                           "GPUs per node K for --algo (0 = one node): the intra/inter-node link of each byte count, "
+                           "double-ring's K, usp's default --ulysses-degree, --nodes' world M x K")
+                ->capture_default_str(),
+            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
+  int_range(run.add_option("--ulysses-degree", st->f.ulysses_degree,
+                           "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
+            "ulysses-degree", 1, kMaxWorld);
   run.add_option("--ring", st->f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
   run.add_option("--transport", st->f.transport,
                  "sim: SimComm, ranks as threads of this process (--impl cpu or cuda: all on one GPU); nccl: "
                  "NcclComm, one rank per GPU (--impl cuda), as threads of this process (--world up to the GPUs "
                  "it sees) or one process per GPU under mpirun -np G")
       ->capture_default_str();
-  run.add_option("--timeout", st->f.timeout,
-                 "nccl: seconds one transfer or collective may take before the watchdog aborts the communicator "
-                 "and every rank exits with an error naming the rank, operation, phase and step")
-      ->capture_default_str();
+  real_range(run.add_option("--timeout", st->f.timeout,
+                            "nccl: seconds one transfer or collective may take before the watchdog aborts the "
+                            "communicator and every rank exits with an error naming the rank, operation, phase and step")
+                 ->capture_default_str(),
+             "timeout", 0, 86400, true);
   run.add_option("--inject-failure", st->f.inject,
                  "nccl: RANK:STEP makes that rank fail at its first transfer of forward step STEP; RANK:STEP:hang "
                  "makes it stop communicating instead (the others' watchdogs fire); tests the failure paths");
@@ -687,7 +709,26 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
                "communication)");
   run.add_flag("--poison", st->f.poison, "SimComm: NaN-fill receive buffers and consumed send buffers");
   run.add_flag("--reorder", st->f.reorder, "SimComm: complete transfers in a random order");
-  hooks.wrap_impls = [st](const std::vector<const Impl*>& impls) {
+  // Every flag added above but --algo means nothing on one device: given without --algo it is
+  // refused rather than ignored.
+  std::vector<const CLI::Option*> with_algo;
+  for (const CLI::Option* o : run.get_options())
+    if (o->get_name() != "--algo" && std::find(before.begin(), before.end(), o) == before.end()) with_algo.push_back(o);
+  hooks.wrap_impls = [st, with_algo](const std::vector<const Impl*>& impls) {
+    if (st->f.algo.empty()) {
+      std::string given;  // "--transport (nccl), --world (2)"
+      int n = 0;
+      for (const CLI::Option* o : with_algo) {
+        if (o->count() == 0) continue;
+        std::string value;
+        for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
+        given += (given.empty() ? "" : ", ") + o->get_name() + (o->get_expected_max() == 0 ? "" : " (" + value + ")");
+        ++n;
+      }
+      if (n > 0)
+        fail(given, n == 1 ? " needs" : " need", " --algo (", dist::algorithm_names(),
+             "): without it `run` checks each --impl on one device");
+    }
     // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
     std::vector<DistFlags> per_algo;
     const std::vector<std::string> names =

@@ -96,6 +96,17 @@ int main(int argc, char** argv) {
     std::string where;
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
       if (sub->parsed() || (argc > 1 && sub->get_name() == argv[1])) where = " " + sub->get_name();
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      // CLI11 2.1 joins the extras in reverse on some paths ("bf16 --dtype"): list them as typed.
+      const std::vector<std::string> extras = app.remaining(true);
+      if (!extras.empty()) {
+        std::string list;
+        for (const std::string& x : extras) list += (list.empty() ? "" : " ") + x;
+        return bad_input(where, std::string(extras.size() > 1 ? "the following arguments were not expected: "
+                                                              : "the following argument was not expected: ") +
+                                    list);
+      }
+    }
     return bad_input(where, e.what());
   } catch (const std::exception& e) {  // a subcommand an extension runs from its parse callback
     const CLI::App* sub = nullptr;

@@ -498,6 +498,8 @@ void require_memory(const MemNeed& need, const MemAvailable& available, const st
   throw Error(msg);
 }
 
+int64_t advice_budget(const MemAvailable& available) { return available.bytes - available.bytes / 10; }
+
 int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits) {
   const int64_t hi0 = std::max(N_q, N_k);
   auto ok = [&](int64_t c) { return fits(std::min(N_q, c), std::min(N_k, c)); };
@@ -511,7 +513,8 @@ int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<boo
   // 3 significant digits, rounded down: 15843 -> 15800
   int64_t unit = 1;
   while (lo / unit >= 1000) unit *= 10;
-  return std::max<int64_t>(1, lo / unit * unit);
+  const int64_t rounded = std::max<int64_t>(1, lo / unit * unit);
+  return ok(rounded) ? rounded : lo;  // the suggestion is one the estimate accepts
 }
 
 // ---------------------------------------------------------------- out of memory anyway

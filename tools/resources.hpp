@@ -110,8 +110,12 @@ int64_t cgroup_dir_available(const std::string& dir);
 // <step>: <need> needed, <available> available (<source>); the largest part: <part>; <advice>".
 // advice() is called only then; it says what to do instead, with flags the subcommand has.
 void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice);
+// What a suggestion ("it fits with ...") may need at most: 90% of what is available now. The
+// run it suggests starts later, when MemAvailable has moved; a suggestion at 100% left none of
+// that headroom and could itself be refused.
+int64_t advice_budget(const MemAvailable& available);
 // The largest c (rounded down to 3 significant digits) such that fits(min(N_q, c), min(N_k, c));
-// 0 when not even c = 1 fits. fits must be monotone in c.
+// 0 when not even c = 1 fits. fits must be monotone in c; the returned c is checked with fits.
 int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits);
 
 // ---------------------------------------------------------------- out of memory anyway

@@ -136,6 +136,93 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"", "subcommand"}),
     [](const ::testing::TestParamInfo<BadCase>& i) { return args_name(i.index, i.param.args); });
 
+// Flags that mean something only for a distributed run are refused without --algo (they used to
+// be ignored: a single-device run, exit 0); every numeric flag is checked on the text as typed.
+INSTANTIATE_TEST_SUITE_P(
+    Bounds, BadInput,
+    ::testing::Values(BadCase{"run --nq 8 --nk 8 --transport nccl --world 2",
+                              "--world (2), --transport (nccl) need --algo (ring, burst"},
+                      BadCase{"run --nq 8 --nk 8 --world 2", "--world (2) needs --algo"},
+                      BadCase{"run --nq 8 --nk 8 --grid 2x2", "--grid (2x2) needs --algo"},
+                      BadCase{"run --nq 8 --nk 8 --timeout 5", "--timeout (5) needs --algo"},
+                      BadCase{"run --nq 8 --nk 8 --nodes 2 --gpus-per-node 2",
+                              "--nodes (2), --gpus-per-node (2) need --algo"},
+                      BadCase{"run --nq 8 --nk 8 --partition zigzag", "--partition (zigzag) needs --algo"},
+                      BadCase{"run --nq 8 --nk 8 --single --poison", "--single, --poison need --algo"},
+                      BadCase{"run --nq 8 --nk 8 --timeout -1", "timeout (-1) must be > 0"},
+                      BadCase{"run --nq 8 --nk 8 --nodes 0", "nodes (0) must be >= 1"},
+                      BadCase{"checkpoint --nq 16 --tile 8 --world -1", "world (-1) must be >= 1"},
+                      BadCase{"checkpoint --nq 16 --tile 8 --world 2", "--world (2) needs --algo"},
+                      BadCase{"checkpoint --nq 16 --tile 8 --gpus-per-node 2", "--gpus-per-node (2) needs --algo"},
+                      BadCase{"run --nq 8 --nk 8 --seed -1", "seed (-1) must be >= 0"},
+                      BadCase{"run --nq 8 --nk 8 --seed 0x10", "seed (0x10) must be a decimal integer (--seed)"},
+                      BadCase{"run --nq 99999999999999999999", "N_q (99999999999999999999) must be <= 281474976710656"},
+                      BadCase{"run --nk -99999999999999999999", "N_k (-99999999999999999999) must be >= 1"},
+                      BadCase{"run --impl cpu --nq 8 --nk 8 --threads 100000", "threads (100000) must be <= 1024"},
+                      BadCase{"bench --threads 100000", "threads (100000) must be <= 1024"},
+                      BadCase{"run --impl cpu --algo attention2d --partition striped --grid 99999x99999",
+                              "grid (99999x99999 = 9999800001 ranks) must have at most 256 ranks"},
+                      BadCase{"run --impl cpu --algo attention2d --partition striped --grid 65536x65536",
+                              "grid (65536x65536 = 4294967296 ranks) must have at most 256 ranks"},
+                      BadCase{"run --impl cpu --algo ring --nodes 2147483647 --gpus-per-node 2",
+                              "nodes (2147483647) must be <= 256"},
+                      BadCase{"run --impl cpu --algo ring --nodes 200 --gpus-per-node 2",
+                              "world (nodes x gpus-per-node = 200 x 2 = 400) must be <= 256"},
+                      BadCase{"simulate --nodes 2147483647 --gpus-per-node 2", "nodes (2147483647) must be <= 256"},
+                      BadCase{"simulate --nodes 64 --gpus-per-node 8", "world (nodes x gpus-per-node = 64 x 8 = 512)"},
+                      BadCase{"simulate --intra-gbs 0", "intra-gbs (0) must be > 0"},
+                      BadCase{"checkpoint --width 9223372036854775807", "width (9223372036854775807) must be <= "},
+                      BadCase{"checkpoint --nq 16 --tile 8 --width 16777216", "W1 (D x F) would exceed 2^48 elements"},
+                      BadCase{"conform --world 0", "world (0) must be >= 1"},
+                      // CLI11 listed these in reverse ("bf16 --dtype")
+                      BadCase{"suite --dtype bf16", "the following arguments were not expected: --dtype bf16"}),
+    [](const ::testing::TestParamInfo<BadCase>& i) { return args_name(i.index, i.param.args); });
+
+// Every INT, UINT and FLOAT flag of every subcommand (read from its --help) refuses a value past
+// any bound, naming the value as typed (CLI11 alone read 99999999999999999999 as INT64_MAX and
+// -1 into an unsigned field as 2^64 - 1).
+TEST(Bounds, EveryNumericFlagRefusesAnOverflowingValue) {
+  int flags = 0;
+  for (const char* sub : {"run", "suite", "bench", "schedule", "simulate", "gen", "oracle", "check", "conform",
+                          "checkpoint"}) {
+    const Output h = burstlab(std::string(sub) + " --help");
+    ASSERT_EQ(h.rc, 0) << sub;
+    std::istringstream lines(h.out);
+    for (std::string line; std::getline(lines, line);) {
+      // "  -B,--batch INT=1   ..." or "  --scale FLOAT   ..."
+      std::istringstream words(line);
+      std::string names, type;
+      if (line.rfind("  -", 0) != 0 || !(words >> names >> type)) continue;
+      type = type.substr(0, type.find('='));
+      if (type != "INT" && type != "UINT" && type != "FLOAT") continue;
+      const std::string flag = names.substr(names.rfind(',') == std::string::npos ? 0 : names.rfind(',') + 1);
+      for (std::string v : {"99999999999999999999", "-99999999999999999999"}) {
+        if (type == "FLOAT") v += "e999";
+        const Output o = burstlab(std::string(sub) + " " + flag + " " + v);
+        EXPECT_EQ(o.rc, 2) << sub << " " << flag << " " << v << "\n" << o.err;
+        EXPECT_NE(o.err.find("(" + v + ")"), std::string::npos) << sub << " " << flag << " " << v << ": " << o.err;
+        EXPECT_EQ(o.out, "") << sub << " " << flag << " " << v;
+      }
+      ++flags;
+    }
+  }
+  EXPECT_GE(flags, 60) << "the --help format changed: fewer numeric flags found than exist";
+}
+
+// CLI11 converts integers with base 0 (010 = 8): a flag's value is read as the decimal it looks like.
+TEST(Bounds, LeadingZerosAreDecimal) {
+  const Output o = burstlab("run --impl cpu --nq 010 --nk 0008 --json");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(nlohmann::json::parse(o.out).at("shape"), "B=1 Hq=4 Hkv=2 Nq=10 Nk=8 d=64");
+}
+
+// --threads 1024, the bound, runs (100000 crashed the OpenMP runtime).
+TEST(Bounds, TheThreadBoundRuns) {
+  const Output o = burstlab("run --impl cpu --nq 8 --nk 8 --threads 1024");
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(last_line(o.out), "2 passed, 0 failed");
+}
+
 // ---------------------------------------------------------------- memory (tools/resources.hpp)
 // BURSTLAB_MEMORY_AVAILABLE replaces what the machine reports, so the figures are exact here.
 const std::string k24GB = "BURSTLAB_MEMORY_AVAILABLE=24000000000";
@@ -173,6 +260,21 @@ TEST(Memory, AdviceNamesOnlyAlternativesThatFit) {
   EXPECT_EQ(o.rc, 2) << o.err;
   EXPECT_NE(o.err.find("1.2 PB needed"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("it fits with --gemm-n 1024"), std::string::npos) << o.err;
+}
+
+// The suggested size keeps headroom: run as suggested with 5% less memory, it is not refused.
+TEST(Memory, TheSuggestedLengthFitsWithHeadroom) {
+  const std::string args = "run --impl cpu --hq 1 --hkv 1 -d 16 --threads 1 --nq 3000 --nk 3000";
+  const Output o = burstlab(args, "BURSTLAB_MEMORY_AVAILABLE=100000000");
+  ASSERT_EQ(o.rc, 2) << o.err;
+  const size_t at = o.err.find("--nq ");
+  ASSERT_NE(at, std::string::npos) << o.err;
+  const int64_t n = std::stoll(o.err.substr(at + 5));
+  const std::string lens = " --nq " + std::to_string(n) + " --nk " + std::to_string(n);
+  ASSERT_NE(o.err.find(lens), std::string::npos) << o.err;
+  ASSERT_GT(n, 100);
+  const Output r = burstlab("run --impl cpu --hq 1 --hkv 1 -d 16 --threads 1" + lens, "BURSTLAB_MEMORY_AVAILABLE=95000000");
+  EXPECT_EQ(r.rc, 0) << "suggested" << lens << " at 100 MB, refused at 95 MB:\n" << r.err;
 }
 
 TEST(Memory, TheLimitIsRealForSmallProblemsToo) {
@@ -346,6 +448,62 @@ TEST(Broken, BenchRefusesToTimeIt) {
   EXPECT_EQ(o.rc, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAILED"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("eigen-sgemm"), std::string::npos) << "speed printed for a failing impl:\n" << o.out;
+}
+
+// ---------------------------------------------------------------- judging nothing fails
+// conform: every cell '-' (reference runs fp32 only in the suite) or every cell 'n/a' (no quick
+// case splits over 256 ranks): exit 1, saying so, in the matrix and in --json.
+TEST(NothingJudged, ConformFails) {
+  for (const char* args : {"conform --impl reference --dtype fp64", "conform --impl ring --world 256 --dtype fp64",
+                           "conform --impl ring --world 256 --dtype fp64 --json"}) {
+    const Output o = burstlab(args);
+    EXPECT_EQ(o.rc, 1) << args << "\n" << o.out << o.err;
+    EXPECT_NE((o.out + o.err).find("FAIL: nothing was judged: none of the "), std::string::npos)
+        << args << "\n" << o.out << o.err;
+  }
+  const Output dash = burstlab("conform --impl reference --dtype fp64");
+  EXPECT_NE(dash.out.find("11 '-': no column here runs fp64"), std::string::npos) << dash.out;
+  const Output na = burstlab("conform --impl ring --world 256 --dtype fp64");
+  EXPECT_NE(na.out.find("22 'n/a': the reasons above"), std::string::npos) << na.out;
+}
+
+// `suite --impl cuda` on a machine without a GPU: nothing to judge; the refusal says why.
+TEST(NothingJudged, SuiteSaysWhy) {
+  const Output o = burstlab("suite --impl cuda");
+  if (o.rc == 0 || o.err.find("impl (cuda) is not") != std::string::npos || o.err.find("impl (cuda)") == std::string::npos)
+    GTEST_SKIP() << "cuda runs here, or is not built: " << o.err;
+  EXPECT_EQ(o.rc, 2) << o.err;
+  EXPECT_NE(o.err.find("impl (cuda) has nothing to run here, so nothing would be judged; cuda: "), std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("Choose implementations that run on this machine"), std::string::npos) << o.err;
+}
+
+// check: a candidate path that does not exist is bad input (as an empty directory is); --tensors
+// naming no tensor of the case judges nothing and fails.
+TEST(NothingJudged, CheckMissingCandidateAndNoTensor) {
+  const std::string dir = ::testing::TempDir() + "burstlab_cli_check_" + std::to_string(getpid());
+  ASSERT_EQ(burstlab("gen --out " + dir + " --quick --oracle").rc, 0);
+  const std::string one = dir + "/01_full_mha_fp32";
+  for (const std::string& c : {one, dir}) {
+    const Output o = burstlab("check --case " + c + " --candidate /nonexistent");
+    EXPECT_EQ(o.rc, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("candidate (/nonexistent) does not exist"), std::string::npos) << o.err;
+    EXPECT_EQ(o.out, "");
+  }
+  const Output f = burstlab("check --case " + one + " --candidate " + one + "/case.json");
+  EXPECT_EQ(f.rc, 2) << f.out << f.err;
+  EXPECT_NE(f.err.find("is not a directory"), std::string::npos) << f.err;
+  const Output t = burstlab("check --case " + one + " --candidate " + one + "/expected --tensors L");
+  EXPECT_EQ(t.rc, 1) << t.out << t.err;
+  EXPECT_NE(t.err.find("FAIL: nothing was judged: --tensors (L) names no tensor of this case"), std::string::npos)
+      << t.err;
+  // --case is conform's name too (as oracle's and check's); --suite stays as its alias.
+  for (const char* flag : {"--case", "--suite"}) {
+    const Output c = burstlab(std::string("conform --impl cpu ") + flag + " " + dir);
+    EXPECT_EQ(c.rc, 0) << flag << "\n" << c.out << c.err;
+    EXPECT_NE(c.out.find("11 passed, 0 failed"), std::string::npos) << flag << "\n" << c.out;
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 // ---------------------------------------------------------------- simulate: Table 1 vs the replay
