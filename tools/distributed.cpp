@@ -43,7 +43,7 @@ struct DistFlags {
   std::string base = "burst";  // double-ring, usp: the ring's traffic
   std::string transport = "sim";  // sim (SimComm) | nccl (NcclComm, a rank per GPU)
   double timeout = 120.0;         // nccl: the watchdog's bound on one wait (s)
-  std::string inject;             // nccl: --inject-failure RANK:STEP[:hang]
+  std::string inject;             // nccl: --inject-failure RANK:STEP[:bwd][:hang]
   bool single = false;            // --single: also the whole problem on one device
 };
 
@@ -701,8 +701,9 @@ void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks) {
                  ->capture_default_str(),
              "timeout", 0, 86400, true);
   run.add_option("--inject-failure", st->f.inject,
-                 "nccl: RANK:STEP makes that rank fail at its first transfer of forward step STEP; RANK:STEP:hang "
-                 "makes it stop communicating instead (the others' watchdogs fire); tests the failure paths");
+                 "nccl: RANK:STEP[:bwd][:hang] makes that rank fail when it enters step STEP of the forward (:bwd: "
+                 "of the backward); :hang makes it stop communicating instead (the others' watchdogs fire); tests "
+                 "the failure paths");
   run.add_flag("--single", st->f.single,
                "--algo: also run each engine implementation on the whole problem on one device, and print the "
                "scaling table (time on one device / time distributed, per pass and fwd+bwd, with the exposed "

@@ -16,7 +16,7 @@ namespace burstlab::tools {
 
 struct NcclFlags {
   double timeout_s = 120.0;  // --timeout
-  std::string inject;        // --inject-failure RANK:STEP[:hang]
+  std::string inject;        // --inject-failure RANK:STEP[:bwd][:hang]
 };
 
 // A prepared distributed run over NCCL.
