@@ -73,16 +73,6 @@ void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
 }
 }  // namespace
 
-AlgoOptions algo_options(const DistOptions& o) {
-  AlgoOptions a;
-  a.algo = to_string(o.algo);
-  a.partition = o.partition;
-  a.world = o.world;
-  a.backward = o.backward;
-  a.sim = o.sim;
-  return a;
-}
-
 template <class T>
 Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
                     View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local)
@@ -136,11 +126,6 @@ void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::ve
   });
 }
 
-void check_can_backward(const char* session, bool backward, bool have_forward) {
-  if (!backward) fail(session, "::backward: the session was built with backward = false");
-  if (!have_forward) fail(session, "::backward: run forward() first (the backward uses its O and LSE)");
-}
-
 template <class T>
 void Session<T>::rank_pass(Phase phase, Communicator& comm) {
   const int r = comm.rank();
@@ -178,7 +163,8 @@ void Session<T>::load_forward(View4<const double> O, View3<const double> LSE) {
 
 template <class T>
 void Session<T>::backward() {
-  check_can_backward("Session", plan_.o.backward, have_forward_);
+  if (!plan_.o.backward) fail("Session::backward: the session was built with backward = false");
+  if (!have_forward_) fail("Session::backward: run forward() first (the backward uses its O and LSE)");
   run(Phase::Backward);
 }
 
@@ -234,23 +220,21 @@ DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const d
                           View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors) {
   Session<T> s(p, Q, K, V, dO, o, engine);
-  return run_passes(s, o.backward, rank_errors);
-}
-
-template <class T>
-DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
-                      View4<const double> V, View4<const double> dO, const DistOptions& o,
-                      Engine<T>& engine, std::vector<std::string>* rank_errors) {
-  return run_session<T>(p, Q, K, V, dO, algo_options(o), engine, rank_errors);
+  try {
+    s.forward();
+    if (o.backward) s.backward();
+  } catch (...) {
+    if (rank_errors) *rank_errors = s.errors();
+    throw;
+  }
+  if (rank_errors) *rank_errors = s.errors();
+  return s.result();
 }
 
 #define BURSTLAB_DIST_INST(T)                                                                        \
   template DistResult<T> run_session<T>(const Problem&, View4<const double>, View4<const double>,  \
                                         View4<const double>, View4<const double>, const AlgoOptions&, \
                                         Engine<T>&, std::vector<std::string>*);                       \
-  template DistResult<T> run_sim<T>(const Problem&, View4<const double>, View4<const double>,       \
-                                    View4<const double>, View4<const double>, const DistOptions&, \
-                                    Engine<T>&, std::vector<std::string>*);                                              \
   template Tensor4<T> slice<T, double>(View4<const double>, const Partition&, int);                \
   template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \
   template Tensor4<T> gather<T>(const std::vector<Tensor4<T>>&, const Partition&);                 \

@@ -1,6 +1,6 @@
-// distributed/sim_run.hpp — run a distributed attention end to end on SimComm (spec §7):
-// partition the global inputs, run the forward (and backward) schedule on G rank threads, and
-// return every rank's local outputs plus the schedules and transfer logs. Tests and
+// distributed/sim_run.hpp — one algorithm of the table (algorithm.hpp) end to end (spec §7):
+// partition the global inputs, run the forward (and backward) pass of every rank, and return
+// every rank's local outputs plus the schedules and transfer logs. The tests, the seam bench and
 // `burstlab run --algo ...` share it. Plus host helpers to slice global tensors by a partition
 // (for the oracle's slice of each rank) and to gather local results back.
 #pragma once
@@ -22,14 +22,6 @@
 
 namespace burstlab::dist {
 
-struct DistOptions {
-  Algo algo = Algo::Burst;
-  PartitionKind partition = PartitionKind::Contiguous;
-  int world = 1;
-  bool backward = true;
-  SimOptions sim;
-};
-
 template <class T>
 struct DistResult {
   using A = acc_t<T>;
@@ -42,16 +34,6 @@ struct DistResult {
   std::vector<Tensor3<A>> LSE;
   std::vector<std::vector<Transfer>> logs;  // [rank]
 };
-
-// ring or burst: Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be
-// null-data when !backward), any layout, in double: each rank receives its slice rounded to T.
-// The engine is shared by the rank threads, so it must be thread-safe (the CPU and CUDA engines
-// are). Throws Error when any rank failed (SimWorld::run); each rank's error ("" = ok) goes to
-// *rank_errors when given, also when it throws.
-template <class T>
-DistResult<T> run_sim(const Problem& p, View4<const double> Q, View4<const double> K,
-                      View4<const double> V, View4<const double> dO, const DistOptions& o,
-                      Engine<T>& engine, std::vector<std::string>* rank_errors = nullptr);
 
 // One algorithm of the table (algorithm.hpp) on one problem, one pass at a time, keeping each
 // rank's shard in engine memory between passes (so a backward uses the forward's own O and LSE,
@@ -92,21 +74,15 @@ class Session {
   bool have_forward_ = false;
 };
 
-// Every rank's outputs, both passes (or the forward alone when !o.backward).
+// A Session's forward, then its backward when o.backward: every rank's outputs. Q (B, H_q, N_q,
+// d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when !o.backward), any
+// layout, in double: each rank receives its slice rounded to T. The engine is shared by the rank
+// threads, so it must be thread-safe (the CPU and CUDA engines are). Throws Error when any rank
+// failed; each rank's error ("" = ok) goes to *rank_errors when given, also when it throws.
 template <class T>
 DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
                           View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors = nullptr);
-
-// ring and burst with their own options (the tests' sweeps): a Session of that algorithm.
-AlgoOptions algo_options(const DistOptions& o);
-template <class T>
-class SimSession : public Session<T> {
- public:
-  SimSession(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-             View4<const double> dO, const DistOptions& o, Engine<T>& engine)
-      : Session<T>(p, Q, K, V, dO, algo_options(o), engine) {}
-};
 
 // Every rank's outputs downloaded from engine memory into `res` (which holds the partitions):
 // O, LSE, and dQ, dK, dV when `backward`. A shard that holds no inputs (a rank of another
@@ -127,22 +103,6 @@ std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<c
 // gets every rank's outcome, also when a rank failed and this throws Error.
 void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::vector<Transfer>>& logs,
               std::vector<std::string>& errors, const std::function<void(Communicator&)>& body);
-// Throws Error naming `session` unless it was built with backward and forward() has run.
-void check_can_backward(const char* session, bool backward, bool have_forward);
-// Forward, then backward when `backward`, on a session; every rank's
-// error ("" = ok) goes to *rank_errors when given, also when a pass throws.
-template <class S>
-auto run_passes(S& s, bool backward, std::vector<std::string>* rank_errors) {
-  try {
-    s.forward();
-    if (backward) s.backward();
-  } catch (...) {
-    if (rank_errors) *rank_errors = s.errors();
-    throw;
-  }
-  if (rank_errors) *rank_errors = s.errors();
-  return s.result();
-}
 
 // Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).
 template <class U, class T>

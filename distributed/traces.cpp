@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "algos.hpp"
+#include "baselines.hpp"
 #include "double_ring.hpp"
 
 namespace burstlab::dist {

@@ -173,8 +173,8 @@ TEST(CudaEngine, FailedRankErrorsEveryRank) {
   const Problem p = testutil::make_problem(1, 2, 2, 64, 64, 64, "causal", 5);
   const Inputs in = make_inputs(p, Layout::BSHD, Dtype::BF16, 5, Values::Normal);
   auto engine = cuda::make_engine<bf16_t>();
-  dist::DistOptions o;
-  o.algo = dist::Algo::Burst;
+  dist::AlgoOptions o;
+  o.algo = "burst";
   o.world = 4;
   o.sim.fail_rank = 2;
   o.sim.fail_at_op = 3;
@@ -182,8 +182,8 @@ TEST(CudaEngine, FailedRankErrorsEveryRank) {
   o.sim.memory.copy = cuda::transport_copy;
   o.sim.memory.poison = cuda::transport_poison;
   std::vector<std::string> errors;
-  EXPECT_THROW(dist::run_sim<bf16_t>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine, &errors),
-               Error);
+  EXPECT_THROW(
+      dist::run_session<bf16_t>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine, &errors), Error);
   ASSERT_EQ(errors.size(), 4u);
   for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
 }

@@ -1,5 +1,5 @@
-// tests/distributed/dist_testutil.hpp — the setup the run_sim_ext tests share (test_schedules2,
-// test_attention2d, test_distflash): a problem with its fp64 inputs and oracle, one run on
+// tests/distributed/dist_testutil.hpp — the setup the algorithm-table tests share (test_schedules2,
+// test_attention2d, test_distflash): a problem with its fp64 inputs and oracle, one run_session on
 // SimComm, and one rank's outputs against the oracle's slice (§9 rule).
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "algos.hpp"
 #include "harness.hpp"
+#include "sim_run.hpp"
 #include "testutil.hpp"
 #include "tolerance.hpp"
 
@@ -29,9 +29,19 @@ inline Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk
   return c;
 }
 
-inline dist::DistResult<double> run_ext(const Case& c, const dist::ExtOptions& o, Engine<double>& e,
-                                        std::vector<std::string>* errs = nullptr) {
-  return dist::run_sim_ext<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
+// The options of `algo` on `world` ranks, partition k, gpus_per_node (0: one node); the rest default.
+inline dist::AlgoOptions options(const std::string& algo, dist::PartitionKind k, int world, int gpus_per_node = 0) {
+  dist::AlgoOptions o;
+  o.algo = algo;
+  o.partition = k;
+  o.world = world;
+  o.gpus_per_node = gpus_per_node;
+  return o;
+}
+
+inline dist::DistResult<double> run_algo(const Case& c, const dist::AlgoOptions& o, Engine<double>& e,
+                                         std::vector<std::string>* errs = nullptr) {
+  return dist::run_session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e, errs);
 }
 
 // Rank r's O, LSE, dQ, dK, dV against the oracle's slice of that rank (fp64 reference and the

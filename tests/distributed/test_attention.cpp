@@ -47,13 +47,13 @@ Case make_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64
 template <class T>
 DistResult<T> run(const Case& c, Algo a, PartitionKind k, int G, Engine<T>& e, SimOptions sim = {},
                   bool backward = true) {
-  DistOptions o;
-  o.algo = a;
+  AlgoOptions o;
+  o.algo = to_string(a);
   o.partition = k;
   o.world = G;
   o.backward = backward;
   o.sim = sim;
-  return run_sim<T>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e);
+  return run_session<T>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e);
 }
 
 // Rank r's outputs against the oracle's slice (values and bounds sliced the same way).
@@ -396,15 +396,15 @@ TEST(DistributedAttention, InjectedCommunicatorFailureFailsEveryRank) {
       sim.fail_rank = 2;
       sim.fail_at_op = op;
       sim.timeout_s = 20;
-      DistOptions o;
-      o.algo = a;
+      AlgoOptions o;
+      o.algo = to_string(a);
       o.partition = PartitionKind::Zigzag;
       o.world = 4;
       o.sim = sim;
       std::vector<std::string> errors;
       const auto t0 = std::chrono::steady_clock::now();
-      EXPECT_THROW(run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, *engine,
-                                   &errors),
+      EXPECT_THROW(run_session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, *engine,
+                                       &errors),
                    Error);
       EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
       ASSERT_EQ(errors.size(), 4u);
@@ -424,14 +424,15 @@ TEST(DistributedAttention, ThrowingEngineFailsEveryRank) {
     SpyEngine<double> spy(*cpu);
     // Rank 1 (contiguous: queries [10, 20)) fails computing against rank 3's keys (step 2).
     spy.throw_on = [](Positions q, Positions k) { return q[0] == 10 && k[0] == 30; };
-    DistOptions o;
-    o.algo = a;
+    AlgoOptions o;
+    o.algo = to_string(a);
     o.partition = PartitionKind::Contiguous;
     o.world = 4;
     o.sim.timeout_s = 20;
     std::vector<std::string> errors;
-    EXPECT_THROW(run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, spy, &errors),
-                 Error);
+    EXPECT_THROW(
+        run_session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, spy, &errors),
+        Error);
     for (int r = 0; r < 4; ++r) {
       EXPECT_NE(errors[r].find("injected compute failure"), std::string::npos) << errors[r];
       if (r != 1) {

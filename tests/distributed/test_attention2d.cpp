@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "algorithm.hpp"
-#include "algos.hpp"
 #include "attention2d.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
@@ -26,12 +25,8 @@ using namespace burstlab::dist_testutil;
 
 namespace {
 constexpr uint64_t kSeed = 11;
-ExtOptions opts(int pr, int pc, bool overlap = false) {
-  ExtOptions o;
-  o.overlap = overlap;
-  o.algo = ExtAlgo::Attention2D;
-  o.partition = PartitionKind::Striped;
-  o.world = pr * pc;
+AlgoOptions opts(int pr, int pc, bool overlap = false) {
+  AlgoOptions o = options(overlap ? "attention2d-o" : "attention2d", PartitionKind::Striped, pr * pc);
   o.grid = Grid{pr, pc};
   return o;
 }
@@ -48,10 +43,10 @@ void sweep_grids(bool overlap, const std::vector<std::pair<int, int>>& grids, co
     for (const char* mask : masks) {
       const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask, kSeed);
       for (auto [pr, pc] : grids) {
-        ExtOptions o = opts(pr, pc, overlap);
+        AlgoOptions o = opts(pr, pc, overlap);
         o.sim.poison = true;
         o.sim.reorder = (pr + pc) % 2 == reorder_parity;
-        const DistResult<double> res = run_ext(c, o, *engine);
+        const DistResult<double> res = run_algo(c, o, *engine);
         const std::string at = std::string(overlap ? "O " : "") + std::to_string(pr) + "x" + std::to_string(pc) +
                                " " + shape_string(c.p) + " " + mask;
         for (int r = 0; r < o.world; ++r) {
@@ -112,13 +107,13 @@ TEST(Attention2D, BytesShrinkLikeOneOverSqrtP) {
 TEST(Attention2D, BadGridOrPartitionIsAClearError) {
   auto engine = cpu::make_engine<double>();
   const Case c = make_case(1, 2, 1, 24, 24, 4, "causal", kSeed);
-  ExtOptions o = opts(2, 3);
+  AlgoOptions o = opts(2, 3);
   o.world = 4;
-  EXPECT_THROW(run_ext(c, o, *engine), Error);
+  EXPECT_THROW(run_algo(c, o, *engine), Error);
   o = opts(2, 2);
   o.partition = PartitionKind::Zigzag;
   try {
-    run_ext(c, o, *engine);
+    run_algo(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cyclic (striped)"), std::string::npos) << e.what();
@@ -132,22 +127,22 @@ TEST(Attention2D, BadGridOrPartitionIsAClearError) {
 TEST(Attention2D, TwoRunsAreBitwiseEqualAndFailuresNeverHang) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 2, 45, 39, 8, "causal", kSeed);
-  ExtOptions o = opts(2, 3);
+  AlgoOptions o = opts(2, 3);
   o.sim.reorder = true;
-  const DistResult<double> x = run_ext(c, o, *engine);
+  const DistResult<double> x = run_algo(c, o, *engine);
   o.sim.seed = 77;
-  const DistResult<double> y = run_ext(c, o, *engine);
+  const DistResult<double> y = run_algo(c, o, *engine);
   for (int r = 0; r < 6; ++r) {
     EXPECT_EQ(std::memcmp(x.O[r].data.data(), y.O[r].data.data(), x.O[r].data.size() * 8), 0);
     EXPECT_EQ(std::memcmp(x.dK[r].data.data(), y.dK[r].data.data(), x.dK[r].data.size() * 8), 0);
   }
   for (int op : {0, 7}) {
-    ExtOptions f = opts(2, 2);
+    AlgoOptions f = opts(2, 2);
     f.sim.fail_rank = 3;
     f.sim.fail_at_op = op;
     f.sim.timeout_s = 20;
     std::vector<std::string> errors;
-    EXPECT_THROW(run_ext(c, f, *engine, &errors), Error);
+    EXPECT_THROW(run_algo(c, f, *engine, &errors), Error);
     ASSERT_EQ(errors.size(), 4u);
     for (const std::string& e : errors) EXPECT_NE(e.find("rank 3"), std::string::npos) << e;
   }
@@ -173,12 +168,8 @@ TEST(Attention2D, OverlappedTraceIsTheStepsTheRunTakes) {
       send_re(R"((send|recv) [^;]*?[-<][>-] \d+ \((\d+) B\))");
   for (auto [pr, pc] : std::vector<std::pair<int, int>>{{1, 1}, {1, 3}, {3, 1}, {2, 2}, {2, 3}, {3, 2}}) {
     const std::string at = std::to_string(pr) + "x" + std::to_string(pc);
-    const DistResult<double> res = run_ext(c, opts(pr, pc, true), *engine);
-    AlgoOptions ao;
-    ao.algo = "attention2d-o";
-    ao.world = pr * pc;
-    ao.partition = PartitionKind::Striped;
-    ao.grid = Grid{pr, pc};
+    const AlgoOptions ao = opts(pr, pc, true);
+    const DistResult<double> res = run_algo(c, ao, *engine);
     const Trace tr = find_algorithm("attention2d-o").trace(make_plan(c.p, ao), 8, true, true);
     EXPECT_TRUE(tr.ok) << at << "\n" << tr.text;
     EXPECT_EQ(tr.text.find("computes 1 block"), std::string::npos) << at;

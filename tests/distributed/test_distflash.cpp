@@ -6,7 +6,6 @@
 #include <cstring>
 #include <set>
 
-#include "algos.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
 #include "dist_testutil.hpp"
@@ -21,12 +20,9 @@ namespace {
 constexpr uint64_t kSeed = 13;
 DistResult<double> run(const Case& c, int P, Engine<double>& e, SimOptions sim = {},
                        std::vector<std::string>* errs = nullptr) {
-  ExtOptions o;
-  o.algo = ExtAlgo::DistFlash;
-  o.partition = PartitionKind::Contiguous;
-  o.world = P;
+  AlgoOptions o = options("distflash", PartitionKind::Contiguous, P);
   o.sim = sim;
-  return run_ext(c, o, e, errs);
+  return run_algo(c, o, e, errs);
 }
 }  // namespace
 

@@ -10,7 +10,7 @@
 #include <mutex>
 #include <thread>
 
-#include "algos.hpp"
+#include "algorithm.hpp"
 #include "baselines.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
@@ -29,26 +29,27 @@ const char* kMasks[] = {"none", "causal", "window:5,2", "document:3", "block:8x8
 
 constexpr uint64_t kSeed = 5;
 
-std::string label(const Case& c, const ExtOptions& o) {
-  return to_string(o.algo) + " " + to_string(o.partition) + " G=" + std::to_string(o.world) + " K=" +
+std::string label(const Case& c, const AlgoOptions& o) {
+  return o.algo + " " + to_string(o.partition) + " G=" + std::to_string(o.world) + " K=" +
          std::to_string(o.gpus_per_node) + " " + shape_string(c.p) + " mask " + describe(c.p.mask);
 }
 
 // Every rank's logged bytes per phase (and per link class) equal the closed form.
-void expect_bytes(const Case& c, const ExtOptions& o, const DistResult<double>& res) {
+void expect_bytes(const Case& c, const AlgoOptions& o, const DistResult<double>& res) {
+  const Plan plan = make_plan(c.p, o);
   for (int r = 0; r < o.world; ++r)
     for (Phase ph : {Phase::Forward, Phase::Backward})
       for (int link : {-1, 0, 1}) {
-        if (link >= 0 && o.algo != ExtAlgo::DoubleRing) continue;
+        if (link >= 0 && o.algo != "double-ring") continue;
         const ByteTotals t = totals(res.logs[r], ph, -1, link);
-        EXPECT_EQ(t.sent, ext_closed_form_bytes(o, ph, c.p, res.qp, res.kp, r, true, 8, link))
+        EXPECT_EQ(t.sent, plan_bytes(plan, ph, r, true, 8, link))
             << label(c, o) << " rank " << r << " " << to_string(ph) << " link " << link;
-        EXPECT_EQ(t.recv, ext_closed_form_bytes(o, ph, c.p, res.qp, res.kp, r, false, 8, link))
+        EXPECT_EQ(t.recv, plan_bytes(plan, ph, r, false, 8, link))
             << label(c, o) << " rank " << r << " " << to_string(ph) << " link " << link;
       }
 }
 
-void sweep(ExtAlgo algo, int min_runs) {
+void sweep(const std::string& algo, int min_runs) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   struct Shape { int64_t B, Hq, Hkv, Nq, Nk, d; };
   // GQA (4/2), MHA with 6 heads (G = 3), MQA-like 12/6; ragged and unequal lengths.
@@ -59,17 +60,14 @@ void sweep(ExtAlgo algo, int min_runs) {
       const Case c = make_case(sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.d, mask, kSeed);
       for (int G = 1; G <= 7; ++G) {
         if (std::min(sh.Nq, sh.Nk) < 2 * G) continue;
-        if (algo == ExtAlgo::Ulysses && (sh.Hq % G || sh.Hkv % G)) continue;
+        if (algo == "ulysses" && (sh.Hq % G || sh.Hkv % G)) continue;
         for (PartitionKind k : kKinds) {
-          ExtOptions o;
-          o.algo = algo;
-          o.partition = k;
-          o.world = G;
-          if (algo == ExtAlgo::DoubleRing) o.gpus_per_node = (G % 2 == 0) ? 2 : (G % 3 == 0 ? 3 : 1);
+          const int K = algo == "double-ring" ? (G % 2 == 0 ? 2 : (G % 3 == 0 ? 3 : 1)) : 0;  // gpus per node
+          AlgoOptions o = options(algo, k, G, K);
           o.sim.poison = true;
           o.sim.reorder = (G + static_cast<int>(k)) % 2 == 1;
           o.sim.seed = 7 + G;
-          const DistResult<double> res = run_ext(c, o, *engine);
+          const DistResult<double> res = run_algo(c, o, *engine);
           for (int r = 0; r < G; ++r)
             ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), label(c, o) + " rank " + std::to_string(r)));
           expect_bytes(c, o, res);
@@ -82,18 +80,16 @@ void sweep(ExtAlgo algo, int min_runs) {
 
 }  // namespace
 
-TEST(Ulysses, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep(ExtAlgo::Ulysses, 150); }
-TEST(AllGatherCP, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep(ExtAlgo::AllGather, 300); }
-TEST(DoubleRing, EveryRankMatchesTheOracleSliceAndBytesPerLinkEqualTheClosedForm) { sweep(ExtAlgo::DoubleRing, 300); }
+TEST(Ulysses, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep("ulysses", 150); }
+TEST(AllGatherCP, EveryRankMatchesTheOracleSliceAndBytesEqualTheClosedForm) { sweep("allgather", 300); }
+TEST(DoubleRing, EveryRankMatchesTheOracleSliceAndBytesPerLinkEqualTheClosedForm) { sweep("double-ring", 300); }
 
 TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
   auto engine = cpu::make_engine<double>();
   const Case c = make_case(1, 6, 2, 24, 24, 4, "causal", kSeed);
-  ExtOptions o;
-  o.algo = ExtAlgo::Ulysses;
-  o.world = 4;
+  AlgoOptions o = options("ulysses", PartitionKind::Contiguous, 4);
   try {
-    run_ext(c, o, *engine);
+    run_algo(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_q (6) is not a multiple of the world size G (4)"), std::string::npos)
@@ -101,7 +97,7 @@ TEST(Ulysses, HeadsNotDivisibleByWorldIsAClearError) {
   }
   o.world = 3;  // H_q = 6 divides, H_kv = 2 does not
   try {
-    run_ext(c, o, *engine);
+    run_algo(c, o, *engine);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("H_kv (2)"), std::string::npos) << e.what();
@@ -158,17 +154,9 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
     }
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 2, 48, 48, 8, "causal", kSeed);
-  DistOptions flat;
-  flat.algo = Algo::Burst;
-  flat.partition = PartitionKind::Zigzag;
-  flat.world = 6;
-  const DistResult<double> f = run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), flat, *engine);
-  ExtOptions o;
-  o.algo = ExtAlgo::DoubleRing;
-  o.partition = PartitionKind::Zigzag;
-  o.world = 6;
-  o.gpus_per_node = 3;
-  const DistResult<double> dr = run_ext(c, o, *engine);
+  const DistResult<double> f = run_algo(c, options("burst", PartitionKind::Zigzag, 6), *engine);
+  AlgoOptions o = options("double-ring", PartitionKind::Zigzag, 6, 3);
+  const DistResult<double> dr = run_algo(c, o, *engine);
   for (int r = 0; r < 6; ++r) {
     std::vector<Metrics> ms = {compare<double>("O", dr.O[r].view(), f.O[r].view(), as_const(slice<double>(c.want.fwd.O.view(), f.qp, r).view())),
                                compare<double>("dQ", dr.dQ[r].view(), f.dQ[r].view(), as_const(slice<double>(c.want.bwd.dQ.view(), f.qp, r).view())),
@@ -177,7 +165,7 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
   }
   // Both ring backward traffics work on the double ring too.
   o.base = Algo::Ring;
-  const DistResult<double> rr = run_ext(c, o, *engine);
+  const DistResult<double> rr = run_algo(c, o, *engine);
   for (int r = 0; r < 6; ++r) ASSERT_TRUE(testutil::all_pass(check_rank(c, rr, r), "double ring, ring traffic"));
   expect_bytes(c, o, rr);
 }
@@ -185,21 +173,17 @@ TEST(DoubleRing, ShardsVisitEveryRankOnceAndResultsEqualTheFlatRing) {
 TEST(Schedules2, TwoRunsAreBitwiseEqual) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 4, 45, 39, 8, "causal+document:3", kSeed);
-  for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing}) {
-    ExtOptions o;
-    o.algo = a;
-    o.partition = PartitionKind::Zigzag;
-    o.world = 4;
-    o.gpus_per_node = 2;
+  for (const char* a : {"ulysses", "allgather", "double-ring"}) {
+    AlgoOptions o = options(a, PartitionKind::Zigzag, 4, 2);
     o.sim.reorder = true;
-    const DistResult<double> x = run_ext(c, o, *engine);
+    const DistResult<double> x = run_algo(c, o, *engine);
     o.sim.seed = 99;
-    const DistResult<double> y = run_ext(c, o, *engine);
+    const DistResult<double> y = run_algo(c, o, *engine);
     for (int r = 0; r < 4; ++r) {
       for (auto pr : {std::make_pair(&x.O[r], &y.O[r]), std::make_pair(&x.dQ[r], &y.dQ[r]),
                       std::make_pair(&x.dK[r], &y.dK[r]), std::make_pair(&x.dV[r], &y.dV[r])})
         EXPECT_EQ(std::memcmp(pr.first->data.data(), pr.second->data.data(), pr.first->data.size() * 8), 0)
-            << to_string(a) << " rank " << r;
+            << a << " rank " << r;
     }
   }
 }
@@ -207,19 +191,15 @@ TEST(Schedules2, TwoRunsAreBitwiseEqual) {
 TEST(Schedules2, InjectedFailureFailsEveryRankWithoutHanging) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
   const Case c = make_case(1, 4, 4, 40, 40, 4, "causal", kSeed);
-  for (ExtAlgo a : {ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::DoubleRing})
+  for (const char* a : {"ulysses", "allgather", "double-ring"})
     for (int op : {0, 5, 11}) {
-      ExtOptions o;
-      o.algo = a;
-      o.partition = PartitionKind::Striped;
-      o.world = 4;
-      o.gpus_per_node = 2;
+      AlgoOptions o = options(a, PartitionKind::Striped, 4, 2);
       o.sim.fail_rank = 1;
       o.sim.fail_at_op = op;
       o.sim.timeout_s = 20;
       std::vector<std::string> errors;
       const auto t0 = std::chrono::steady_clock::now();
-      EXPECT_THROW(run_ext(c, o, *engine, &errors), Error) << to_string(a) << " op " << op;
+      EXPECT_THROW(run_algo(c, o, *engine, &errors), Error) << a << " op " << op;
       EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
       ASSERT_EQ(errors.size(), 4u);
       for (int r = 0; r < 4; ++r) EXPECT_NE(errors[r].find("rank 1"), std::string::npos) << errors[r];
@@ -239,19 +219,15 @@ TEST(DoubleRing, PrefetchedInterNodeHopIsBitwiseEqualToOneHopPerStep) {
     for (Algo base : {Algo::Burst, Algo::Ring})
       for (PartitionKind k : {PartitionKind::Contiguous, PartitionKind::Zigzag}) {
         if (k == PartitionKind::Zigzag && std::min(c.p.N_q, c.p.N_k) < 2 * G) continue;
-        ExtOptions o;
-        o.algo = ExtAlgo::DoubleRing;
-        o.partition = k;
-        o.world = G;
-        o.gpus_per_node = K;
+        AlgoOptions o = options("double-ring", k, G, K);
         o.base = base;
         o.sim.poison = true;
         o.sim.reorder = true;
         o.sim.seed = 3 + G;
-        const DistResult<double> pf = run_ext(c, o, *engine);
+        const DistResult<double> pf = run_algo(c, o, *engine);
         expect_bytes(c, o, pf);
         o.prefetch_inter = false;
-        const DistResult<double> plain = run_ext(c, o, *engine);
+        const DistResult<double> plain = run_algo(c, o, *engine);
         expect_bytes(c, o, plain);
         const std::string what = std::string(base == Algo::Burst ? "burst" : "ring") + " G=" + std::to_string(G) +
                                  " K=" + std::to_string(K) + " " + to_string(k);
@@ -327,26 +303,11 @@ TEST(Schedules, EveryTransferIsPostedInABatch) {
       }
     EXPECT_GT(n, 0) << what;
   };
-  for (Algo a : {Algo::Ring, Algo::Burst}) {
-    DistOptions o;
-    o.algo = a;
-    o.world = 4;
-    o.partition = PartitionKind::Zigzag;
-    check_logs(run_sim<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, *engine),
-               to_string(a));
+  for (const char* a : {"ring", "burst", "double-ring", "ulysses", "allgather", "attention2d", "attention2d-o",
+                        "distflash"}) {
+    const PartitionKind k = find_algorithm(a).partition.value_or(PartitionKind::Zigzag);
+    check_logs(run_algo(c, options(a, k, 4, std::string(a) == "double-ring" ? 2 : 0), *engine), a);
   }
-  for (ExtAlgo a : {ExtAlgo::DoubleRing, ExtAlgo::Ulysses, ExtAlgo::AllGather, ExtAlgo::Attention2D, ExtAlgo::DistFlash})
-    for (bool overlap : {false, true}) {
-      if (overlap && a != ExtAlgo::Attention2D) continue;
-      ExtOptions o;
-      o.algo = a;
-      o.world = 4;
-      o.overlap = overlap;
-      o.gpus_per_node = a == ExtAlgo::DoubleRing ? 2 : 0;
-      o.partition = a == ExtAlgo::Attention2D ? PartitionKind::Striped
-                    : a == ExtAlgo::DistFlash ? PartitionKind::Contiguous : PartitionKind::Zigzag;
-      check_logs(run_ext(c, o, *engine), to_string(a) + (overlap ? " overlapped" : ""));
-    }
 }
 
 namespace {
@@ -431,13 +392,7 @@ TEST(Schedules, EngineWorkIsFinishedBeforeTheTransportReadsIt) {
   DeferredEngine<double> engine(*cpu);
   const Case c = make_case(1, 4, 4, 48, 40, 4, "causal", kSeed);
   for (const Algorithm& a : algorithms()) {
-    AlgoOptions o;
-    o.algo = a.name;
-    o.world = 4;
-    o.gpus_per_node = 2;
-    o.partition = o.algo.rfind("attention2d", 0) == 0 ? PartitionKind::Striped
-                  : o.algo == "distflash"             ? PartitionKind::Contiguous
-                                                      : PartitionKind::Zigzag;
+    AlgoOptions o = options(a.name, a.partition.value_or(PartitionKind::Zigzag), 4, 2);
     o.sim.poison = true;
     const DistResult<double> res =
         run_session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, engine);
