@@ -72,12 +72,8 @@ class CpuEngine final : public Engine<T> {
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k,
                      View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE,
                      bool accumulate) override {
-    const auto part = [&](const Problem& pp, const MaskParams& m, Positions qp, Positions kp, int64_t q_at,
-                          int64_t q_n, int64_t k_at, int64_t k_n, bool acc) {
-      block(pp, m, qp, kp, slice_rows(Q, q_at, q_n), slice_rows(K, k_at, k_n), slice_rows(V, k_at, k_n),
-            slice_rows(O, q_at, q_n), slice_rows(LSE, q_at, q_n), acc);
-    };
-    if ((q.index || k.index) && forward_parts(p, mask.params, q, k, accumulate, part)) return;
+    const auto part = [this](auto&&... a) { block(a...); };
+    if ((q.index || k.index) && forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part)) return;
     block(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
   }
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {

@@ -69,16 +69,22 @@ std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k
 // the band of part.mask (validate() accepts it).
 Problem part_problem(const Problem& p, const BlockPart& part);
 
-// A forward block (§6.1) by its parts, when it splits: run(pp, mask, q_pos, k_pos, q_at, q_n,
-// k_at, k_n, accumulate) computes rows [q_at, q_at + q_n) of the block against keys [k_at,
-// k_at + k_n) as the problem pp, merging into the rows' (O, LSE) when accumulate (eq. 4.5). Each
-// query progression's visible parts run in order, the first with the caller's accumulate; one
-// with none visible and nothing to accumulate into runs once over its first part on the block's
-// own positions, which gives its rows the identity (O = 0, LSE = -inf). Returns false, having
-// run nothing, when the block does not split.
-template <class Run>
-bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, bool accumulate, Run&& run) {
+// A forward block (§6.1) by its parts, when it splits: run(pp, mask, q_pos, k_pos, Q, K, V, O,
+// LSE, accumulate) computes the part's rows of Q, O, LSE (slices along N) against its keys of K,
+// V as the problem pp, merging into the rows' (O, LSE) when accumulate (eq. 4.5). Each query
+// progression's visible parts run in order, the first with the caller's accumulate; one with none
+// visible and nothing to accumulate into runs once over its first part on the block's own
+// positions, which gives its rows the identity (O = 0, LSE = -inf). Returns false, having run
+// nothing, when the block does not split.
+template <class T, class A, class Run>
+bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, View4<const T> Q,
+                   View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate, Run&& run) {
   const std::vector<BlockPart> parts = split_block(m, q, k);
+  const auto go = [&](const Problem& pp, const MaskParams& mm, Positions qp, Positions kp, const BlockPart& b,
+                      bool acc) {
+    run(pp, mm, qp, kp, slice_rows(Q, b.q_at, b.q_n), slice_rows(K, b.k_at, b.k_n), slice_rows(V, b.k_at, b.k_n),
+        slice_rows(O, b.q_at, b.q_n), slice_rows(LSE, b.q_at, b.q_n), acc);
+  };
   for (size_t first = 0; first < parts.size();) {
     size_t end = first;
     while (end < parts.size() && parts[end].q_at == parts[first].q_at) ++end;
@@ -86,13 +92,11 @@ bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions
     for (size_t x = first; x < end; ++x) {
       const BlockPart& b = parts[x];
       if (b.hidden) continue;
-      run(part_problem(p, b), b.mask, b.q_pos, b.k_pos, b.q_at, b.q_n, b.k_at, b.k_n, acc);
+      go(part_problem(p, b), b.mask, b.q_pos, b.k_pos, b, acc);
       acc = true;
     }
     const BlockPart& a = parts[first];
-    if (!acc)
-      run(p, m, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), a.q_at, a.q_n, a.k_at, a.k_n,
-          false);
+    if (!acc) go(p, m, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), a, false);
     first = end;
   }
   return !parts.empty();
