@@ -726,9 +726,10 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
             hopper ? bc::Variant::V5 : bc::Variant::V2);
   EXPECT_EQ(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1),
             bc::Variant::V1);
-  if (!hopper) EXPECT_THROW(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64),
-                                                           bc::Variant::V4),
-                            Error);
+  if (!hopper) {
+    EXPECT_THROW(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V4),
+                 Error);
+  }
   // backward_block: v4 on compute capability 9.0 (block masks included) with contiguous keys,
   // else v1; v2 and v3 have none.
   alignas(16) static float gbuf[2 * 8 * 128];
