@@ -1,8 +1,16 @@
-// nccl/mpi_world.hpp — one process per GPU under mpirun (spec §7.4, "NCCL"). MPI does three
-// things: it hands rank 0's ncclUniqueId to every rank, gathers the host names (which ranks share
-// a node: the link classes, the double ring's nodes), and carries a failure notice from a rank
-// that failed to the others (so they stop at once instead of at their timeout). NCCL moves all
-// attention data. Debian's OpenMPI is not CUDA-aware and need not be.
+// nccl/mpi_world.hpp — one process per GPU under mpirun (spec §7.4, "NCCL"). MPI hands rank 0's
+// ncclUniqueId to every rank, gathers the host names (which ranks share a node: the link classes,
+// the double ring's nodes; the node-local rank), gathers the results for the check, and carries
+// notices on the side: a failure notice from a rank that failed, and a leave notice from a rank
+// that ends. NCCL moves all attention data. Debian's OpenMPI is not CUDA-aware and need not be.
+//
+// Nothing waits without a bound: every MPI collective is non-blocking (MPI_Iallgather,
+// MPI_Ibcast) and polled with the --timeout deadline, and every poll (these and NcclComm's) stops
+// at once on a peer's failure notice, on a peer that left before the collective being waited for,
+// or on a peer on this host whose process is gone (killed by a signal: checked by pid, at most
+// every 100 ms). A failure anywhere in this process (MpiWorld::fail, NcclComm's failures, a
+// failed start) tells the others, aborts the communicator, and ends the job with MPI_Abort at
+// mpi_finish(); MPI_Finalize only ends a process that did not fail.
 #pragma once
 
 #include <memory>
@@ -19,20 +27,28 @@ bool launched_by_mpi();
 int mpi_env_rank();
 int mpi_env_size();  // 1 when not launched by it
 
+// Ends MPI for this process, once, if it was started: MPI_Abort when this process failed (a
+// failure anywhere above, also one that kept the MpiWorld from being made), else MPI_Finalize.
+void mpi_finish();
+
 class MpiWorld {
  public:
   // MPI_Init, then the communicator: rank = MPI rank, world = MPI size, device = the node-local
   // rank modulo the devices this process sees; node_of from gpus_per_node, else the host names.
   MpiWorld(NcclOptions o, int gpus_per_node);
-  ~MpiWorld();  // destroys the communicator, then MPI_Finalize
+  ~MpiWorld();  // closes the communicator, then sends the leave notice (MPI itself: mpi_finish())
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
 
   int rank() const;
   int size() const;
   NcclComm& comm() { return *comm_; }
-  // Every rank's bytes, in rank order (MPI_Allgatherv), on every rank.
-  std::vector<std::vector<char>> allgather(const std::vector<char>& mine) const;
+  // Every rank's bytes, in rank order (MPI_Iallgather of the sizes, MPI_Iallgatherv), on every
+  // rank; `what` names it in messages. Bounded by the timeout; a peer's failure ends it.
+  std::vector<std::vector<char>> allgather(const std::vector<char>& mine, const std::string& what);
+  // This process failed (`why`): tells the other ranks (once), aborts the communicator, and
+  // marks the process for MPI_Abort at mpi_finish(). Never throws.
+  void fail(const std::string& why) noexcept;
 
  private:
   struct State;

@@ -23,14 +23,24 @@
 // blocks the host; every wait polls with a deadline. An operation that does not complete within
 // `timeout_s`, an NCCL asynchronous error, or a failure reported by another rank (Peers) aborts
 // the communicator (ncclCommAbort) and throws Error naming this rank, the operation (tensor,
-// peer, bytes), the phase and the step. After that every call throws. Nothing hangs.
+// peer, bytes), the phase and the step. After that every call throws. Each poll looks for those
+// failures before it looks for completion: an aborted NCCL kernel ends early, and its event then
+// completes although the data never arrived.
+// Another thread may abort the communicator (abort() is thread-safe): a rank's thread can be
+// blocked in a CUDA call that waits for its GPU while NCCL's kernel there waits for a peer that
+// never posts; only an abort ends that kernel. ThreadWorld does it on the first failure of any
+// rank, and on a rank whose posted transfers stall past the timeout while its thread is away from
+// the communicator (stall()).
 #pragma once
 
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -48,7 +58,7 @@ using dist::RequestPtr;
 struct Peers {
   // "" while every rank is fine; else the first failure's message.
   std::function<std::string()> failure;
-  // Called once with this rank's error before it aborts.
+  // Called with this rank's error before it aborts (the first report counts).
   std::function<void(const std::string&)> report;
 };
 
@@ -78,9 +88,10 @@ std::vector<char> new_unique_id();
 class NcclComm : public Communicator {
  public:
   // Joins the communicator `id` as `rank` of `size` on CUDA device `device` (made current on the
-  // calling thread). Blocks until every rank joined, or the watchdog gives up.
+  // calling thread). Polls until every rank joined, or the watchdog gives up; a failure here is
+  // reported to the other ranks (Peers) before it is thrown, so they stop waiting at once.
   NcclComm(const std::vector<char>& id, int rank, int size, int device, NcclOptions o);
-  ~NcclComm() override;
+  ~NcclComm() override;  // close() unless closed; a failure there is printed (stderr)
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
@@ -93,10 +104,31 @@ class NcclComm : public Communicator {
   RequestPtr irecv(void* buf, int64_t bytes, int src, int tag, const char* what) override;
   void barrier() override;
 
-  // Aborts the communicator (idempotent; never throws); later calls throw. Used when this rank
-  // fails.
+  // Ends the communicator: ncclCommFinalize, polled like every wait (the peers finalize too),
+  // then ncclCommDestroy; on a failure it aborts instead and throws Error naming the rank and the
+  // NCCL call. Nothing to do on an aborted communicator. Call on the rank's thread, the other
+  // ranks closing theirs at the same time.
+  void close();
+
+  // Aborts the communicator: later calls throw, naming `why`. Idempotent, never throws, callable
+  // from any thread (NCCL calls of the owner thread are serialized with it; a batch being posted
+  // is ended first). A failed ncclCommAbort is printed (stderr) and kept in the reason.
   void abort(const std::string& why) noexcept;
-  bool aborted() const { return aborted_; }
+  bool aborted() const { return aborted_.load(); }
+  std::string abort_reason() const;
+
+  // For a watchdog on another thread: the oldest batch this rank posted and has not seen
+  // complete, when it was posted more than the timeout ago while this rank's thread has been away
+  // from the communicator (not in a wait) for the timeout too. `done` is the batch's CUDA event
+  // (cudaEvent_t), to ask the device whether it is complete after all; `holder` keeps it alive.
+  struct Stall {
+    void* done = nullptr;
+    std::shared_ptr<void> holder;
+    std::string message;  // the failure to declare, naming the rank, the batch, phase and step
+  };
+  bool stall(Stall& out) const;
+  void mark_complete(const std::shared_ptr<void>& holder) const;  // the device says it completed
+  std::string where() const;  // what the owner thread is doing, for messages
 
   // Host time spent blocked in Request::wait, per wait. Schedules wait after the step's compute
   // and Engine::synchronize(), so this is the communication the compute did not hide.
@@ -118,25 +150,42 @@ class NcclComm : public Communicator {
 
  private:
   friend class NcclRequest;
+  using Clock = std::chrono::steady_clock;
   void check_usable(const char* op) const;
   // Polls until NCCL's asynchronous state is settled (non-blocking calls), or fails.
   void settle(const std::string& op);
-  // Polls `done` until true; past `timeouts` x --timeout, on an NCCL error or a peer's failure:
-  // abort and throw.
+  // Polls `done` until true; first, each time: an abort from another thread, an NCCL error, a
+  // peer's failure, then past `timeouts` x --timeout: abort and throw.
   void poll(const std::function<bool()>& done, const std::string& op, int timeouts = 1);
   [[noreturn]] void fail_op(const std::string& op, const std::string& why);
+  void set_reason(const std::string& why) noexcept;  // the abort reason, unless one is set
   RequestPtr post(bool send, void* buf, int64_t bytes, int peer, int tag, const char* what);
+  ncclResult_t async_state();  // ncclCommGetAsyncError (ncclInvalidArgument once aborted)
+  std::string last_error();    // ncclGetLastError, for messages
+  void release() noexcept;     // the stream and scratch (after the communicator is gone)
+  void track(const std::shared_ptr<Group>& g);  // a posted batch, watched by stall()
 
   int rank_, size_, device_;
   NcclOptions o_;
+  // Guards comm_ and every NCCL call on it. The owner holds it from ncclGroupStart to
+  // ncclGroupEnd (a group's operations name the communicator until the group ends), so an abort
+  // from another thread waits for the end of a batch being posted; NCCL calls here never block.
+  mutable std::recursive_timed_mutex mu_;
   ncclComm_t comm_ = nullptr;
   void* stream_ = nullptr;   // cudaStream_t: the communication stream
   void* scratch_ = nullptr;  // a device float for the barrier's all-reduce
   std::shared_ptr<Group> open_;  // the batch being posted
-  bool aborted_ = false;
+  bool batch_locked_ = false;    // mu_ held for the batch being posted
+  std::atomic<bool> aborted_{false};
   bool injected_ = false;
   bool group_started_ = false;  // ncclGroupStart called, ncclGroupEnd not yet
+  bool closed_ = false;
+  mutable std::mutex state_mu_;  // abort_reason_, pending_
   std::string abort_reason_;
+  std::vector<std::shared_ptr<Group>> pending_;  // posted batches not yet seen complete, oldest first
+  std::atomic<bool> in_wait_{false};             // the owner thread is in poll()
+  std::atomic<int64_t> away_since_ns_{0};        // when it last left a communicator call
+  std::atomic<int> ctx_phase_{int(Phase::Other)}, ctx_step_{0};  // the context, for where()
   std::vector<Exposed> exposed_;
 };
 

@@ -3,6 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <thread>
 
@@ -35,22 +39,6 @@ std::vector<int> nodes_of(int world, int gpus_per_node, const std::vector<std::s
 }
 
 namespace {
-// Runs fn(r) on G threads and joins them; the outcome of each ("" = ok) in errors.
-void on_threads(int G, const std::function<void(int)>& fn, std::vector<std::string>& errors) {
-  errors.assign(G, "");
-  std::vector<std::thread> ts;
-  for (int r = 0; r < G; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      } catch (...) {
-        errors[r] = "rank " + std::to_string(r) + ": unknown exception";
-      }
-    });
-  for (auto& t : ts) t.join();
-}
 void throw_first(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) throw Error(errors[r]);
@@ -64,43 +52,133 @@ ThreadWorld::ThreadWorld(int G, NcclOptions o) {
     fail("world (", G, ") needs ", G, " GPUs in this process (NCCL runs one rank per GPU); it sees ", n,
          ": use --world ", n > 0 ? n : 1, ", or one process per GPU under mpirun (mpirun -np G burstlab run "
          "--transport nccl ...) on machines with more GPUs");
+  if (!(o.timeout_s > 0)) fail("timeout (", o.timeout_s, ") must be > 0 seconds");
+  timeout_s_ = o.timeout_s;
   const std::vector<char> id = new_unique_id();
-  o.peers.failure = [f = failure_] {
-    std::lock_guard<std::mutex> lk(f->mu);
-    return f->first;
-  };
-  o.peers.report = [f = failure_](const std::string& msg) {
-    std::lock_guard<std::mutex> lk(f->mu);
-    if (f->first.empty()) f->first = msg;
-  };
+  o.peers.failure = [this] { return board_.first(); };
+  o.peers.report = [this](const std::string& msg) { board_.report(msg); };
   comms_.resize(G);
-  // Every rank joins at once (ncclCommInitRank blocks until all have called it).
-  on_threads(G, [&](int r) { comms_[r] = std::make_unique<NcclComm>(id, r, G, r, o); }, errors_);
-  throw_first(errors_);
+  // Every rank joins at once (the communicator is complete when all have); a rank that fails to
+  // join reports it, and the others' joins stop at once.
+  errors_ = watched([&](int r) {
+    auto c = std::make_unique<NcclComm>(id, r, G, r, o);
+    std::lock_guard<std::mutex> lk(comms_mu_);
+    comms_[r] = std::move(c);
+  });
+  bool failed = false;
+  for (const std::string& e : errors_) failed = failed || !e.empty();
+  if (!failed) return;
+  // The members are destroyed without ~ThreadWorld: abort (not finalize) what joined.
+  for (auto& c : comms_)
+    if (c) c->abort(board_.first());
+  closed_ = true;
+  std::string first;
+  for (const std::string& e : errors_)
+    if (first.empty()) first = e;
+  fail(first);
 }
 
 ThreadWorld::~ThreadWorld() {
-  // Finalize on each rank's own thread and device, all at once (finalize waits for the peers).
-  std::vector<std::string> ignored;
-  on_threads(size(), [&](int r) { comms_[r].reset(); }, ignored);
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "burstlab: %s\n", e.what());
+  }
+  // Free each rank's stream and scratch on its own thread and device.
+  std::vector<std::string> ignored = watched([&](int r) { comms_[r].reset(); });
+  (void)ignored;
+}
+
+std::vector<std::string> ThreadWorld::watched(const std::function<void(int)>& body) {
+  RankWatch w;
+  w.stop_all = [this](const std::string& why) {
+    std::vector<NcclComm*> cs;
+    {
+      std::lock_guard<std::mutex> lk(comms_mu_);
+      for (auto& c : comms_)
+        if (c) cs.push_back(c.get());
+    }
+    const std::string reason = "stopped after the first failure: " + why;
+    for (NcclComm* c : cs) c->abort(reason);
+  };
+  w.stalled = [this] { return stalled(); };
+  w.where = [this](int r) -> std::string {
+    std::lock_guard<std::mutex> lk(comms_mu_);
+    return comms_[size_t(r)] ? comms_[size_t(r)]->where() : "joining the communicator";
+  };
+  w.grace_s = std::max(5.0, timeout_s_);
+  return run_ranks(static_cast<int>(comms_.size()), body, board_, w);
+}
+
+std::string ThreadWorld::stalled() {
+  std::vector<NcclComm*> cs;
+  {
+    std::lock_guard<std::mutex> lk(comms_mu_);
+    for (auto& c : comms_)
+      if (c) cs.push_back(c.get());
+  }
+  for (NcclComm* c : cs) {
+    NcclComm::Stall st;
+    if (!c->stall(st)) continue;
+    // The batch may be complete on the device while the thread computes: ask the device, on a
+    // helper thread, for at most a second (the query needs the GPU's context, which a thread
+    // blocked behind NCCL's kernel may hold; then the answer is late, and the rank is stalled).
+    struct Answer {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool given = false;
+      cudaError_t e = cudaErrorNotReady;
+    };
+    auto a = std::make_shared<Answer>();
+    std::thread([a, holder = st.holder, ev = st.done, dev = c->device()] {
+      cudaError_t e = cudaSetDevice(dev);
+      if (e == cudaSuccess) e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+      std::lock_guard<std::mutex> lk(a->mu);
+      a->given = true;
+      a->e = e;
+      a->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lk(a->mu);
+    a->cv.wait_for(lk, std::chrono::seconds(1), [&] { return a->given; });
+    if (a->given && a->e == cudaSuccess) {
+      c->mark_complete(st.holder);
+      continue;
+    }
+    return st.message;
+  }
+  return "";
+}
+
+void ThreadWorld::close() {
+  if (closed_) return;
+  closed_ = true;
+  // Each rank finalizes on its own thread and device, all at once (finalize completes when every
+  // rank's has).
+  errors_ = watched([&](int r) {
+    if (cudaSetDevice(comms_[r]->device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", comms_[r]->device(), ")");
+    try {
+      comms_[r]->close();
+    } catch (const std::exception& e) {
+      comms_[r]->abort(e.what());
+      throw;
+    }
+  });
+  throw_first(errors_);
 }
 
 void ThreadWorld::run(const std::function<void(NcclComm&)>& fn) {
-  on_threads(
-      size(),
-      [&](int r) {
-        if (cudaSetDevice(comms_[r]->device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", comms_[r]->device(), ")");
-        try {
-          fn(*comms_[r]);
-        } catch (const std::exception& e) {
-          // A failure outside a communicator call (the engine, a check) stops the others too.
-          comms_[r]->abort(e.what());
-          std::lock_guard<std::mutex> lk(failure_->mu);
-          if (failure_->first.empty()) failure_->first = e.what();
-          throw;
-        }
-      },
-      errors_);
+  errors_ = watched([&](int r) {
+    NcclComm& c = *comms_[r];
+    if (cudaSetDevice(c.device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", c.device(), ")");
+    try {
+      fn(c);
+    } catch (const std::exception& e) {
+      // A failure outside a communicator call (the engine, a check) stops the others too (the
+      // watchdog aborts every communicator once the failure is reported).
+      c.abort(e.what());
+      throw;
+    }
+  });
   throw_first(errors_);
 }
 

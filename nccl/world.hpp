@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nccl_comm.hpp"
+#include "ranks.hpp"
 
 namespace burstlab::nccl {
 
@@ -22,12 +23,18 @@ int device_count();  // CUDA devices visible to this process (0 without a GPU or
 // from host names (ranks with equal names share a node) when K = 0.
 std::vector<int> nodes_of(int world, int gpus_per_node, const std::vector<std::string>& hosts);
 
+// Every run of the ranks is watched (ranks.hpp): the first failure of any rank aborts every
+// communicator, a rank whose posted transfers stall past the timeout while its thread is away from
+// the communicator (blocked in a CUDA call behind NCCL's kernel) is failed on its behalf, and every
+// rank thread ends within the timeout plus a grace, or the process ends with a message saying
+// where each rank is.
 class ThreadWorld {
  public:
   // G ranks, rank r on device r; refuses G greater than the devices this process sees (NCCL
-  // allows one rank per GPU) with an Error that says how to run more ranks.
+  // allows one rank per GPU) with an Error that says how to run more ranks. A rank that fails to
+  // join stops the others at once.
   ThreadWorld(int G, NcclOptions o);
-  ~ThreadWorld();
+  ~ThreadWorld();  // closes every communicator (each on its rank's thread), watched like run()
   ThreadWorld(const ThreadWorld&) = delete;
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
@@ -36,16 +43,20 @@ class ThreadWorld {
   // fn(comm) on a thread per rank, its device current; joins them. When a rank failed, every
   // rank's outcome is in errors() and this throws Error naming the first failure.
   void run(const std::function<void(NcclComm&)>& fn);
+  // Closes every communicator (finalize, then destroy); throws Error naming the first failure.
+  void close();
   const std::vector<std::string>& errors() const { return errors_; }
 
  private:
-  struct Failure {  // the ranks' shared Peers
-    std::mutex mu;
-    std::string first;
-  };
-  std::shared_ptr<Failure> failure_ = std::make_shared<Failure>();
+  std::vector<std::string> watched(const std::function<void(int)>& body);
+  std::string stalled();  // the first rank whose posted transfers stall (NcclComm::stall), or ""
+
+  double timeout_s_ = 120;
+  FailureBoard board_;
+  std::mutex comms_mu_;  // comms_ entries, set by the rank threads while joining
   std::vector<std::unique_ptr<NcclComm>> comms_;
   std::vector<std::string> errors_;
+  bool closed_ = false;
 };
 
 }  // namespace burstlab::nccl

@@ -120,6 +120,9 @@ class Driver {
   virtual void pass(dist::Phase phase) = 0;
   virtual dist::DistResult<T> result() = 0;  // every rank's outputs and logs
   virtual std::vector<std::vector<double>> exposed(dist::Phase phase) = 0;  // [rank][step] ms
+  // This process failed outside the driver's calls (e.g. reading a fetched result): under mpirun
+  // the others are told and the job ends with MPI_Abort; ThreadWorld's runs see to their own.
+  virtual void failed(const std::string& why) noexcept { (void)why; }
   dist::Plan plan;
   std::string launch;
 };
@@ -205,24 +208,57 @@ class MpiDriver : public Driver<T> {
   MpiDriver(const Problem& p, const Inputs& in, const ImplOptions& opt, const dist::AlgoOptions& o,
             const EngineMakers& mk, nccl::MpiWorld& w)
       : w_(w) {
-    if (o.world != w.size())
-      fail("world (", o.world, ") must equal the number of processes mpirun started (", w.size(), ")");
-    this->launch = "mpirun, " + std::to_string(w.size()) + " process" + (w.size() > 1 ? "es" : "");
-    if (cudaSetDevice(w.comm().device()) != cudaSuccess) fail("cudaSetDevice(", w.comm().device(), ")");
-    engine_ = make<T>(mk, opt);
-    session_ = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine_,
-                                                  std::vector<int>{w.rank()});
-    this->plan = session_->plan();
+    guarded([&] {
+      if (o.world != w.size())
+        fail("world (", o.world, ") must equal the number of processes mpirun started (", w.size(), ")");
+      this->launch = "mpirun, " + std::to_string(w.size()) + " process" + (w.size() > 1 ? "es" : "");
+      if (cudaSetDevice(w.comm().device()) != cudaSuccess) fail("cudaSetDevice(", w.comm().device(), ")");
+      engine_ = make<T>(mk, opt);
+      session_ = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
+                                                    *engine_, std::vector<int>{w.rank()});
+      this->plan = session_->plan();
+    });
   }
   void pass(dist::Phase phase) override {
-    nccl::NcclComm& c = w_.comm();
-    c.clear_exposed(phase);
-    session_->rank_pass(phase, c);
-    c.set_context(dist::Phase::Other, 0);
-    c.barrier();
-    keep_phase(log_, c, phase);
+    guarded([&] {
+      nccl::NcclComm& c = w_.comm();
+      c.clear_exposed(phase);
+      session_->rank_pass(phase, c);
+      c.set_context(dist::Phase::Other, 0);
+      c.barrier();
+      keep_phase(log_, c, phase);
+    });
   }
   dist::DistResult<T> result() override {
+    return guarded([&] { return gathered(); });
+  }
+  std::vector<std::vector<double>> exposed(dist::Phase phase) override {
+    return guarded([&] {
+      std::vector<char> b;
+      put(b, exposed_of(w_.comm(), phase));
+      std::vector<std::vector<double>> ms;
+      for (const auto& x : w_.allgather(b, "exposed wait times")) {
+        size_t at = 0;
+        ms.push_back(take<double>(x, at));
+      }
+      return ms;
+    });
+  }
+  void failed(const std::string& why) noexcept override { w_.fail(why); }
+
+ private:
+  // A failure anywhere in this process's part tells the other processes (they may be waiting for
+  // it in a collective or a transfer), aborts the communicator, and ends the job at exit.
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      w_.fail(e.what());
+      throw;
+    }
+  }
+  dist::DistResult<T> gathered() {
     using A = acc_t<T>;
     const int r = w_.rank();
     dist::DistResult<T> res = session_->result();
@@ -237,7 +273,7 @@ class MpiDriver : public Driver<T> {
     }
     const std::vector<char> lb = log_bytes(log_);
     mine.insert(mine.end(), lb.begin(), lb.end());
-    const std::vector<std::vector<char>> all = w_.allgather(mine);
+    const std::vector<std::vector<char>> all = w_.allgather(mine, "the ranks' outputs and logs");
     const Problem& p = this->plan.p;
     res.logs.assign(w_.size(), {});
     for (int k = 0; k < w_.size(); ++k) {
@@ -263,18 +299,7 @@ class MpiDriver : public Driver<T> {
     }
     return res;
   }
-  std::vector<std::vector<double>> exposed(dist::Phase phase) override {
-    std::vector<char> b;
-    put(b, exposed_of(w_.comm(), phase));
-    std::vector<std::vector<double>> ms;
-    for (const auto& x : w_.allgather(b)) {
-      size_t at = 0;
-      ms.push_back(take<double>(x, at));
-    }
-    return ms;
-  }
 
- private:
   nccl::MpiWorld& w_;
   std::unique_ptr<Engine<T>> engine_;
   std::unique_ptr<dist::Session<T>> session_;
@@ -321,20 +346,30 @@ NcclDist make_dist(const Problem& p, const Inputs& in, const ImplOptions& opt, c
   // process reaches in the same order).
   auto last = std::make_shared<std::vector<std::vector<dist::Transfer>>>();
   out.run.fetch_forward = [d, last](Tensor4<double>& O, Tensor3<double>& LSE) {
-    const dist::DistResult<T> res = d->result();
-    *last = res.logs;
-    GatheredOutputs g = gather_outputs(res, true, false);
-    O = std::move(g.O);
-    LSE = std::move(g.LSE);
+    try {
+      const dist::DistResult<T> res = d->result();
+      *last = res.logs;
+      GatheredOutputs g = gather_outputs(res, true, false);
+      O = std::move(g.O);
+      LSE = std::move(g.LSE);
+    } catch (const std::exception& e) {
+      d->failed(e.what());
+      throw;
+    }
   };
   out.run.fetch_backward = [d, bwd, last](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
-    if (!bwd) fail("the NCCL session was built without a backward");
-    const dist::DistResult<T> res = d->result();
-    *last = res.logs;
-    GatheredOutputs g = gather_outputs(res, false, true);
-    dQ = std::move(g.dQ);
-    dK = std::move(g.dK);
-    dV = std::move(g.dV);
+    try {
+      if (!bwd) fail("the NCCL session was built without a backward");
+      const dist::DistResult<T> res = d->result();
+      *last = res.logs;
+      GatheredOutputs g = gather_outputs(res, false, true);
+      dQ = std::move(g.dQ);
+      dK = std::move(g.dK);
+      dV = std::move(g.dV);
+    } catch (const std::exception& e) {
+      d->failed(e.what());
+      throw;
+    }
   };
   out.logs = [last] { return *last; };
   out.exposed_ms = [d](dist::Phase ph) { return d->exposed(ph); };
@@ -358,7 +393,10 @@ NcclDist nccl_dist(const Problem& p, const Inputs& in, const ImplOptions& opt, c
 bool launched_by_mpi() { return nccl::launched_by_mpi(); }
 int mpi_rank() { return nccl::mpi_env_rank(); }
 int mpi_size() { return nccl::mpi_env_size(); }
-void nccl_shutdown() { mpi_world().reset(); }
+void nccl_shutdown() {
+  mpi_world().reset();
+  nccl::mpi_finish();  // MPI_Abort when this process failed (also before its world was made)
+}
 #else
 bool launched_by_mpi() { return false; }
 int mpi_rank() { return 0; }

@@ -3,13 +3,22 @@
 // like SimComm's, NCCL's refusal of an unmatched receive becomes an error (also at the end of a
 // batch), an error while posting a batch aborts the communicator, the watchdog ends a wait at its
 // timeout with a message naming the rank, the operation, the phase and the step, injection fires
-// at its phase and step, and an aborted communicator refuses further calls. Without a GPU the GPU tests skip; BURSTLAB_REQUIRE_GPU=1 fails them.
-// Two or more ranks run under mpirun (tests/nccl/mpi_nccl.sh).
+// at its phase and step, and an aborted communicator refuses further calls. On any machine, the
+// watchdog over the ranks of one process (ranks.hpp) with plain threads: a failure stops a rank
+// blocked outside the communicator, a stall is declared on a rank's behalf, ranks that do not end
+// are named. With 2 GPUs, ThreadWorld: a rank blocked in cudaDeviceSynchronize behind NCCL's
+// kernel, whose peer never posts, is released by the peer's failure and by the stall watchdog.
+// Without a GPU the GPU tests skip; BURSTLAB_REQUIRE_GPU=1 fails them.
+// Two ranks under mpirun: tests/nccl/mpi_nccl.sh.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +26,7 @@
 #include "burstlab/error.hpp"
 #include "gpu_skip.hpp"
 #include "nccl_comm.hpp"
+#include "ranks.hpp"
 #include "world.hpp"
 
 namespace burstlab::nccl {
@@ -259,6 +269,213 @@ TEST(NcclWorld, InjectedFailureNamesTheRankAndStep) {
               std::string::npos)
         << spec << ": " << m;
   }
+}
+
+// ---- the watchdog over the ranks of one process, with plain threads (any machine)
+
+// Stands for a CUDA call that waits for a GPU whose NCCL kernel waits for a peer: it returns
+// only once the communicator is aborted (release()).
+struct BlockedCall {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  void wait() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return released; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lk(mu);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(RankWatch, AFailureStopsARankBlockedOutsideTheCommunicator) {
+  FailureBoard board;
+  BlockedCall call;
+  std::vector<std::string> stops;
+  RankWatch w;
+  w.stop_all = [&](const std::string& why) {
+    stops.push_back(why);
+    call.release();  // what aborting rank 0's communicator does to its blocked call
+  };
+  w.grace_s = 30;
+  w.give_up = [&](const std::string& m) { ADD_FAILURE() << "gave up: " << m; call.release(); };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> errors = run_ranks(
+      2,
+      [&](int r) {
+        if (r == 1) fail("rank 1: the engine failed");
+        call.wait();
+        fail("rank 0: stopped after the first failure");
+      },
+      board, w);
+  EXPECT_LT(seconds_since(t0), 10.0);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[1], "rank 1: the engine failed");
+  EXPECT_EQ(errors[0], "rank 0: stopped after the first failure");
+  EXPECT_EQ(board.first(), "rank 1: the engine failed");
+  EXPECT_EQ(stops, std::vector<std::string>{"rank 1: the engine failed"});
+}
+
+TEST(RankWatch, AStallIsDeclaredOnTheRanksBehalf) {
+  FailureBoard board;
+  BlockedCall call;
+  std::atomic<int> asked{0};
+  std::string stopped_for;
+  RankWatch w;
+  const auto t0 = std::chrono::steady_clock::now();
+  w.stalled = [&]() -> std::string {
+    ++asked;
+    return seconds_since(t0) > 0.3 ? "rank 0: the batch of K did not complete within the timeout" : "";
+  };
+  w.stop_all = [&](const std::string& why) {
+    stopped_for = why;
+    call.release();
+  };
+  w.grace_s = 30;
+  w.give_up = [&](const std::string& m) { ADD_FAILURE() << "gave up: " << m; call.release(); };
+  const std::vector<std::string> errors = run_ranks(
+      2,
+      [&](int r) {
+        if (r == 0) call.wait();  // rank 1 returns at once: nothing fails but rank 0's stall
+      },
+      board, w);
+  EXPECT_GE(seconds_since(t0), 0.3);
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_GT(asked.load(), 1);
+  EXPECT_EQ(stopped_for, "rank 0: the batch of K did not complete within the timeout");
+  EXPECT_EQ(board.first(), stopped_for);
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
+}
+
+TEST(RankWatch, RanksThatDoNotEndAreNamed) {
+  FailureBoard board;
+  BlockedCall call;
+  std::string gave_up;
+  RankWatch w;
+  w.stop_all = [](const std::string&) {};  // the abort does not release rank 0
+  w.where = [](int r) { return "is blocked in test call " + std::to_string(r); };
+  w.grace_s = 0.2;
+  w.give_up = [&](const std::string& m) {
+    gave_up = m;
+    call.release();  // the process would end here; the test lets the rank go instead
+  };
+  const std::vector<std::string> errors = run_ranks(
+      3,
+      [&](int r) {
+        if (r == 2) fail("rank 2: injected");
+        if (r == 0) call.wait();
+      },
+      board, w);
+  EXPECT_NE(gave_up.find("the ranks did not end within 0.2 s after the first failure (rank 2: injected): rank 0 is "
+                         "blocked in test call 0;"),
+            std::string::npos)
+      << gave_up;
+  EXPECT_EQ(gave_up.find("rank 1 "), std::string::npos) << gave_up;  // rank 1 had ended
+  EXPECT_EQ(errors[2], "rank 2: injected");
+}
+
+TEST(RankWatch, ARunWithoutFailuresStopsNothing) {
+  FailureBoard board;
+  RankWatch w;
+  bool stopped = false;
+  w.stop_all = [&](const std::string&) { stopped = true; };
+  w.stalled = [] { return std::string(); };
+  w.give_up = [](const std::string& m) { ADD_FAILURE() << m; };
+  std::atomic<int> ran{0};
+  const std::vector<std::string> errors = run_ranks(4, [&](int) { ++ran; }, board, w);
+  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(errors, std::vector<std::string>(4, ""));
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(board.first(), "");
+}
+
+// ---- two GPUs: a rank blocked in a CUDA call behind NCCL's kernel
+
+bool two_devices(std::string* why) {
+  if (device_count() >= 2) return true;
+  *why = "needs 2 CUDA devices in this process (it sees " + std::to_string(device_count()) + ")";
+  return false;
+}
+
+// Both ranks exchange once (NCCL connects the pair lazily, at its first transfer; afterwards a
+// batch launches NCCL's kernel at once), then rank 0 posts a batch with rank 1 and blocks in
+// cudaDeviceSynchronize, which returns only when that kernel ends: when rank 1 posts (it never
+// does) or the communicator is aborted. `rank1` is what rank 1 does instead.
+std::string blocked_behind_nccl(ThreadWorld& w, const std::function<void(NcclComm&)>& rank1, double* s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = message_of([&] {
+    w.run([&](NcclComm& c) {
+      DeviceBytes a(4096), b(4096);
+      const int peer = 1 - c.rank();
+      c.set_context(Phase::Forward, 0);
+      std::vector<RequestPtr> reqs;
+      c.batch([&] {
+        reqs.push_back(c.irecv(b.p, 4096, peer, 1, "K"));
+        reqs.push_back(c.isend(a.p, 4096, peer, 1, "K"));
+      });
+      dist::wait_all(reqs);
+      c.barrier();
+      if (c.rank() == 1) return rank1(c);
+      c.set_context(Phase::Backward, 0);
+      c.batch([&] {
+        reqs.push_back(c.irecv(b.p, 4096, peer, 2, "dK"));
+        reqs.push_back(c.isend(a.p, 4096, peer, 2, "dK"));
+      });
+      (void)cudaDeviceSynchronize();  // blocked until the abort ends NCCL's kernel
+      dist::wait_all(reqs);
+    });
+  });
+  *s = seconds_since(t0);
+  return m;
+}
+
+TEST(NcclWorld2, AFailedRankReleasesAPeerBlockedBehindNcclsKernel) {
+  BURSTLAB_REQUIRE_GPU(two_devices);
+  NcclOptions o;
+  o.timeout_s = 30;
+  ThreadWorld w(2, o);
+  double s = 0;
+  const std::string m = blocked_behind_nccl(
+      w,
+      [](NcclComm&) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));  // rank 0 is blocked by then
+        fail("rank 1: the engine failed");
+      },
+      &s);
+  // Rank 0's error comes first; its communicator was aborted because rank 1 failed.
+  EXPECT_NE(m.find("rank 0: "), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 1: the engine failed"), std::string::npos) << m;
+  EXPECT_LT(s, 10.0) << "rank 0 stayed blocked for " << s << " s (timeout 30 s)";
+  EXPECT_TRUE(w.comm(0).aborted());
+  EXPECT_TRUE(w.comm(1).aborted());
+  EXPECT_EQ(w.errors().at(1), "rank 1: the engine failed");
+}
+
+TEST(NcclWorld2, AStalledRankIsFailedAtTheTimeoutNotAtThePeersBound) {
+  BURSTLAB_REQUIRE_GPU(two_devices);
+  NcclOptions o;
+  o.timeout_s = 4;
+  o.inject = parse_injection("1:1:hang");  // rank 1 hangs, bounded at 2 x the timeout
+  ThreadWorld w(2, o);
+  double s = 0;
+  const std::string m = blocked_behind_nccl(w, [](NcclComm& c) { c.set_context(Phase::Forward, 1); }, &s);
+  EXPECT_NE(m.find("rank 0: "), std::string::npos) << m;
+  EXPECT_NE(m.find("did not complete within the timeout of 4.0 s (--timeout) while rank 0's thread was away from "
+                   "the communicator"),
+            std::string::npos)
+      << m;
+  EXPECT_GE(s, 4.0);
+  EXPECT_LT(s, 7.5) << "ended at " << s << " s: by rank 1's own bound (8 s), not by rank 0's stall";
+  EXPECT_NE(w.errors().at(1).find("rank 1: fault injection (--inject-failure 1:1:hang), hanging in forward step 1: "
+                                  "stopped: the communicator was aborted"),
+            std::string::npos)
+      << w.errors().at(1);
 }
 
 }  // namespace

@@ -1,0 +1,55 @@
+// nccl/ranks.hpp — the ranks of one process as threads, under a watchdog (spec §7.4, "NCCL").
+// No CUDA or NCCL here: ThreadWorld (world.hpp) passes its communicators' abort and stall checks
+// as hooks, and tests drive it with plain threads on any machine.
+//
+// Why a watchdog outside the ranks: a rank's own watchdog (NcclComm::poll) bounds only the waits
+// it makes. A rank thread blocked in a CUDA call that waits for its GPU (a first kernel launch
+// that loads a module, cudaFree, a device or stream synchronize) while NCCL's kernel on that GPU
+// waits for a peer that never posts stays blocked until someone aborts its communicator; NCCL's
+// kernels end only when the peer posts or the communicator is aborted. So the first failure of
+// any rank (or a rank whose posted transfers stall past the timeout while its thread is away from
+// the communicator) makes this watchdog stop every rank, and every rank thread is joined within a
+// bound.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace burstlab::nccl {
+
+// The first failure among the ranks of one process; what NcclComm's Peers read and write there.
+class FailureBoard {
+ public:
+  void report(const std::string& msg);  // keeps the first message
+  std::string first() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string first_;
+};
+
+struct RankWatch {
+  // Called once, on a helper thread, with the first failure: stops every rank (ThreadWorld aborts
+  // every communicator, so that NCCL's kernels end and CUDA calls waiting for them return).
+  std::function<void(const std::string& why)> stop_all;
+  // Called every tick while no rank failed: a failure to declare on a rank's behalf, or "".
+  std::function<std::string()> stalled;
+  // What rank r is doing, for the message when it does not end.
+  std::function<std::string(int r)> where;
+  // How long the ranks (and stop_all) get to end after the first failure.
+  double grace_s = 10;
+  // When they did not end within grace_s: by default prints `msg` to stderr and ends the process
+  // with exit code 1 (a thread blocked for good cannot be joined, and returning would free what
+  // it still uses). If it returns (tests), run_ranks keeps waiting.
+  std::function<void(const std::string& msg)> give_up;
+};
+
+// Runs body(r) on G threads and joins them. Returns each rank's outcome: "" when body returned,
+// else its exception's message (also reported to `board`).
+std::vector<std::string> run_ranks(int G, const std::function<void(int)>& body, FailureBoard& board,
+                                   const RankWatch& watch);
+
+}  // namespace burstlab::nccl
