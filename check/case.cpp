@@ -248,6 +248,118 @@ void write_case(const std::string& dir, const CaseData& c) {
   if (c.meta.backward) save4(d / "dO.npy", c.meta.dtype, c.in.dO);
 }
 
+// ---- the inputs' values (spec §1.4) ------------------------------------------------------------
+namespace {
+std::string coords(const char* row, int64_t b, int64_t h, int64_t n, int64_t k) {
+  return "(b=" + std::to_string(b) + ", h=" + std::to_string(h) + ", " + row + "=" + std::to_string(n) +
+         ", k=" + std::to_string(k) + ")";
+}
+// The first element of x (in (b, h, n, k) order) that fails ok(), as "<value> at (b, h, row, k)".
+template <class Ok>
+bool first_bad4(const Tensor4<double>& x, const char* row, Ok ok, std::string* where) {
+  const View4<const double> v = x.view();
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t n = 0; n < x.N; ++n)
+        for (int64_t k = 0; k < x.d; ++k)
+          if (!ok(v(b, h, n, k))) {
+            *where = fmt_g(v(b, h, n, k)) + " at " + coords(row, b, h, n, k);
+            return true;
+          }
+  return false;
+}
+template <class Ok>
+bool first_bad3(const Tensor3<double>& x, Ok ok, std::string* where) {
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t h = 0; h < x.H; ++h)
+      for (int64_t n = 0; n < x.N; ++n) {
+        const double v = x.data[static_cast<size_t>((b * x.H + h) * x.N + n)];
+        if (!ok(v)) {
+          *where = fmt_g(v) + " at (b=" + std::to_string(b) + ", h=" + std::to_string(h) + ", i=" + std::to_string(n) + ")";
+          return true;
+        }
+      }
+  return false;
+}
+bool finite(double x) { return std::isfinite(x); }
+std::string g3(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+}  // namespace
+
+double logit_bound(const Problem& p, const Inputs& in) {
+  const int64_t G = p.H_q / p.H_kv;
+  std::vector<double> mq(static_cast<size_t>(p.d)), mk(static_cast<size_t>(p.d));
+  const View4<const double> Q = in.Q.view(), K = in.K.view();
+  double most = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t hk = 0; hk < p.H_kv; ++hk) {
+      std::fill(mk.begin(), mk.end(), 0.0);
+      for (int64_t j = 0; j < p.N_k; ++j)
+        for (int64_t k = 0; k < p.d; ++k) mk[k] = std::max(mk[k], std::fabs(K(b, hk, j, k)));
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        std::fill(mq.begin(), mq.end(), 0.0);
+        for (int64_t i = 0; i < p.N_q; ++i)
+          for (int64_t k = 0; k < p.d; ++k) mq[k] = std::max(mq[k], std::fabs(Q(b, h, i, k)));
+        double s = 0;  // overflows to inf rather than wrapping: inf > kMaxLogit refuses it
+        for (int64_t k = 0; k < p.d; ++k) s += mq[k] * mk[k];
+        most = std::max(most, s);
+      }
+    }
+  return most;
+}
+
+void require_valid_inputs(const Problem& p, const Inputs& in, bool backward, const std::string& where,
+                          const char* const names[4], const std::string& scale_name) {
+  const Tensor4<double>* xs[4] = {&in.Q, &in.K, &in.V, &in.dO};
+  const char* rows[4] = {"i", "j", "j", "i"};
+  std::string at;
+  for (int t = 0; t < (backward ? 4 : 3); ++t)
+    if (first_bad4(*xs[t], rows[t], finite, &at))
+      fail(where, names[t], " holds ", at, ": inputs must be finite (spec §1.4); a NaN or infinity there makes "
+           "the fp64 oracle's outputs NaN, which no candidate can match (spec §9.3)");
+  const double dot = logit_bound(p, in), scale = scale_of(p);
+  const double logits = std::max(1.0, std::fabs(scale)) * dot;
+  if (!(logits <= kMaxLogit)) {
+    std::string allowed;
+    if (dot <= kMaxLogit && dot > 0) allowed = "; with these inputs |" + scale_name + "| must be at most " + g3(kMaxLogit / dot);
+    else allowed = "; these inputs' products alone exceed it: scale them down";
+    fail(where, "the logits overflow fp64: ", scale_name, " (", g3(scale), ") x sum_k max_i |Q_ik| max_j |K_jk| (",
+         g3(dot), ") over a (b, h) = ", g3(std::fabs(scale) * dot),
+         " exceeds ", g3(kMaxLogit), " (half of fp64's largest number; spec §1.4, eq. 2.1 and 9.1)", allowed);
+  }
+}
+
+void require_finite_bounds(const Problem&, const ForwardBounds* fb, const BackwardBounds* bb, const std::string& what,
+                           const std::string& scale_name) {
+  std::string at;
+  const std::string why = ": the inputs' magnitudes are beyond the §9 rule's fp64 arithmetic, so nothing could be "
+                          "judged; use a smaller " + scale_name + " or smaller values";
+  if (fb && first_bad4(fb->O, "i", finite, &at)) fail(what, ": the §9 bound of O is ", at, why);
+  if (fb && first_bad3(fb->LSE, finite, &at)) fail(what, ": the §9 bound of LSE is ", at, why);
+  if (bb && first_bad4(bb->dQ, "i", finite, &at)) fail(what, ": the §9 bound of dQ is ", at, why);
+  if (bb && first_bad4(bb->dK, "j", finite, &at)) fail(what, ": the §9 bound of dK is ", at, why);
+  if (bb && first_bad4(bb->dV, "j", finite, &at)) fail(what, ": the §9 bound of dV is ", at, why);
+}
+
+void require_finite_oracle(const Problem& p, const Oracle& o, bool backward, const std::string& what,
+                           const std::string& scale_name) {
+  std::string at;
+  const std::string why = ": the inputs' magnitudes are beyond the fp64 oracle's range; use a smaller " + scale_name +
+                          " or smaller values";
+  if (first_bad4(o.O, "i", finite, &at)) fail(what, ": O is ", at, why);
+  // -inf is the LSE of an empty row (spec §2.3); nothing else may be non-finite.
+  if (first_bad3(o.LSE, [](double x) { return std::isfinite(x) || x == -HUGE_VAL; }, &at)) fail(what, ": LSE is ", at, why);
+  if (backward) {
+    if (first_bad4(o.dQ, "i", finite, &at)) fail(what, ": dQ is ", at, why);
+    if (first_bad4(o.dK, "j", finite, &at)) fail(what, ": dK is ", at, why);
+    if (first_bad4(o.dV, "j", finite, &at)) fail(what, ": dV is ", at, why);
+  }
+  require_finite_bounds(p, &o.fwd, backward ? &o.bwd : nullptr, what, scale_name);
+}
+
 CaseData read_case(const std::string& dir) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) fail(dir, ": not a case directory (see `burstlab gen`)");
@@ -267,12 +379,15 @@ CaseData read_case(const std::string& dir) {
   c.in.V = in4("v.npy", m.p.H_kv, m.p.N_k);
   if (m.backward) c.in.dO = in4("dO.npy", m.p.H_q, m.p.N_q);
   else c.in.dO = make_tensor4<double>(m.layout, m.p.B, m.p.H_q, m.p.N_q, m.p.d);
+  static const char* const names[4] = {"q.npy", "k.npy", "v.npy", "dO.npy"};
+  require_valid_inputs(m.p, c.in, m.backward, dir + ": ", names, "scale (case.json)");
   return c;
 }
 
 // ---- the oracle ------------------------------------------------------------------------------
 Expected compute_expected(const CaseData& c) {
   const Oracle o = run_oracle(c.meta.p, c.in, c.meta.backward);
+  require_finite_oracle(c.meta.p, o, c.meta.backward, "case " + c.meta.name + ": the fp64 oracle", "scale");
   Expected e;
   e.O = o.O;
   e.LSE = o.LSE;
@@ -403,11 +518,14 @@ CheckResult check_candidate(const CaseData& c, const Expected& e, const Candidat
   // §9.1: the bound assumes the candidate read exactly the case's inputs; recomputing it for the
   // requested dtype costs one more pass over S, like the oracle.
   const ForwardBounds fb = forward_bounds(p, dtype, c.in.Q.view(), c.in.K.view(), c.in.V.view());
+  const std::string what = "case " + c.meta.name + ": the check for " + to_string(dtype);
+  require_finite_bounds(p, &fb, nullptr, what, "scale");
   r.tensors.push_back(check4("O", "i", cand.has_O, cand.O, e.O, fb.O, max_list));
   r.tensors.push_back(check3("LSE", cand.has_LSE, cand.LSE, e.LSE, fb.LSE, max_list));
   if (c.meta.backward) {
     const BackwardBounds bb = backward_bounds(p, dtype, c.in.Q.view(), c.in.K.view(), c.in.V.view(), e.O.view(),
                                               c.in.dO.view(), e.LSE.view());
+    require_finite_bounds(p, nullptr, &bb, what, "scale");
     r.tensors.push_back(check4("dQ", "i", cand.has_dQ, cand.dQ, e.dQ, bb.dQ, max_list));
     r.tensors.push_back(check4("dK", "j", cand.has_dK, cand.dK, e.dK, bb.dK, max_list));
     r.tensors.push_back(check4("dV", "j", cand.has_dV, cand.dV, e.dV, bb.dV, max_list));

@@ -51,7 +51,30 @@ struct CaseData {
 // Generates the inputs of a case from its metadata (make_inputs, deterministic in seed).
 CaseData make_case(const CaseMeta& m);
 void write_case(const std::string& dir, const CaseData& c);  // creates dir
-CaseData read_case(const std::string& dir);                 // validates shapes against case.json
+// Validates shapes against case.json and the values (require_valid_inputs, spec §1.4).
+CaseData read_case(const std::string& dir);
+
+// spec §1.4, the inputs' values, checked before any computing. Every element of Q, K, V (and dO
+// when `backward`) finite: otherwise Error "<where>: q.npy holds nan at (b=0, h=1, i=5, k=3)"
+// (`names`: the four tensors' names, e.g. {"q.npy", "k.npy", "v.npy", "dO.npy"}). And the logits
+// representable in fp64: max(1, |scale|) * max over (b, h) of sum_k max_i |Q_ik| max_j |K_jk|
+// (a bound of eq. 9.1's a_i over every row; the oracle forms Q K^T before scaling) at most
+// kMaxLogit; otherwise Error naming the bound and the largest |scale| these inputs allow.
+// `scale_name` is how the caller's user sets the scale ("--scale", "case.json's scale").
+constexpr double kMaxLogit = 8.98846567431158e307;  // DBL_MAX / 2: a difference of two logits is finite too
+void require_valid_inputs(const Problem& p, const Inputs& in, bool backward, const std::string& where,
+                          const char* const names[4], const std::string& scale_name);
+// The bound above, for messages and tests.
+double logit_bound(const Problem& p, const Inputs& in);
+
+// The oracle's own results must be finite where the spec defines them (every O, dQ, dK, dV, an
+// LSE but -inf on empty rows, every §9 bound): Error naming the tensor, the first coordinates and
+// the value otherwise (inputs too large for the rule's fp64 arithmetic), never a silent NaN that
+// judges nothing. `what` names the step ("the fp64 oracle", "the check's §9 bounds").
+void require_finite_oracle(const Problem& p, const Oracle& o, bool backward, const std::string& what,
+                           const std::string& scale_name);
+void require_finite_bounds(const Problem& p, const ForwardBounds* fb, const BackwardBounds* bb, const std::string& what,
+                           const std::string& scale_name);
 
 // Expected outputs in fp64 (the oracle on the case's inputs).
 struct Expected {

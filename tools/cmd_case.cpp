@@ -16,6 +16,7 @@
 #include "cmd_case.hpp"
 #include "npy.hpp"
 #include "common.hpp"
+#include "resources.hpp"
 #include "algorithm.hpp"  // the schedules of spec §7: algorithms()
 #include "sim_run.hpp"
 
@@ -49,6 +50,33 @@ std::vector<std::string> case_dirs(const std::string& dir) {
   std::sort(out.begin(), out.end());
   if (out.empty()) fail("case (", dir, ") holds no case.json and no case subdirectory; see `burstlab gen`");
   return out;
+}
+
+// Refuses (exit 2) before any case is read beyond its case.json when one would not fit in memory
+// (resources.hpp): the case, its step, what is available, and what fits instead. LM head cases
+// are not estimated here.
+using CaseNeed = std::function<MemNeed(const CaseMeta& m, int threads)>;
+void require_case_fits(const CaseMeta& m, int threads, const MemAvailable& avail, const CaseNeed& need,
+                       const std::function<std::string()>& other = {}) {
+  MemNeed n = need(m, threads);
+  n.step = "case " + m.name + ": " + n.step;
+  require_memory(n, avail, [&] {
+    return case_advice(m.p, threads, avail, [&](const Problem& p, int t) {
+      CaseMeta x = m;
+      x.p = p;
+      return need(x, t);
+    }, other ? other() : "");
+  });
+}
+CaseMeta read_meta(const std::string& dir) {
+  const std::string json = (fs::path(dir) / "case.json").string();
+  return check::parse_case_json(check::read_file(json), json);
+}
+void require_cases_fit(const std::vector<std::string>& dirs, int threads, const CaseNeed& need) {
+  const MemAvailable avail = memory_available();
+  if (avail.bytes < 0) return;
+  for (const std::string& d : dirs)
+    if (!check::is_lmhead_case(d)) require_case_fits(read_meta(d), threads, avail, need);
 }
 
 std::string fmt_ratio(double x) {
@@ -135,15 +163,31 @@ Command add_gen(CLI::App& app) {
 
 // ---- oracle ------------------------------------------------------------------------------------
 Command add_oracle(CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
+  struct S {
+    std::string dir;
+    RunFlags run;  // --threads
+  };
+  auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand("oracle", "Write the fp64 oracle's O, LSE, dQ, dK, dV into a case (or suite)");
-  sub->add_option("--case", *dir, "a case directory, or a suite directory of cases")->required();
+  sub->add_option("--case", s->dir, "a case directory, or a suite directory of cases")->required();
+  add_threads_flag(sub, s->run);
   sub->footer("Writes CASE/expected/{O,LSE,dQ,dK,dV}.npy in fp64 (spec §2, §5), on the case's inputs exactly;\n"
-              "for an LM head case (burstlab gen --op lmhead-ce) CASE/expected/{L,LSE,dH,dW}.npy (spec §10).");
+              "for an LM head case (burstlab gen --op lmhead-ce) CASE/expected/{L,LSE,dH,dW}.npy (spec §10).\n"
+              "Exit 2, before anything is written: a case that would not fit in memory (the oracle's N_q x N_k\n"
+              "fp64 per thread; the message names what fits), or inputs that are not finite or whose logits\n"
+              "overflow fp64 (spec §1.4).");
   Command c;
   c.app = sub;
-  c.run = [dir]() -> int {
-    const auto dirs = case_dirs(*dir);
+  c.run = [s]() -> int {
+    apply_threads(s->run.threads);
+    const auto dirs = case_dirs(s->dir);
+    require_cases_fit(dirs, max_threads(), [](const CaseMeta& m, int t) {
+      return oracle_case_need(m.p, m.dtype, m.backward, t);
+    });
+    // A suite writes case after case: every case's inputs are validated (read_case) first.
+    if (dirs.size() > 1)
+      for (const std::string& d : dirs)
+        if (!check::is_lmhead_case(d)) check::read_case(d);
     Progress progress(static_cast<int>(dirs.size()));
     for (const std::string& d : dirs) {
       progress.step(d);
@@ -166,6 +210,7 @@ Command add_oracle(CLI::App& app) {
 Command add_check(CLI::App& app) {
   struct S {
     std::string case_dir, cand, dtype, lse_empty = "-inf", lse_base = "e", layout, tensors;
+    RunFlags run;  // --threads
     bool json = false;
     int max_list = 5;
     int64_t dW_roundings = 1;
@@ -191,11 +236,15 @@ Command add_check(CLI::App& app) {
                 ->capture_default_str(),
             "dw-roundings", 1, kMaxExtent);
   sub->add_flag("--json", s->json, "one JSON object per case on stdout");
+  add_threads_flag(sub, s->run);
   sub->footer(
       "Per tensor: max_abs, max_rel, err/bound, #wrong and the first mismatches with (b, h, i|j, k).\n"
       "An LM head case (burstlab gen --op lmhead-ce) checks L, LSE, dH, dW .npy files under spec §10.8.\n"
       "candidate.json in the candidate directory may state {\"lse_empty\", \"lse_base\", \"dtype\", \"layout\"}.\n"
-      "Exit: 0 pass, 1 a tensor failed or is missing, 2 bad input.\n\n"
+      "Exit: 0 pass, 1 a tensor failed or is missing, 2 bad input: among it a case that would not fit in\n"
+      "memory (the §9 bounds hold N_q x N_k fp64 per thread; the message names what fits), inputs that\n"
+      "are not finite or whose logits overflow fp64 (spec §1.4). Nothing is printed before every case is\n"
+      "read and judged.\n\n"
       "Example:\n"
       "  burstlab check --case cases/01_full_mha_fp32 --candidate out/01_full_mha_fp32 --lse-base 2");
   Command c;
@@ -220,7 +269,11 @@ Command add_check(CLI::App& app) {
         fail("tensors (", s->tensors, ") has '", one, "'; names: O, LSE, dQ, dK, dV (attention), L, LSE, dH, dW (LM head)");
       only.push_back(one);
     }
+    apply_threads(s->run.threads);
     const auto dirs = case_dirs(s->case_dir);
+    require_cases_fit(dirs, max_threads(), [](const CaseMeta& m, int t) {
+      return check_case_need(m.p, m.dtype, m.backward, t);
+    });
     // A case of a suite whose subdirectory is absent is a candidate that skipped it (every tensor
     // missing: exit 1); a candidate path that is absent altogether is bad input.
     if (!fs::is_directory(s->cand))
@@ -229,6 +282,7 @@ Command add_check(CLI::App& app) {
            dirs.size() > 1 ? ", one subdirectory per case" : "");
     const bool single = dirs.size() == 1 && dirs[0] == s->case_dir;
     int failed = 0, judged = 0;  // judged: tensors compared (or found missing), over all cases
+    std::string out;             // printed once every case is judged: bad input prints no partial table
     for (const std::string& d : dirs) {
       const std::string cand_dir = single ? s->cand : (fs::path(s->cand) / fs::path(d).filename()).string();
       check::CheckResult r;
@@ -256,12 +310,12 @@ Command add_check(CLI::App& app) {
         }
         failed += !r.pass();
         judged += static_cast<int>(r.tensors.size());
-        if (s->json) std::printf("%s\n", check::check_json(r).c_str());
+        if (s->json) out += check::check_json(r) + "\n";
         else {
           std::string text = check::format_check(r);
           const std::string rule = "bound of spec §9 for", lm_rule = "bound of spec §10.8 for";
           if (const size_t at = text.find(rule); at != std::string::npos) text.replace(at, rule.size(), lm_rule);
-          std::printf("%s%s", text.c_str(), dirs.size() > 1 ? "\n" : "");
+          out += text + (dirs.size() > 1 ? "\n" : "");
         }
         continue;
       }
@@ -288,9 +342,10 @@ Command add_check(CLI::App& app) {
       }
       failed += !r.pass();
       judged += static_cast<int>(r.tensors.size());
-      if (s->json) std::printf("%s\n", check::check_json(r).c_str());
-      else std::printf("%s%s", check::format_check(r).c_str(), dirs.size() > 1 ? "\n" : "");
+      if (s->json) out += check::check_json(r) + "\n";
+      else out += check::format_check(r) + (dirs.size() > 1 ? "\n" : "");
     }
+    std::fputs(out.c_str(), stdout);
     if (!s->json && dirs.size() > 1)
       std::printf("%zu passed, %d failed\n", dirs.size() - failed, failed);
     if (judged == 0) {  // --tensors named none of the tensors these cases have
@@ -315,6 +370,7 @@ struct Column {
   std::string name;
   std::vector<Dtype> dtypes;
   std::function<RunFn(const CaseData& cd)> prepare;
+  Footprint footprint;  // host bytes of its run (resources.hpp); empty: not estimated
 };
 
 check::Candidate candidate_of(Dtype t, Layout layout) {
@@ -328,6 +384,7 @@ Column impl_column(const Impl& m) {
   Column col;
   col.name = m.name;
   col.dtypes = m.suite_dtypes;
+  col.footprint = m.footprint;
   col.prepare = [&m](const CaseData& cd) -> RunFn {
     check_impl(m, cd.meta.p, cd.meta.dtype, ImplOptions{}, m.has_backward);
     auto r = std::make_shared<Runner>(m.prepare(cd.meta.p, cd.in, ImplOptions{}));
@@ -431,6 +488,7 @@ std::vector<Column> dist_columns(int world, const std::string& partition) {
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
+      col.footprint = distributed_footprint(name, world);
       col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any(cd, o, mk, ImplOptions{}); };
       out.push_back(col);
     }
@@ -443,6 +501,7 @@ Command add_conform(CLI::App& app) {
     std::string suite_dir, dtype = "fp64,fp32", impl, partition = "contiguous";
     bool full = false, json = false;
     int world = 2;
+    RunFlags run;  // --threads
   };
   auto s = std::make_shared<S>();
   CLI::App* sub = app.add_subcommand(
@@ -461,10 +520,13 @@ Command add_conform(CLI::App& app) {
                   "contiguous | zigzag | striped: partition of the distributed columns (attention2d, attention2d-o: always striped)")
       ->capture_default_str();
   sub->add_flag("--json", s->json, "one JSON object per cell instead of the matrix");
+  add_threads_flag(sub, s->run);
   sub->footer(
       "Cells: PASS/FAIL and the worst err/bound over O, LSE, dQ, dK, dV (spec §9); '-' = the column does\n"
       "not run that dtype; 'n/a' = it cannot run that problem (reason listed below the matrix).\n"
-      "Exit: 0 every cell passed, 1 a cell failed or no cell was judged (every cell '-' or 'n/a').\n\n"
+      "Exit: 0 every cell passed, 1 a cell failed or no cell was judged (every cell '-' or 'n/a'), 2 bad\n"
+      "input: among it a case that would not fit in memory with the columns that run it (the message\n"
+      "names what fits), inputs that are not finite or whose logits overflow fp64 (spec §1.4).\n\n"
       "Examples:\n"
       "  burstlab conform                                   the quick suite, generated in memory, fp64 and fp32\n"
       "  burstlab conform --case cases --impl cpu,ring       the cases `burstlab gen --out cases` wrote");
@@ -472,6 +534,7 @@ Command add_conform(CLI::App& app) {
   c.app = sub;
   c.run = [s]() -> int {
     if (s->world < 1) fail("world (", s->world, ") must be >= 1");
+    apply_threads(s->run.threads);
     std::vector<Column> cols;
     for (const Impl& m : registry()) cols.push_back(impl_column(m));
     for (Column& col : dist_columns(s->world, s->partition)) cols.push_back(col);
@@ -505,6 +568,34 @@ Command add_conform(CLI::App& app) {
       for (Dtype t : parse_dtypes(s->dtype)) {
         const auto part = check::suite(!s->full, t);
         metas.insert(metas.end(), part.begin(), part.end());
+      }
+    }
+    // Every case fits with the columns that run its dtype, or nothing runs (resources.hpp).
+    if (const MemAvailable avail = memory_available(); avail.bytes >= 0) {
+      const int threads = max_threads();
+      for (size_t r = 0; r < metas.size(); ++r) {
+        const CaseMeta& m = metas[r];
+        const bool on_disk = !dirs.empty() && check::has_expected(dirs[r]);
+        std::vector<ConformColumn> running;
+        for (const Column& col : cols)
+          if (std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end())
+            running.push_back({col.name, col.footprint});
+        auto need_with = [&](const std::vector<ConformColumn>& cs) {
+          return [&m, on_disk, cs](const CaseMeta& x, int t) {
+            return conform_case_need(x.p, m.dtype, m.backward, on_disk, cs, t);
+          };
+        };
+        require_case_fits(m, threads, avail, need_with(running), [&]() -> std::string {
+          std::string fit;  // the columns that fit on their own, when not all do
+          size_t n = 0;
+          for (const ConformColumn& col : running)
+            if (need_with({col})(m, threads).bytes <= advice_budget(avail)) {
+              fit += (fit.empty() ? "" : ",") + col.name;
+              ++n;
+            }
+          if (n == 0 || n == running.size()) return "";
+          return fit.find(' ') == std::string::npos ? "--impl " + fit : "--impl '" + fit + "'";
+        });
       }
     }
     struct Cell { std::string text; bool fail = false; double worst = 0; std::string note; };

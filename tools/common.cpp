@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "burstlab/error.hpp"
+#include "case.hpp"  // check/: the inputs' values (spec §1.4)
 #include "resources.hpp"
 #include "rows.hpp"
 
@@ -209,6 +210,9 @@ std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impl
     Allocating step("generating the inputs Q, K, V, dO in fp64", make_need("", inputs_footprint(c.p)).bytes);
     return make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
   }();
+  // Before computing: logits that overflow fp64 would make the oracle NaN (spec §1.4).
+  static const char* const names[4] = {"Q", "K", "V", "dO"};
+  check::require_valid_inputs(c.p, in, c.pass.bwd, "", names, "scale (--scale)");
   // The full oracle, or with check_rows the row-sampled one (spec §9.11): only one is computed.
   const bool sampled = c.check_rows > 0;
   Oracle want;
@@ -219,6 +223,7 @@ std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impl
   } else {
     Allocating step("running the fp64 oracle", oracle_need(c.p, c.pass.bwd, threads).bytes);
     want = run_oracle(c.p, in, c.pass.bwd);
+    check::require_finite_oracle(c.p, want, c.pass.bwd, "the fp64 oracle", "scale (--scale)");
   }
   std::vector<Result> out;
   for (const Impl* impl : impls) {

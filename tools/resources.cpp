@@ -10,6 +10,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <Eigen/Core>
 
 #include "burstlab/error.hpp"
@@ -370,6 +374,140 @@ MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int thre
   return n;
 }
 
+// ---------------------------------------------------------------- the case subcommands
+namespace {
+// The fp64 outputs of one case: O, LSE (and dQ, dK, dV).
+int64_t outputs_bytes(const Problem& p, bool backward) {
+  const Sizes z(p);
+  return bytes_mul(8, sum({z.Eq, z.Er, backward ? bytes_add(z.Eq, bytes_mul(2, z.Ek)) : 0}));
+}
+// read_npy (check/npy.cpp) holds a file's bytes next to the fp64 values it parses from them.
+MemPart file_bytes(const Problem& p, int64_t elem_bytes, const std::string& what) {
+  const Sizes z(p);
+  return {"the bytes of one " + what + " .npy file while it is parsed", bytes_mul(elem_bytes, std::max(z.Eq, z.Ek))};
+}
+// read_case: the inputs (the last one parsed next to its file's bytes).
+MemNeed reading_case(const Problem& p, Dtype dtype) {
+  std::vector<MemPart> parts = inputs_footprint(p);
+  parts.push_back(file_bytes(p, size_of(dtype), "input"));
+  parts.push_back(kSmall);
+  return make_need("reading the case's inputs", parts);
+}
+// check_candidate (check/case.cpp): forward_bounds, then backward_bounds for the candidate's
+// dtype, over `held`; the bounds are those of oracle_need, their workspaces too.
+MemNeed bounds_need(const Problem& p, bool backward, int threads, const std::vector<MemPart>& held,
+                    const std::string& step) {
+  const Sizes z(p);
+  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
+  const MemPart O_LSE_bounds{"the §9 bounds of O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
+  const MemPart common[] = {compiled_mask_part(p), packing_part(Dtype::F64, p.N_q, p.N_k, p.d, std::max(threads, 1)),
+                            kSmall};
+  std::vector<MemPart> f = held;
+  f.insert(f.end(), std::begin(common), std::end(common));
+  f.push_back(O_LSE_bounds);
+  f.push_back(per_thread("the §9 forward bounds hold 2 N_q x N_k fp64 per (b, h)", fwd_bounds_per_thread(p), tf));
+  MemNeed n = make_need(step + "'s §9 forward bounds", f);
+  if (backward) {
+    std::vector<MemPart> b = held;
+    b.insert(b.end(), std::begin(common), std::end(common));
+    b.push_back(O_LSE_bounds);
+    b.push_back({"the §9 bounds of dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))});
+    b.push_back(per_thread("the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head)", bwd_bounds_per_thread(p), tb));
+    n = peak_of(n, make_need(step + "'s §9 backward bounds", b));
+  }
+  return n;
+}
+// compute_expected: the oracle next to the inputs, then the Expected copies of its outputs while
+// the Oracle (outputs and bounds) is still alive.
+MemNeed computing_expected(const Problem& p, bool backward, int threads) {
+  std::vector<MemPart> parts = inputs_footprint(p);
+  const MemNeed o = oracle_need(p, backward, threads);
+  parts.insert(parts.end(), o.parts.begin(), o.parts.end());
+  MemNeed n = make_need(o.step, parts);
+  std::vector<MemPart> copy = inputs_footprint(p);
+  for (const MemPart& x : oracle_kept(p, backward)) copy.push_back(x);
+  copy.push_back({"the expected outputs copied from the oracle's, fp64", outputs_bytes(p, backward)});
+  copy.push_back(kSmall);
+  return peak_of(n, make_need("copying the fp64 oracle's outputs", copy));
+}
+}  // namespace
+
+MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threads) {
+  MemNeed n = peak_of(reading_case(p, dtype), computing_expected(p, backward, threads));
+  // write_expected: format_npy makes one file's bytes next to the outputs.
+  std::vector<MemPart> w = inputs_footprint(p);
+  w.push_back({"the expected outputs in fp64", outputs_bytes(p, backward)});
+  w.push_back(file_bytes(p, 8, "output"));
+  w.push_back(kSmall);
+  return peak_of(n, make_need("writing the expected outputs", w));
+}
+
+MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int threads) {
+  // read_expected and read_candidate: fp64 values of both, a candidate file of up to 8 bytes an
+  // element being parsed last.
+  std::vector<MemPart> held = inputs_footprint(p);
+  held.push_back({"the oracle's outputs read from expected/, fp64", outputs_bytes(p, backward)});
+  held.push_back({"the candidate's outputs in fp64", outputs_bytes(p, backward)});
+  std::vector<MemPart> reading = held;
+  reading.push_back(file_bytes(p, 8, "output"));
+  reading.push_back(kSmall);
+  return peak_of(peak_of(reading_case(p, dtype), make_need("reading expected/ and the candidate", reading)),
+                 bounds_need(p, backward, threads, held, "the check"));
+}
+
+MemNeed conform_case_need(const Problem& p, Dtype dtype, bool backward, bool expected_on_disk,
+                          const std::vector<ConformColumn>& columns, int threads) {
+  MemNeed n = reading_case(p, dtype);
+  std::vector<MemPart> base = inputs_footprint(p);
+  if (expected_on_disk) {
+    std::vector<MemPart> r = base;
+    r.push_back({"the oracle's outputs read from expected/, fp64", outputs_bytes(p, backward)});
+    r.push_back(file_bytes(p, 8, "output"));
+    r.push_back(kSmall);
+    n = peak_of(n, make_need("reading expected/", r));
+  } else {
+    n = peak_of(n, computing_expected(p, backward, threads));
+  }
+  base.push_back({"the expected outputs in fp64", outputs_bytes(p, backward)});
+  // A column's run, then the check of its outputs while the run (its buffers and fetched
+  // outputs) is still alive: the bound counts the run's whole footprint during the check.
+  for (const ConformColumn& c : columns) {
+    std::vector<MemPart> run = base;
+    if (c.footprint)
+      for (MemPart x : c.footprint(p, dtype, ImplOptions{}, backward, threads)) {
+        x.what = c.name + ": " + x.what;
+        run.push_back(x);
+      }
+    n = peak_of(n, make_need("column " + c.name + " (" + to_string(dtype) + ")", run));
+    run.push_back({c.name + ": its outputs in fp64 for the check", outputs_bytes(p, backward)});
+    n = peak_of(n, bounds_need(p, backward, threads, run, "the check of column " + c.name));
+  }
+  return n;
+}
+
+std::string case_advice(const Problem& p, int threads, const MemAvailable& available,
+                        const std::function<MemNeed(const Problem&, int)>& need, const std::string& other) {
+  const int64_t budget = advice_budget(available);
+  std::vector<std::string> ways;
+  if (threads > 1 && need(p, 1).bytes <= budget) ways.push_back("--threads 1");
+  if (!other.empty()) ways.push_back(other);
+  const int64_t c = largest_fitting_length(p.N_q, p.N_k, [&](int64_t nq, int64_t nk) {
+    Problem x = p;
+    x.N_q = nq;  // the estimate reads the lengths; the mask arrays keep their (larger) size
+    x.N_k = nk;
+    return need(x, threads).bytes <= budget;
+  });
+  std::string s;
+  for (size_t k = 0; k < ways.size(); ++k)
+    s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+  if (c > 0)
+    s += std::string(s.empty() ? "" : "; ") + "a case of this B, H_q, H_kv, d fits with N_q and N_k up to " +
+         std::to_string(c);
+  else
+    s += std::string(s.empty() ? "" : "; ") + "not even a case of N_q = N_k = 1 fits: use fewer heads, a smaller batch or d";
+  return s;
+}
+
 // ---------------------------------------------------------------- what the machine has
 namespace {
 bool read_text(const std::string& path, std::string* out) {
@@ -441,6 +579,53 @@ int64_t cgroup_dir_available(const std::string& dir) {
   return std::max<int64_t>(0, limit - std::max<int64_t>(0, usage - reclaimable));
 }
 
+int64_t parse_statm_size(const std::string& statm, int64_t page_bytes) {
+  std::istringstream in(statm);
+  int64_t pages = -1;
+  if (!(in >> pages) || pages < 0) return -1;
+  return bytes_mul(pages, page_bytes);
+}
+
+namespace {
+// Address space the estimates do not see: freed blocks malloc keeps, libraries loaded later.
+// Measured 2.5 to 8 MB above the estimated heap on one thread (run --impl cpu under `ulimit -v`).
+constexpr int64_t kMallocSlack = int64_t(16) * 1024 * 1024;
+int64_t thread_address_space(int64_t stack_bytes) {
+  // glibc gives each thread that allocates its own malloc arena, a heap reserved 64 MiB at a time
+  // (HEAP_MAX_SIZE); one thread's arena can hold two of them. Measured with `ulimit -v` (burstlab
+  // run --impl cpu, glibc 2.36): 84 to 133 MB of address space per OpenMP thread beyond the first
+  // over the estimated heap, so two heaps and the stack are reserved.
+  constexpr int64_t kArena = int64_t(2) * 64 * 1024 * 1024;
+  return bytes_add(stack_bytes, kArena);
+}
+}  // namespace
+
+MemAvailable address_space_available(int threads) {
+  MemAvailable a;
+  struct rlimit lim {};
+  if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return a;
+  const int64_t limit =
+      lim.rlim_cur > static_cast<rlim_t>(kTooMany) ? kTooMany : static_cast<int64_t>(lim.rlim_cur);
+  std::string text;
+  const long page = sysconf(_SC_PAGESIZE);
+  const int64_t mapped = read_text("/proc/self/statm", &text) ? parse_statm_size(text, page > 0 ? page : 4096) : -1;
+  if (mapped < 0) return a;  // the limit alone would overstate what is left
+  // Every mapping counts against RLIMIT_AS, reserved address space that is never touched too:
+  // what is mapped now is spent, and each further thread maps its stack and malloc arena.
+  // Threads' stacks are RLIMIT_STACK (glibc's default stack size; 8 MiB when it is unlimited).
+  struct rlimit st {};
+  const int64_t stack = getrlimit(RLIMIT_STACK, &st) == 0 && st.rlim_cur != RLIM_INFINITY
+                            ? static_cast<int64_t>(std::min<rlim_t>(st.rlim_cur, rlim_t(1) << 40))
+                            : int64_t(8) * 1024 * 1024;
+  if (threads <= 0) threads = omp_get_max_threads();
+  const int64_t reserved = bytes_add(kMallocSlack, bytes_mul(std::max(threads, 1) - 1, thread_address_space(stack)));
+  a.bytes = std::max<int64_t>(0, limit - bytes_add(mapped, reserved));
+  a.source = "RLIMIT_AS: ulimit -v " + std::to_string(limit / 1024) + " kB less the " + format_bytes(mapped) +
+             " this process maps and " + format_bytes(reserved) + " kept for malloc and " +
+             (threads == 1 ? std::string("1 thread") : std::to_string(threads) + " threads");
+  return a;
+}
+
 MemAvailable memory_available() {
   MemAvailable a;
   if (const char* e = std::getenv("BURSTLAB_MEMORY_AVAILABLE"); e && *e) {
@@ -455,6 +640,7 @@ MemAvailable memory_available() {
     a.bytes = parse_meminfo_available(text);
     if (a.bytes >= 0) a.source = "MemAvailable";
   }
+  if (const MemAvailable as = address_space_available(0); as.bytes >= 0 && (a.bytes < 0 || as.bytes < a.bytes)) a = as;
   // The process's cgroups (/proc/self/cgroup: "0::/path" for v2, "N:memory:/path" for v1), and
   // their ancestors: a limit anywhere above applies too.
   if (!read_text("/proc/self/cgroup", &text)) return a;

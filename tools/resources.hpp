@@ -19,7 +19,8 @@
 
 namespace burstlab::tools {
 
-struct Case;         // common.hpp
+struct Case;          // common.hpp
+struct MemAvailable;  // below
 struct Impl;         // impls.hpp
 struct ImplOptions;  // impls.hpp
 
@@ -90,20 +91,54 @@ Footprint distributed_footprint(const std::string& algo, int world);
 // (with check_rows and a backward also the candidate's fp64 O, LSE, read by the column check).
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads);
 
+// ---------------------------------------------------------------- the case subcommands
+// (cmd_case.cpp). Each is the peak over the steps of one case; the cases of a suite run one
+// after the other.
+// `oracle`: read_case (the inputs in fp64, one file's bytes while it is parsed), compute_expected
+// (oracle_need, then the copies of its outputs), write_expected (one output file's bytes).
+MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threads);
+// `check`: the inputs, expected/ and the candidate's outputs in fp64, then check_candidate's §9
+// bounds (forward_bounds, backward_bounds: their N_q x N_k fp64 per thread).
+MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int threads);
+// `conform`: the inputs, the expected outputs (computed by the oracle, or read from expected/),
+// then per column its run (Footprint; none for a column without one) and the check of its outputs
+// with the run still alive.
+struct ConformColumn {
+  std::string name;
+  Footprint footprint;
+};
+MemNeed conform_case_need(const Problem& p, Dtype dtype, bool backward, bool expected_on_disk,
+                          const std::vector<ConformColumn>& columns, int threads);
+// What fits instead, for a subcommand whose problem is fixed by a case file: "it fits with
+// --threads 1" (when it does), `other` (a further way, already checked by the caller), and the
+// largest N_q = N_k of the case's B, H_q, H_kv, d that fits. need(p, threads); every suggestion
+// within advice_budget.
+std::string case_advice(const Problem& p, int threads, const MemAvailable& available,
+                        const std::function<MemNeed(const Problem&, int)>& need, const std::string& other = "");
+
 // ---------------------------------------------------------------- what the machine has
 struct MemAvailable {
   int64_t bytes = -1;  // -1: unknown (then nothing is refused)
-  std::string source;  // "MemAvailable", "cgroup memory.max", "BURSTLAB_MEMORY_AVAILABLE"
+  // "MemAvailable", "cgroup memory.max", "RLIMIT_AS: ulimit -v <kB> kB less the <bytes> this
+  // process maps", "BURSTLAB_MEMORY_AVAILABLE"
+  std::string source;
 };
-// BURSTLAB_MEMORY_AVAILABLE (bytes) when set; else the smaller of /proc/meminfo's MemAvailable
-// and what the process's cgroup (v2 memory.max, v1 memory.limit_in_bytes, itself or an
-// ancestor) still allows: limit - usage + inactive file cache. Throws Error on a malformed
+// BURSTLAB_MEMORY_AVAILABLE (bytes) when set; else the smallest of /proc/meminfo's MemAvailable,
+// the address-space limit (RLIMIT_AS, `ulimit -v`) less what the process maps already, and what
+// the process's cgroup (v2 memory.max, v1 memory.limit_in_bytes, itself or an ancestor) still
+// allows: limit - usage + inactive file cache. Throws Error on a malformed
 // BURSTLAB_MEMORY_AVAILABLE.
 MemAvailable memory_available();
+// RLIMIT_AS's soft limit less the process's mapped size (/proc/self/statm) and the address space
+// `threads` OpenMP threads will map beyond the first (stacks, malloc arenas; 0: OpenMP's current
+// team size); bytes -1 when there is no limit (or the mapped size cannot be read).
+MemAvailable address_space_available(int threads = 0);
 // Parsers, exposed for tests: "MemAvailable: 123 kB" -> bytes (-1 when absent); a cgroup
-// directory's limit left (-1 when unlimited or unreadable).
+// directory's limit left (-1 when unlimited or unreadable); /proc/self/statm's first field (the
+// mapped size in pages) -> bytes (-1 when malformed).
 int64_t parse_meminfo_available(const std::string& meminfo);
 int64_t cgroup_dir_available(const std::string& dir);
+int64_t parse_statm_size(const std::string& statm, int64_t page_bytes);
 
 // ---------------------------------------------------------------- the refusal
 // Throws Error (exit 2) when need.bytes exceeds what is available: "not enough memory for
