@@ -4,7 +4,9 @@
 // memory available, and the refusal's message. Nothing here allocates more than ~100 MB.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -277,6 +279,30 @@ TEST(Available, EnvironmentOverridesAndIsValidated) {
   EXPECT_GT(a.bytes, 0);  // this machine: MemAvailable or a cgroup limit
   EXPECT_FALSE(a.source.empty());
 #endif
+}
+
+TEST(Available, AddressSpaceLimitLessWhatIsMappedAndThreads) {
+  EXPECT_EQ(parse_statm_size("765 431 403 5 0 123 0\n", 4096), 765LL * 4096);
+  EXPECT_EQ(parse_statm_size("", 4096), -1);
+  struct rlimit before {};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &before), 0);
+  if (before.rlim_cur != RLIM_INFINITY) GTEST_SKIP() << "this process runs under a limit already";
+  EXPECT_EQ(address_space_available(1).bytes, -1);  // no limit: nothing from RLIMIT_AS
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  statm >> pages;
+  const int64_t mapped = pages * sysconf(_SC_PAGESIZE), room = int64_t(4) << 30;
+  struct rlimit lim = before;
+  lim.rlim_cur = static_cast<rlim_t>(mapped + room);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &lim), 0);
+  const MemAvailable one = address_space_available(1), three = address_space_available(3);
+  setrlimit(RLIMIT_AS, &before);
+  EXPECT_LT(one.bytes, room);
+  EXPECT_GT(one.bytes, room - (int64_t(64) << 20)) << one.source;  // what this test mapped since, and the slack
+  EXPECT_TRUE(has(one.source, "RLIMIT_AS: ulimit -v ")) << one.source;
+  EXPECT_TRUE(has(one.source, "kept for malloc and 1 thread")) << one.source;
+  // Each further thread: its stack and two 64 MiB malloc heaps.
+  EXPECT_LE(three.bytes, one.bytes - 2 * (int64_t(128) << 20)) << three.source;
 }
 
 // ---------------------------------------------------------------- the refusal
