@@ -88,7 +88,11 @@ TEST(LmHeadCli, OneWordVocabularyAndAllIgnoredRows) {
   EXPECT_EQ(o.rc, 0) << o.out << o.err;
   o = burstlab("run --op lmhead-ce --vocab 50 --nq 9 -d 4 --ignore-fraction 1 --json");
   ASSERT_EQ(o.rc, 0) << o.out << o.err;
-  for (const auto& r : nlohmann::json::parse(o.out)["rows"]) EXPECT_EQ(r["result"], "PASS");
+  // Named: a range-for over parse(...)["rows"] would iterate a member of a destroyed temporary.
+  const nlohmann::json report = nlohmann::json::parse(o.out);
+  const nlohmann::json& rows = report.at("rows");
+  ASSERT_FALSE(rows.empty()) << o.out;
+  for (const auto& r : rows) EXPECT_EQ(r["result"], "PASS");
 }
 
 struct BadCase {
