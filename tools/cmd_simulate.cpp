@@ -295,7 +295,7 @@ int run_simulate(const SimFlags& f) {
 
 }  // namespace
 
-void add_simulate_command(CLI::App& app) {
+Command add_simulate_command(CLI::App& app) {
   auto f = std::make_shared<SimFlags>();
   CLI::App* sub = app.add_subcommand(
       "simulate", "Predict the time of each distributed schedule on a cluster (alpha-beta model, spec §7.10)");
@@ -345,14 +345,10 @@ void add_simulate_command(CLI::App& app) {
       "Examples:\n"
       "  burstlab simulate --preset a800-32 --seq 1048576 --hq 32 --hkv 32\n"
       "  burstlab simulate --preset a100-pcie --algo ring,burst,ulysses --seq 131072 --hq 32 --hkv 8");
-  sub->callback([f] {
-    try {
-      const int rc = run_simulate(*f);
-      if (rc != kExitPass) throw CLI::RuntimeError(rc);  // main() exits with rc (1: Table 1 mismatch)
-    } catch (const Error& e) {
-      throw CLI::ValidationError(e.what());  // main() prints it and exits 2
-    }
-  });
+  Command c;
+  c.app = sub;
+  c.run = [f] { return run_simulate(*f); };  // 1: Table 1 and the replay differ
+  return c;
 }
 
 }  // namespace burstlab::tools

@@ -3,8 +3,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common.hpp"  // Command
+
 namespace burstlab::tools {
 
-void add_simulate_command(CLI::App& app);
+Command add_simulate_command(CLI::App& app);
 
 }  // namespace burstlab::tools

@@ -1,5 +1,5 @@
-// tools/distributed.hpp — the distributed/ part of the `burstlab` command line (spec §7):
-// `burstlab run --algo ring|burst --world G --partition ...` and `burstlab schedule`.
+// tools/distributed.hpp — the distributed/ part of `burstlab run` (spec §7):
+// `burstlab run --algo ring|burst --world G --partition ...`.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,9 +21,9 @@ struct GatheredOutputs {
 template <class T>
 GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward);
 
-// Adds --algo, --world, --partition, --gpus-per-node, --poison, --reorder to `run` (through
+// Adds --algo, --world, --partition, --gpus-per-node, --poison, --reorder, ... to `run` (through
 // hooks: selected "cpu" rows become "<algo>/cpu" rows run on SimComm; other rows stay
-// single-device for comparison) and the `schedule` subcommand to `app`.
-void add_distributed_cli(CLI::App& app, CLI::App& run, RunHooks& hooks);
+// single-device for comparison).
+void add_distributed_cli(CLI::App& run, RunHooks& hooks);
 
 }  // namespace burstlab::tools

@@ -1,6 +1,7 @@
-// tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench (one file each),
-// schedule and simulate (distributed.cpp, cmd_simulate.cpp), gen, oracle, check, conform (cmd_case.cpp),
-// checkpoint (cmd_checkpoint.cpp).
+// tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench, schedule, simulate
+// (one file each), gen, oracle, check, conform (cmd_case.cpp), checkpoint (cmd_checkpoint.cpp).
+// Every subcommand is a Command (common.hpp): parsing only fills its flags; main runs the parsed
+// one and turns what it returns or throws into the exit code.
 // Exit codes: 0 every check passed; 1 a check failed; 2 bad input (one line on stderr naming
 // the field and value, plus where to read more), including a problem that does not fit in
 // memory: refused before allocating (resources.hpp), or an allocation that failed anyway
@@ -15,7 +16,9 @@
 #include "cmd_case.hpp"     // gen, oracle, check, conform
 #include "cmd_checkpoint.hpp"  // checkpoint
 #include "common.hpp"
-#include "distributed.hpp"  // run --algo ..., schedule, simulate
+#include "cmd_schedule.hpp"
+#include "cmd_simulate.hpp"
+#include "distributed.hpp"  // run --algo ...
 #include "resources.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "nccl_run.hpp"  // mpirun: tables from rank 0 only; MPI_Finalize at the end
@@ -64,7 +67,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "burstlab " BURSTLAB_VERSION);
   RunHooks hooks;
   std::vector<Command> commands = {add_run_command(app, hooks), add_suite_command(app), add_bench_command(app)};
-  add_distributed_cli(app, *commands[0].app, hooks);
+  add_distributed_cli(*commands[0].app, hooks);
+  commands.push_back(add_schedule_command(app));
+  commands.push_back(add_simulate_command(app));
   for (const Command& c : add_case_commands(app)) commands.push_back(c);
   commands.push_back(add_checkpoint_command(app));
   app.footer(
@@ -89,8 +94,6 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
-  } catch (const CLI::RuntimeError& e) {  // a callback's failed check (schedule, simulate): exit 1
-    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     // Name the subcommand whose help applies (the parse may have stopped inside it).
     std::string where;
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
       }
     }
     return bad_input(where, e.what());
-  } catch (const std::exception& e) {  // a subcommand an extension runs from its parse callback
+  } catch (const std::exception& e) {  // thrown while parsing by something other than CLI11 itself
     const CLI::App* sub = nullptr;
     for (const CLI::App* a : app.get_subcommands([](CLI::App*) { return true; }))
       if (a->parsed()) sub = a;
@@ -133,7 +136,5 @@ int main(int argc, char** argv) {
       return other_error(where, e);
     }
   }
-  // schedule and simulate (distributed.cpp) ran from their callbacks during parse(); a failed check
-  // there threw CLI::RuntimeError, and bad input CLI::ValidationError (exit 2 above).
-  return kExitPass;
+  return kExitPass;  // require_subcommand(1): not reached
 }

@@ -1,0 +1,40 @@
+// tools/dist_flags.hpp — the distributed flags that `run` and `schedule` share (docs/design.md §8)
+// and how they become the algorithm table's options (distributed/algorithm.hpp).
+#pragma once
+
+#include <string>
+
+#include "algorithm.hpp"
+
+namespace burstlab::tools {
+
+struct DistFlags {
+  std::string algo;  // empty: single device
+  int world = 4;
+  std::string partition = "contiguous";
+  int gpus_per_node = 0;
+  bool poison = false, reorder = false;
+  std::string grid;  // attention2d: "RxC" (empty: the most square grid)
+  bool overlap = false;  // attention2d: Attention2D-O
+  int nodes = 0;  // --nodes M: world = M x gpus_per_node (0: use --world)
+  bool world_given = false;  // --world on the command line (else --grid may imply it)
+  int ulysses_degree = 0;    // usp: ranks per Ulysses group (0: --gpus-per-node)
+  std::string base = "burst";  // double-ring, usp: the ring's traffic
+  std::string transport = "sim";  // sim (SimComm) | nccl (NcclComm, a rank per GPU)
+  double timeout = 120.0;         // nccl: the watchdog's bound on one wait (s)
+  std::string inject;             // nccl: --inject-failure RANK:STEP[:bwd][:hang]
+  bool single = false;            // --single: also the whole problem on one device
+};
+
+// R x C of --grid RxC, at most kMaxWorld ranks (before Grid::size() multiplies two ints).
+int grid_ranks(const std::string& grid);
+
+// G: --world, or --nodes x --gpus-per-node when --nodes is given (docs/design.md §8),
+// or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
+int world_of(const DistFlags& f);
+
+// The flags as the options of the algorithm table (distributed/algorithm.hpp); --overlap turns
+// attention2d into attention2d-o. Throws Error naming a bad flag.
+dist::AlgoOptions options_of(const DistFlags& f);
+
+}  // namespace burstlab::tools
