@@ -32,7 +32,7 @@ from .mask import Mask
 
 __version__ = "0.1.0"
 __all__ = ["oracle", "check", "Mask", "Case", "suite", "CheckResult", "TensorCheck", "Mismatch", "Error",
-           "NotEnoughMemory", "Forward", "ForwardBackward", "testing", "cuda"]
+           "NotEnoughMemory", "Forward", "ForwardBackward", "Sampled", "testing", "cuda"]
 
 
 def __dir__():
@@ -56,7 +56,42 @@ class ForwardBackward(_NamedTuple):
     dV: object
 
 
-def oracle(q, k, v, *, mask=None, scale=None, layout="BHSD", do=None):
+class Sampled(_NamedTuple):
+    """The row-sampled oracle (spec §9.11): `rows` (n, 3) int64 = (b, h, i) with O (n, d), LSE (n)
+    and, with do, dQ (n, d), exactly in fp64 from the inputs; with out and lse (the candidate's own
+    forward) also `columns` (n, 3) = (b, h_kv, j) with dK, dV (n, d) given that forward. `bounds`:
+    the spec §9 bound of each value for a candidate of `dtype` (dict "O", "LSE", "dQ", "dK", "dV")."""
+    rows: object
+    O: object
+    LSE: object
+    dQ: object
+    columns: object
+    dK: object
+    dV: object
+    bounds: dict
+
+
+def _positions(x, name):
+    if x is None:
+        return None
+    if hasattr(x, "detach"):  # torch: host copy of the (small) index vector
+        x = x.detach().cpu().numpy()
+    a = _np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name} has dtype {a.dtype}: integer global positions expected")
+    return a.astype(_np.int64)
+
+
+def _check_rows_value(check_rows):
+    if isinstance(check_rows, bool) or not isinstance(check_rows, (int, _np.integer)):
+        raise ValueError(f"check_rows ({check_rows!r}) must be an integer >= 1")
+    if check_rows < 1:
+        raise ValueError(f"check_rows ({check_rows}) must be >= 1")
+    return int(check_rows)
+
+
+def oracle(q, k, v, *, mask=None, scale=None, layout="BHSD", do=None, check_rows=None, seed=0, out=None, lse=None,
+           dtype="fp64", lse_empty="-inf", lse_base="e"):
     """The fp64 oracle (reference<double>, spec §2 and §5) on the caller's inputs.
 
     q (B, H_q, N_q, d) and k, v (B, H_kv, N_k, d) for layout "BHSD" (the default: SDPA's and the
@@ -67,9 +102,33 @@ def oracle(q, k, v, *, mask=None, scale=None, layout="BHSD", do=None):
     when q is a torch tensor. fp64 NumPy / CPU-tensor inputs are read in place, whatever their
     strides; other dtypes are converted to fp64 exactly. A problem whose oracle does not fit in
     this machine's memory raises NotEnoughMemory (needed, available, and what fits) up front.
+
+    check_rows=K: the row-sampled oracle instead (spec §9.11, `burstlab run --check-rows K`),
+    O(K N d) work and no N x N buffer; returns Sampled: K query rows (b, h, i) chosen from `seed`
+    as the command line chooses them, their O, LSE (and dQ with do) exactly; with out and lse (the
+    candidate's global O and LSE) also K key columns' dK, dV given that forward; the bounds for a
+    candidate of `dtype`. A problem that does not fit even so raises NotEnoughMemory with what fits.
     """
     layout = _layout_name(layout)
     m = Mask.of(mask)
+    if check_rows is None:
+        if out is not None or lse is not None:
+            raise ValueError("out and lse are read only by the sampled oracle (check_rows=K)")
+    else:
+        K = _check_rows_value(check_rows)
+        qa, _ = _as_array(q, "q")
+        ka, _ = _as_array(k, "k")
+        va, _ = _as_array(v, "v")
+        da = None if do is None else _as_array(do, "do")[0]
+        oa = None if out is None else _as_array(out, "out")[0]
+        la = None if lse is None else _as_array(lse, "lse")[0]
+        with _layout_hint(layout):
+            r = _core.sampled_oracle(qa, ka, va, da, m.json, _scale_value(scale), layout, K, int(seed), oa, la,
+                                     _dtype_name(dtype), str(lse_empty), str(lse_base))
+        vals = _like(q, [r.get(n) for n in ("rows", "O", "LSE", "dQ", "columns", "dK", "dV")])
+        bounds = dict(zip(("O", "LSE", "dQ", "dK", "dV"),
+                          _like(q, [r.get("bound_" + n) for n in ("O", "LSE", "dQ", "dK", "dV")])))
+        return Sampled(*vals, {n: b for n, b in bounds.items() if b is not None})
     qa, _ = _as_array(q, "q")
     ka, _ = _as_array(k, "k")
     va, _ = _as_array(v, "v")
@@ -81,7 +140,8 @@ def oracle(q, k, v, *, mask=None, scale=None, layout="BHSD", do=None):
 
 
 def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, do=None, mask=None, scale=None,
-          layout="BHSD", dtype=None, lse_empty="-inf", lse_base="e", max_list=5, name=None):
+          layout="BHSD", dtype=None, lse_empty="-inf", lse_base="e", max_list=5, name=None, check_rows=None, seed=0,
+          q_positions=None, k_positions=None):
     """Checks a candidate's outputs against the fp64 oracle under the spec §9 rule, as
     `burstlab check` does, and returns the CheckResult (``str()`` is the same table).
 
@@ -92,6 +152,13 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, do=None, ma
     lse_empty="+inf" and lse_base="2" convert other LSE conventions first (spec §2.3).
     The result: .passed (also its truth value), .tensors (max_abs, max_rel, err_bound, wrong,
     checked, mismatches with their (b, h, i, k) coordinates), .json().
+
+    check_rows=K: the row-sampled check (spec §9.11, `burstlab run --check-rows K`) for problems
+    the full oracle cannot hold: O, LSE, dQ on K query rows exactly; dK, dV on K key columns given
+    the candidate's own out and lse (which must then be given, over all N_q rows); O(K N d) work.
+    q, k, v, do stay global; a candidate tensor may be one rank's shard: q_positions (out, lse, dq)
+    or k_positions (dk, dv) give the global position of each of its rows (the same for every
+    (b, h)), the rows sampled are the shard's and the report names global coordinates.
     """
     layout = _layout_name(layout)
     m = Mask.of(mask)
@@ -112,6 +179,15 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, do=None, ma
     if not isinstance(max_list, int) or isinstance(max_list, bool):
         raise ValueError(f"max_list ({max_list!r}) must be an integer")
     arr = {n: (None if c is None else c[0]) for n, c in cand.items()}
+    if check_rows is not None:
+        K = _check_rows_value(check_rows)
+        with _layout_hint(layout):
+            return _core.check_sampled(qa, ka, va, da, m.json, _scale_value(scale), layout, arr["out"], arr["lse"],
+                                       arr["dq"], arr["dk"], arr["dv"], dtype, str(lse_empty), str(lse_base), max_list,
+                                       name or "", K, int(seed), _positions(q_positions, "q_positions"),
+                                       _positions(k_positions, "k_positions"))
+    if q_positions is not None or k_positions is not None:
+        raise ValueError("q_positions and k_positions name a shard's rows for the sampled check: pass check_rows=K")
     with _layout_hint(layout):
         return _core.check(qa, ka, va, da, m.json, _scale_value(scale), layout, qt, arr["out"], arr["lse"],
                            arr["dq"], arr["dk"], arr["dv"], dtype, str(lse_empty), str(lse_base), max_list, name or "")

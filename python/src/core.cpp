@@ -10,6 +10,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <random>
+#include <set>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,6 +24,7 @@
 #include "impls.hpp"  // tools/: ImplOptions
 #include "reference.hpp"
 #include "resources.hpp"  // tools/: the command line's memory estimates, one formula for both
+#include "rows.hpp"       // reference/: the row-sampled oracle (spec §9.11)
 
 namespace py = pybind11;
 
@@ -295,6 +298,326 @@ check::CheckResult check_arrays(const py::array& q, const py::array& k, const py
   return r;
 }
 
+// ---- the row-sampled oracle (reference/rows.hpp, spec §9.11) on arrays -------------------------
+// K query rows (O, LSE, dQ) exactly from the inputs and K key columns' dK, dV given the
+// candidate's own O and LSE, as `burstlab run --check-rows K`: O(K N d) work, no N_q x N_k buffer.
+// Inputs are global; a candidate may be one rank's shard whose rows are the global positions
+// `q_positions` (O, LSE, dQ) or `k_positions` (dK, dV), the same for every (b, h).
+
+// Global positions of a shard's rows: distinct, in [0, N); empty when the tensor is global.
+std::vector<int64_t> positions_of(const std::optional<py::array_t<int64_t, py::array::forcecast>>& a, const char* name,
+                                  int64_t N, const char* axis) {
+  std::vector<int64_t> out;
+  if (!a) return out;
+  if (a->ndim() != 1) fail(name, " has shape ", py_arrays::shape_str(*a), ": one global position per row expected");
+  auto r = a->unchecked<1>();
+  std::set<int64_t> seen;
+  for (py::ssize_t t = 0; t < r.shape(0); ++t) {
+    const int64_t x = r(t);
+    if (x < 0 || x >= N) fail(name, "[", t, "] (", x, ") must lie in [0, ", axis, ") = [0, ", N, ")");
+    if (!seen.insert(x).second) fail(name, "[", t, "] (", x, ") repeats a position");
+    out.push_back(x);
+  }
+  if (out.empty()) fail(name, " is empty: a shard holds at least one row");
+  return out;
+}
+
+// n of R flattened (b, h, local row) indices of a shard: the first and the last, floor(n/2)
+// evenly spaced, the rest uniformly at random (choose_sample's rule without the mask's
+// special rows, which a shard may not hold); sorted, distinct.
+std::vector<int64_t> pick_local(int64_t R, int64_t n, uint64_t seed) {
+  std::vector<int64_t> out;
+  if (n >= R) {
+    for (int64_t f = 0; f < R; ++f) out.push_back(f);
+    return out;
+  }
+  std::set<int64_t> s = {0, R - 1};
+  const int64_t even = n / 2;
+  for (int64_t k = 0; k < even && int64_t(s.size()) < n; ++k)
+    s.insert(even == 1 ? 0 : static_cast<int64_t>((static_cast<__int128>(k) * (R - 1)) / (even - 1)));
+  std::mt19937_64 rng(seed ^ 0x5AAD5EEDull);
+  std::uniform_int_distribution<int64_t> any(0, R - 1);
+  while (int64_t(s.size()) < n) s.insert(any(rng));
+  while (int64_t(s.size()) > n) s.erase(std::prev(s.end()));  // n == 1: keep the first
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+
+// One tensor's verdict on sampled elements; `local` maps a sampled (b, h, global n) to the
+// candidate's row; coordinates are reported global.
+struct SampledTensor {
+  check::TensorCheck tc;
+  int max_list;
+  const char* const* names;
+  void add(double got, double want, double bound, const int64_t* idx, int rank) {
+    Metrics one;
+    compare_element(one, got, want, bound, idx, rank, names);
+    compare_element(tc.m, got, want, bound, idx, rank, names);
+    if (one.wrong && int(tc.where.size()) < max_list) {
+      tc.mismatches.push_back(one.first_wrong);
+      check::Mismatch mm;
+      for (int a = 0; a < rank; ++a) mm.index[a] = idx[a];
+      mm.rank = rank;
+      mm.got = got;
+      mm.want = want;
+      mm.bound = bound;
+      tc.where.push_back(mm);
+    }
+  }
+};
+
+// The fp64 copies the sampled oracle reads (reference/harness.hpp's Inputs own their tensors).
+Inputs inputs_of(const In4& Q, const In4& K, const In4& V, const std::optional<In4>& D, const Problem& p,
+                 Dtype dtype) {
+  Inputs in;
+  in.dtype = dtype;
+  in.Q = py_arrays::to_tensor4(Q.view, Layout::BHSD);
+  in.K = py_arrays::to_tensor4(K.view, Layout::BHSD);
+  in.V = py_arrays::to_tensor4(V.view, Layout::BHSD);
+  in.dO = D ? py_arrays::to_tensor4(D->view, Layout::BHSD) : make_tensor4<double>(Layout::BHSD, p.B, p.H_q, 1, p.d);
+  return in;
+}
+
+// What the sampled check holds: the fp64 inputs, the sampled oracle (tools/resources.cpp, the
+// estimate of `run --check-rows`), and the candidate's tensors in fp64 (shards: their rows).
+tools::MemNeed sampled_need(const Problem& x, int64_t K, bool bwd, int64_t cand_bytes) {
+  const tools::MemNeed o = tools::sampled_oracle_need(x, K, bwd, omp_threads());
+  std::vector<tools::MemPart> parts = tools::inputs_footprint(x);
+  parts.push_back({"the candidate's tensors in fp64", cand_bytes});
+  parts.insert(parts.end(), o.parts.begin(), o.parts.end());
+  return tools::make_need(o.step, parts);
+}
+
+check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, const py::array& v, const Arr& dO,
+                                        const std::string& mask_json, std::optional<double> scale,
+                                        const std::string& layout_s, const Arr& out, const Arr& lse,
+                                        const Arr& dq, const Arr& dk, const Arr& dv, const std::string& dtype,
+                                        const std::string& lse_empty, const std::string& lse_base, int max_list,
+                                        const std::string& name, int64_t K, uint64_t seed,
+                                        const std::optional<py::array_t<int64_t, py::array::forcecast>>& q_pos,
+                                        const std::optional<py::array_t<int64_t, py::array::forcecast>>& k_pos) {
+  if (max_list < 0) fail("max_list (", max_list, ") must be >= 0");
+  if (K < 1) fail("check_rows (", K, ") must be >= 1");
+  const Layout layout = parse_layout(layout_s);
+  const check::Conventions conv = conventions(lse_empty, lse_base);
+  const bool rows_bwd = dq.has_value(), cols = dk || dv;
+  if ((rows_bwd || cols) && !dO) fail("do is required to check dq, dk or dv (the oracle's backward needs dO)");
+  if (!out && !lse && !rows_bwd && !cols) fail("nothing to check: give out, lse, dq, dk or dv");
+  if (cols && (!out || !lse))
+    fail("dk, dv are checked given the candidate's own O and LSE (spec §9.11): pass out= and lse= too");
+  if (cols && q_pos)
+    fail("dk, dv are checked against the candidate's O and LSE over all N_q rows: pass out= and lse= gathered "
+         "(without q_positions), or check dk, dv in a call of their own");
+  const Problem p0 = problem_of_shapes(q, k, v, layout, mask_json, scale);
+  const std::vector<int64_t> qp = positions_of(q_pos, "q_positions", p0.N_q, "N_q");
+  const std::vector<int64_t> kp = positions_of(k_pos, "k_positions", p0.N_k, "N_k");
+  const int64_t nq = qp.empty() ? p0.N_q : int64_t(qp.size()), nk = kp.empty() ? p0.N_k : int64_t(kp.size());
+  auto need = [&](const Problem& x, bool bwd) {
+    const double fq = double(nq) / double(p0.N_q), fk = double(nk) / double(p0.N_k);
+    const int64_t Eq = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d))));
+    const int64_t Ek = int64_t(fk * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_kv), tools::bytes_mul(x.N_k, x.d))));
+    const int64_t Er = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q)));
+    int64_t cand = tools::bytes_add(out ? Eq : 0, lse ? Er : 0);
+    if (bwd) cand = tools::bytes_add(cand, tools::bytes_add(dq ? Eq : 0, tools::bytes_mul(int64_t(!!dk) + !!dv, Ek)));
+    return sampled_need(x, K, bwd, tools::bytes_mul(8, cand));
+  };
+  require_fits(p0, rows_bwd || cols, need, "");
+  const In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
+  p.scale = scale_of(p);
+  std::optional<In4> D;
+  if (dO) {
+    D = py_arrays::in4(*dO, layout, "do");
+    same_dims("do", D->view.dim, Q.view.dim, "q");
+  }
+  // The candidate's tensors, shapes checked: rows nq (q side), nk (kv side).
+  const int64_t qs[4] = {p.B, p.H_q, nq, p.d}, ks[4] = {p.B, p.H_kv, nk, p.d}, rs[3] = {p.B, p.H_q, nq};
+  const char* q_like = qp.empty() ? "(B, H_q, N_q, d)" : "(B, H_q, len(q_positions), d)";
+  const char* k_like = kp.empty() ? "(B, H_kv, N_k, d)" : "(B, H_kv, len(k_positions), d)";
+  auto get4 = [&](const Arr& a, const char* n, const int64_t* want, const char* like) -> std::optional<In4> {
+    if (!a) return std::nullopt;
+    In4 x = py_arrays::in4(*a, layout, n);
+    same_dims(n, x.view.dim, want, like);
+    return x;
+  };
+  const std::optional<In4> cO = get4(out, "out", qs, q_like), cdQ = get4(dq, "dq", qs, q_like);
+  const std::optional<In4> cdK = get4(dk, "dk", ks, k_like), cdV = get4(dv, "dv", ks, k_like);
+  Tensor3<double> cL;
+  if (lse) {
+    cL = py_arrays::to_tensor3(*lse, "lse");
+    const int64_t got[3] = {cL.B, cL.H, cL.N};
+    same_dims("lse", got, rs, qp.empty() ? "(B, H_q, N_q)" : "(B, H_q, len(q_positions))", 3);
+    check::convert_lse(cL, conv);
+  }
+  const Dtype t = parse_dtype(dtype);
+
+  check::CheckResult r;
+  r.dtype = t;
+  r.case_name = (name.empty() ? shape_string(p) + " mask=" + describe(p.mask) : name) + " (sampled, K=" +
+                std::to_string(K) + ")";
+  py::gil_scoped_release unlocked;
+  const Inputs in = inputs_of(Q, Kt, V, D, p, t);
+  static const char* const bhik[] = {"b", "h", "i", "k"};
+  static const char* const bhjk[] = {"b", "h", "j", "k"};
+  static const char* const bhi[] = {"b", "h", "i"};
+  if (out || lse || dq) {
+    // Rows: the CLI's sample over the global problem, or the shard's rows at their positions.
+    std::vector<RowId> rows;
+    std::vector<int64_t> local;  // the candidate's row of each sampled row
+    if (qp.empty()) {
+      rows = choose_sample(p, K, seed).rows;
+      for (const RowId& x : rows) local.push_back(x.i);
+    } else {
+      for (int64_t f : pick_local(p.B * p.H_q * nq, K, seed)) {
+        const int64_t b = f / (p.H_q * nq), h = (f / nq) % p.H_q, n = f % nq;
+        rows.push_back({b, h, qp[n]});
+        local.push_back(n);
+      }
+    }
+    const RowOracle want = row_oracle(p, in, rows, dq.has_value());
+    SampledTensor tO{{}, max_list, bhik}, tL{{}, max_list, bhi}, tdQ{{}, max_list, bhik};
+    tO.tc.m.tensor = "O";
+    tL.tc.m.tensor = "LSE";
+    tdQ.tc.m.tensor = "dQ";
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const int64_t b = rows[s].b, h = rows[s].h, n = local[s];
+      for (int64_t c = 0; c < p.d; ++c) {
+        const int64_t idx[4] = {b, h, rows[s].i, c};
+        if (cO) tO.add(cO->view(b, h, n, c), want.O[s * p.d + c], want.bound_O[s * p.d + c], idx, 4);
+        if (cdQ) tdQ.add(cdQ->view(b, h, n, c), want.dQ[s * p.d + c], want.bound_dQ[s * p.d + c], idx, 4);
+      }
+      const int64_t idx[3] = {b, h, rows[s].i};
+      if (lse) tL.add(cL.data[(b * p.H_q + h) * nq + n], want.LSE[s], want.bound_LSE[s], idx, 3);
+    }
+    if (out) r.tensors.push_back(tO.tc);
+    if (lse) r.tensors.push_back(tL.tc);
+    if (dq) r.tensors.push_back(tdQ.tc);
+  }
+  if (cols) {
+    std::vector<ColumnId> columns;
+    std::vector<int64_t> local;
+    if (kp.empty()) {
+      columns = choose_sample(p, K, seed).columns;
+      for (const ColumnId& x : columns) local.push_back(x.j);
+    } else {
+      for (int64_t f : pick_local(p.B * p.H_kv * nk, K, seed)) {
+        const int64_t b = f / (p.H_kv * nk), h = (f / nk) % p.H_kv, n = f % nk;
+        columns.push_back({b, h, kp[n]});
+        local.push_back(n);
+      }
+    }
+    const View3<const double> Lv = view3<const double>(cL.data.data(), cL.B, cL.H, cL.N);
+    const ColumnOracle want = column_oracle(p, in, cO->view, Lv, columns);
+    SampledTensor tdK{{}, max_list, bhjk}, tdV{{}, max_list, bhjk};
+    tdK.tc.m.tensor = "dK";
+    tdV.tc.m.tensor = "dV";
+    for (size_t s = 0; s < columns.size(); ++s) {
+      const int64_t b = columns[s].b, h = columns[s].h, n = local[s];
+      for (int64_t c = 0; c < p.d; ++c) {
+        const int64_t idx[4] = {b, h, columns[s].j, c};
+        if (cdK) tdK.add(cdK->view(b, h, n, c), want.dK[s * p.d + c], want.bound_dK[s * p.d + c], idx, 4);
+        if (cdV) tdV.add(cdV->view(b, h, n, c), want.dV[s * p.d + c], want.bound_dV[s * p.d + c], idx, 4);
+      }
+    }
+    if (dk) r.tensors.push_back(tdK.tc);
+    if (dv) r.tensors.push_back(tdV.tc);
+  }
+  return r;
+}
+
+// The sampled oracle's values themselves: rows (n, 3) = (b, h, i) with O (n, d), LSE (n), dQ (n, d)
+// and their §9 bounds for a candidate of `dtype`; with out and lse (the candidate's own, global)
+// also columns (n, 3) = (b, h_kv, j) with dK, dV and their conditional bounds.
+py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py::array& v, const Arr& dO,
+                               const std::string& mask_json, std::optional<double> scale, const std::string& layout_s,
+                               int64_t K, uint64_t seed, const Arr& out, const Arr& lse, const std::string& dtype,
+                               const std::string& lse_empty, const std::string& lse_base) {
+  if (K < 1) fail("check_rows (", K, ") must be >= 1");
+  const Layout layout = parse_layout(layout_s);
+  const check::Conventions conv = conventions(lse_empty, lse_base);
+  if (bool(out) != bool(lse)) fail("out and lse go together: the columns' dK, dV are computed given both (§9.11)");
+  const bool cols = out.has_value();
+  if (cols && !dO) fail("do is required for the columns' dK, dV (given out and lse)");
+  const Problem p0 = problem_of_shapes(q, k, v, layout, mask_json, scale);
+  auto need = [&](const Problem& x, bool bwd) {
+    const int64_t Eq = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d + 1));
+    return sampled_need(x, K, bwd, cols ? tools::bytes_mul(8, Eq) : 0);
+  };
+  require_fits(p0, dO.has_value(), need, "without do");
+  const In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
+  p.scale = scale_of(p);
+  std::optional<In4> D;
+  if (dO) {
+    D = py_arrays::in4(*dO, layout, "do");
+    same_dims("do", D->view.dim, Q.view.dim, "q");
+  }
+  std::optional<In4> cO;
+  Tensor3<double> cL;
+  if (cols) {
+    cO = py_arrays::in4(*out, layout, "out");
+    same_dims("out", cO->view.dim, Q.view.dim, "q");
+    cL = py_arrays::to_tensor3(*lse, "lse");
+    int64_t rs[3];
+    expect_rows(p, rs);
+    const int64_t got[3] = {cL.B, cL.H, cL.N};
+    same_dims("lse", got, rs, "(B, H_q, N_q)", 3);
+    check::convert_lse(cL, conv);
+  }
+  const Dtype t = parse_dtype(dtype);
+  Sample s;
+  RowOracle ro;
+  ColumnOracle co;
+  {
+    py::gil_scoped_release unlocked;
+    const Inputs in = inputs_of(Q, Kt, V, D, p, t);
+    s = choose_sample(p, K, seed);
+    ro = row_oracle(p, in, s.rows, dO.has_value());
+    if (cols) co = column_oracle(p, in, cO->view, view3<const double>(cL.data.data(), cL.B, cL.H, cL.N), s.columns);
+  }
+  auto mat = [](const std::vector<double>& x, int64_t n, int64_t d) {
+    py::array_t<double> a(std::vector<py::ssize_t>{n, d});
+    std::copy(x.begin(), x.end(), a.mutable_data());
+    return a;
+  };
+  auto vec = [](const std::vector<double>& x) {
+    py::array_t<double> a(std::vector<py::ssize_t>{py::ssize_t(x.size())});
+    std::copy(x.begin(), x.end(), a.mutable_data());
+    return a;
+  };
+  const int64_t n = int64_t(s.rows.size());
+  py::array_t<int64_t> rows(std::vector<py::ssize_t>{n, 3});
+  for (int64_t r = 0; r < n; ++r) {
+    rows.mutable_at(r, 0) = s.rows[r].b;
+    rows.mutable_at(r, 1) = s.rows[r].h;
+    rows.mutable_at(r, 2) = s.rows[r].i;
+  }
+  py::dict res;
+  res["rows"] = rows;
+  res["O"] = mat(ro.O, n, p.d);
+  res["LSE"] = vec(ro.LSE);
+  res["bound_O"] = mat(ro.bound_O, n, p.d);
+  res["bound_LSE"] = vec(ro.bound_LSE);
+  if (dO) {
+    res["dQ"] = mat(ro.dQ, n, p.d);
+    res["bound_dQ"] = mat(ro.bound_dQ, n, p.d);
+  }
+  if (cols) {
+    const int64_t m = int64_t(s.columns.size());
+    py::array_t<int64_t> c(std::vector<py::ssize_t>{m, 3});
+    for (int64_t r = 0; r < m; ++r) {
+      c.mutable_at(r, 0) = s.columns[r].b;
+      c.mutable_at(r, 1) = s.columns[r].h;
+      c.mutable_at(r, 2) = s.columns[r].j;
+    }
+    res["columns"] = c;
+    res["dK"] = mat(co.dK, m, p.d);
+    res["dV"] = mat(co.dV, m, p.d);
+    res["bound_dK"] = mat(co.bound_dK, m, p.d);
+    res["bound_dV"] = mat(co.bound_dV, m, p.d);
+  }
+  return res;
+}
+
 // A case (check/case.hpp) with its expected outputs once known.
 struct PyCase {
   check::CaseData data;
@@ -479,6 +802,15 @@ PYBIND11_MODULE(_core, m) {
         py::arg("scale"), py::arg("layout"), py::arg("input_dtype"), py::arg("out"), py::arg("lse"), py::arg("dq"),
         py::arg("dk"), py::arg("dv"), py::arg("dtype"), py::arg("lse_empty"), py::arg("lse_base"),
         py::arg("max_list"), py::arg("name"));
+
+  m.def("check_sampled", &check_sampled_arrays, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do_"),
+        py::arg("mask"), py::arg("scale"), py::arg("layout"), py::arg("out"), py::arg("lse"), py::arg("dq"),
+        py::arg("dk"), py::arg("dv"), py::arg("dtype"), py::arg("lse_empty"), py::arg("lse_base"),
+        py::arg("max_list"), py::arg("name"), py::arg("check_rows"), py::arg("seed"), py::arg("q_positions"),
+        py::arg("k_positions"));
+  m.def("sampled_oracle", &sampled_oracle_arrays, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do_"),
+        py::arg("mask"), py::arg("scale"), py::arg("layout"), py::arg("check_rows"), py::arg("seed"),
+        py::arg("out"), py::arg("lse"), py::arg("dtype"), py::arg("lse_empty"), py::arg("lse_base"));
 
   py::class_<PyCase>(m, "CaseData")
       .def_property_readonly("json", [](const PyCase& c) { return check::case_json(c.data.meta); })

@@ -1,0 +1,191 @@
+"""The row-sampled check from Python (spec §9.11): burstlab.check / assert_attention_close with
+check_rows=K and burstlab.oracle(check_rows=K), against the full oracle on small problems, on one
+rank's shard with its global positions, and at N = 200000 where the full oracle does not fit."""
+import numpy as np
+import pytest
+
+import burstlab
+from band_attention import band_attention
+from conftest import require_torch
+
+MASKS = {
+    "none": None,
+    "causal": burstlab.Mask(causal=True),
+    "window": burstlab.Mask(causal=True, window_left=5),
+    "document": burstlab.Mask.document([0] * 20 + [1] * 17 + [2] * 11),
+}
+
+
+def problem(rng, B=2, Hq=4, Hkv=2, N=48, d=8):
+    q = rng.standard_normal((B, Hq, N, d))
+    k = rng.standard_normal((B, Hkv, N, d))
+    v = rng.standard_normal((B, Hkv, N, d))
+    do = rng.standard_normal((B, Hq, N, d))
+    return q, k, v, do
+
+
+def at_rows(x, rows):
+    return x[rows[:, 0], rows[:, 1], rows[:, 2]]
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_sampled_oracle_equals_full_oracle_on_its_rows(rng, mask):
+    q, k, v, do = problem(rng)
+    m = MASKS[mask]
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    s = burstlab.oracle(q, k, v, mask=m, do=do, check_rows=24, seed=3, out=full.O, lse=full.LSE)
+    assert s.rows.shape == (24, 3) and s.columns.shape == (24, 3)
+    # rows.cpp and reference.cpp sum in different orders: equal to fp64 rounding, not bit for bit
+    np.testing.assert_allclose(s.O, at_rows(full.O, s.rows), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(s.LSE, at_rows(full.LSE, s.rows), rtol=1e-13, atol=0)
+    np.testing.assert_allclose(s.dQ, at_rows(full.dQ, s.rows), rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(s.dK, at_rows(full.dK, s.columns), rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(s.dV, at_rows(full.dV, s.columns), rtol=1e-11, atol=1e-14)
+    assert set(s.bounds) == {"O", "LSE", "dQ", "dK", "dV"}
+    assert all(np.all(b > 0) for b in s.bounds.values())
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_every_row_sampled_gives_the_full_verdict(rng, mask):
+    # With K >= every row the sampled check compares every O, LSE, dQ element: the same #wrong
+    # as the full check for an fp32 candidate with a few rows perturbed past the bound.
+    q, k, v, do = problem(rng)
+    m = MASKS[mask]
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    O = full.O.astype(np.float32)
+    dq = full.dQ.astype(np.float32)
+    O[1, 2, 7, :3] += 1e-2
+    dq[0, 3, 40, 5] -= 1e-2
+    lse = full.LSE.astype(np.float32)
+    lse[1, 0, 30] += 1e-2
+    a = burstlab.check(q, k, v, out=O, lse=lse, dq=dq, do=do, mask=m)
+    b = burstlab.check(q, k, v, out=O, lse=lse, dq=dq, do=do, mask=m, check_rows=2 * 4 * 48)
+    for t in ("O", "LSE", "dQ"):
+        assert a[t].checked == b[t].checked
+        assert a[t].wrong == b[t].wrong > 0, (t, a[t], b[t])
+        assert [x.index for x in a[t].mismatches] == [x.index for x in b[t].mismatches]
+    assert not a.passed and not b.passed
+
+
+def test_exact_and_fp32_candidates_pass(rng):
+    q, k, v, do = problem(rng)
+    m = MASKS["causal"]
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    r = burstlab.testing.assert_attention_close(q, k, v, out=full.O, lse=full.LSE, dq=full.dQ, dk=full.dK,
+                                                dv=full.dV, do=do, mask=m, check_rows=16)
+    assert [t.name for t in r.tensors] == ["O", "LSE", "dQ", "dK", "dV"]
+    assert r.tensors[0].checked == 16 * 8 and r.tensors[3].checked == 16 * 8
+    assert "(sampled, K=16)" in str(r)
+    f32 = [x.astype(np.float32) for x in full]
+    r = burstlab.check(q, k, v, out=f32[0], lse=f32[1], dq=f32[2], dk=f32[3], dv=f32[4], do=do, mask=m,
+                       check_rows=16)
+    assert r.passed and r.dtype == "fp32" and r.worst_err_bound > 0
+
+
+def test_perturbed_row_and_column_are_named(rng):
+    q, k, v, do = problem(rng)
+    m = MASKS["document"]
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    s = burstlab.oracle(q, k, v, mask=m, do=do, check_rows=12, seed=7, out=full.O, lse=full.LSE)
+    b, h, i = (int(x) for x in s.rows[5])
+    O = full.O.copy()
+    O[b, h, i, 6] += 1e-6
+    dk = full.dK.copy()
+    bk, hk, j = (int(x) for x in s.columns[4])
+    dk[bk, hk, j, 2] *= 1.001
+    r = burstlab.check(q, k, v, out=O, lse=full.LSE, dk=dk, dv=full.dV, do=do, mask=m, check_rows=12, seed=7)
+    assert not r.passed
+    assert [x.index for x in r["O"].mismatches] == [(b, h, i, 6)]
+    assert [x.index for x in r["dK"].mismatches] == [(bk, hk, j, 2)]
+    assert r["LSE"].passed and r["dV"].passed
+    text = str(r)
+    assert f"O (b={b}, h={h}, i={i}, k=6)" in text and f"dK (b={bk}, h={hk}, j={j}, k=2)" in text
+    with pytest.raises(AssertionError, match=rf"dK \(b={bk}, h={hk}, j={j}, k=2\)"):
+        burstlab.testing.assert_attention_close(q, k, v, out=O, lse=full.LSE, dk=dk, do=do, mask=m, check_rows=12,
+                                                seed=7)
+
+
+def test_a_shard_with_its_global_positions(rng):
+    # A zigzag shard (rank 1 of 4: chunks 1 and 6 of 8), checked alone: its rows at their
+    # global positions; a wrong row is reported at its global coordinate.
+    q, k, v, do = problem(rng, B=1, Hq=2, Hkv=1, N=64)
+    m = MASKS["causal"]
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    pos = np.r_[8:16, 48:56]
+    O, lse, dq = full.O[:, :, pos].copy(), full.LSE[:, :, pos].copy(), full.dQ[:, :, pos]
+    r = burstlab.check(q, k, v, out=O, lse=lse, dq=dq, do=do, mask=m, check_rows=2 * 16, q_positions=pos)
+    assert r.passed and r["O"].checked == 2 * 16 * 8
+    O[0, 1, 11, 3] += 1e-3  # local row 11 = global row 51
+    lse[0, 0, 2] = 0.0      # local row 2 = global row 10
+    r = burstlab.check(q, k, v, out=O, lse=lse, do=do, mask=m, check_rows=32, q_positions=pos)
+    assert [x.index for x in r["O"].mismatches] == [(0, 1, 51, 3)]
+    assert [x.index for x in r["LSE"].mismatches] == [(0, 0, 10)]
+    # dK, dV of the shard's keys given the gathered forward
+    dk, dv = full.dK[:, :, pos].copy(), full.dV[:, :, pos]
+    dk[0, 0, 15, 0] += 1e-3  # global key 55
+    r = burstlab.check(q, k, v, out=full.O, lse=full.LSE, dk=dk, dv=dv, do=do, mask=m, check_rows=16,
+                       k_positions=pos)
+    assert [t.name for t in r.tensors] == ["O", "LSE", "dK", "dV"]
+    assert [x.index for x in r["dK"].mismatches] == [(0, 0, 55, 0)] and r["dV"].passed
+
+
+def test_torch_tensors(rng):
+    torch = require_torch()
+    q, k, v, do = (torch.from_numpy(x) for x in problem(rng))
+    full = burstlab.oracle(q, k, v, mask="causal", do=do)
+    s = burstlab.oracle(q, k, v, mask="causal", do=do, check_rows=8, out=full.O, lse=full.LSE)
+    assert isinstance(s.O, torch.Tensor) and isinstance(s.rows, torch.Tensor) and s.rows.dtype == torch.int64
+    pos = torch.arange(16, 32)
+    r = burstlab.check(q.float(), k.float(), v.float(), out=full.O[:, :, 16:32].float(),
+                       lse=full.LSE[:, :, 16:32].float(), mask="causal", check_rows=8, q_positions=pos)
+    assert r.passed and r.dtype == "fp32"
+
+
+def test_bad_arguments(rng):
+    q, k, v, do = problem(rng)
+    full = burstlab.oracle(q, k, v, do=do)
+    with pytest.raises(ValueError, match=r"check_rows \(0\) must be >= 1"):
+        burstlab.check(q, k, v, out=full.O, check_rows=0)
+    with pytest.raises(ValueError, match="given the candidate's own O and LSE"):
+        burstlab.check(q, k, v, dk=full.dK, do=do, check_rows=4)
+    with pytest.raises(burstlab.Error, match=r"q_positions\[1\] \(48\) must lie in \[0, N_q\) = \[0, 48\)"):
+        burstlab.check(q, k, v, out=full.O[:, :, :2], check_rows=4, q_positions=[0, 48])
+    with pytest.raises(burstlab.Error, match=r"q_positions\[1\] \(0\) repeats"):
+        burstlab.check(q, k, v, out=full.O[:, :, :2], check_rows=4, q_positions=[0, 0])
+    with pytest.raises(burstlab.Error, match=r"out has logical shape .* len\(q_positions\)"):
+        burstlab.check(q, k, v, out=full.O[:, :, :3], check_rows=4, q_positions=[0, 1])
+    with pytest.raises(burstlab.Error, match="gathered"):
+        burstlab.check(q, k, v, out=full.O[:, :, :2], lse=full.LSE[:, :, :2], dk=full.dK, do=do, check_rows=4,
+                       q_positions=[0, 1])
+    with pytest.raises(ValueError, match="pass check_rows=K"):
+        burstlab.check(q, k, v, out=full.O[:, :, :2], q_positions=[0, 1])
+    with pytest.raises(ValueError, match="out and lse are read only by the sampled oracle"):
+        burstlab.oracle(q, k, v, out=full.O)
+
+
+def test_200000_rows_with_16_samples(rng, monkeypatch):
+    # The full oracle needs N x N fp64 per thread (320 GB here) and refuses; the sampled check of
+    # K = 16 rows and columns runs within 1 GB, with a correct candidate built block by block.
+    monkeypatch.setenv("BURSTLAB_MEMORY_AVAILABLE", str(10**9))
+    N, d, w = 200000, 8, 32
+    q, k, v, do = (rng.standard_normal((1, 1, N, d)) for _ in range(4))
+    m = burstlab.Mask(causal=True, window_left=w)
+    with pytest.raises(burstlab.NotEnoughMemory, match="not enough memory for the fp64 oracle"):
+        burstlab.oracle(q, k, v, mask=m)
+    with pytest.raises(MemoryError):
+        burstlab.check(q, k, v, out=q, mask=m)
+    O, L, dQ, dK, dV = band_attention(q, k, v, do, w)
+    r = burstlab.testing.assert_attention_close(q, k, v, out=O, lse=L, dq=dQ, dk=dK, dv=dV, do=do, mask=m,
+                                                check_rows=16)
+    assert all(t.checked == 16 * d for t in r.tensors if t.name != "LSE") and r["LSE"].checked == 16
+    assert r.worst_err_bound < 0.1  # an exact fp64 candidate, summed in another order
+    s = burstlab.oracle(q, k, v, mask=m, check_rows=16)
+    bad = O.copy()
+    b, h, i = (int(x) for x in s.rows[9])
+    bad[b, h, i, 4] += 1e-6
+    r = burstlab.check(q, k, v, out=bad, lse=L, mask=m, check_rows=16)
+    assert [x.index for x in r["O"].mismatches] == [(0, 0, i, 4)]
+    # what does not fit even sampled is refused with what fits, as the command line does
+    monkeypatch.setenv("BURSTLAB_MEMORY_AVAILABLE", str(10**6))
+    with pytest.raises(burstlab.NotEnoughMemory, match=r"row-sampled fp64 oracle.*it fits with N_q and N_k up to"):
+        burstlab.check(q, k, v, out=O, lse=L, mask=m, check_rows=16)
