@@ -7,6 +7,7 @@
 #include "burstlab/error.hpp"
 #include "cmd_lmhead.hpp"
 #include "common.hpp"
+#include "distributed.hpp"  // --algo: down into the schedules
 #include "resources.hpp"
 
 namespace burstlab::tools {
@@ -70,7 +71,7 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
 
 }  // namespace
 
-Command add_run_command(CLI::App& app, RunHooks& hooks) {
+Command add_run_command(CLI::App& app) {
   struct State {
     ShapeFlags shape;
     RunFlags run;
@@ -99,6 +100,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
   add_json_flag(sub, s->run);
   sub->add_flag("-v,--verbose", s->run.verbose, "also print one row per tensor (O, LSE, dQ, dK, dV)");
   add_lmhead_flags(sub, s->lm);
+  const std::shared_ptr<DistRun> dist = add_distributed_flags(*sub);  // last: see distributed.hpp
   sub->footer(
       "Every output element is compared with the fp64 oracle under its derived bound (spec §9):\n"
       "err/bound <= 1 everywhere means PASS. One row per impl x pass, its numbers the worst over\n"
@@ -129,7 +131,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
 
   Command c;
   c.app = sub;
-  c.run = [s, sub, &hooks]() -> int {
+  c.run = [s, sub, dist]() -> int {
     const ShapeFlags& f = s->shape;
     const RunFlags& r = s->run;
     if (lmhead_selected(sub, s->lm)) return run_lmhead(f, r, s->lm, s->repeat);
@@ -153,12 +155,9 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
     cs.check_rows = r.check_rows;
     apply_threads(r.threads);
     std::vector<const Impl*> impls = find_impls(r.impl);
-    std::vector<Impl> wrapped;  // owns what hooks.wrap_impls made (distributed schedules)
-    if (hooks.wrap_impls) {
-      wrapped = hooks.wrap_impls(impls);
-      impls.clear();
-      for (const Impl& m : wrapped) impls.push_back(&m);
-    }
+    const std::vector<Impl> wrapped = distributed_impls(dist, impls);  // owns the --algo implementations
+    impls.clear();
+    for (const Impl& m : wrapped) impls.push_back(&m);
     for (const Impl* m : impls) check_impl(*m, p, cs.dtype, cs.opt, cs.pass.bwd);
     // Refuse what does not fit before allocating anything (resources.hpp).
     const int threads = max_threads();
@@ -202,7 +201,7 @@ Command add_run_command(CLI::App& app, RunHooks& hooks) {
                     static_cast<long long>(cs.pass.bwd ? n_cols : 0), static_cast<long long>(all_cols),
                     cs.pass.bwd ? "; dK, dV from the run's own LSE and O" : "");
     }
-    const bool extra_ok = hooks.after_run ? hooks.after_run(header, r.json, rs) : true;  // distributed/
+    const bool extra_ok = distributed_report(*dist, header, r.json, rs);
     const int rc = report(rs, r, false, header);
     return extra_ok ? rc : kExitFail;
   };

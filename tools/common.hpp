@@ -152,7 +152,7 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
-Command add_run_command(CLI::App& app, RunHooks& hooks);
+Command add_run_command(CLI::App& app);
 Command add_suite_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 }  // namespace burstlab::tools

@@ -13,6 +13,7 @@
 #include "common.hpp"
 #include "dist_flags.hpp"
 #include "dist_report.hpp"
+#include "gather.hpp"
 #include "sim_run.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "nccl_run.hpp"
@@ -20,55 +21,21 @@
 
 namespace burstlab::tools {
 
-namespace {
-
-struct DistState {
+// The flags `run` was given and what each wrapped run leaves for the bytes table.
+struct DistRun {
   DistFlags f;
   std::vector<DistReport> reports;
+  std::vector<const CLI::Option*> with_algo;  // the flags that mean nothing without --algo
 };
+
+namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-template <class U>
-Tensor4<double> widen(const Tensor4<U>& x) {
-  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
-  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
-  return y;
-}
-template <class U>
-Tensor3<double> widen(const Tensor3<U>& x) {
-  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
-  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
-  return y;
-}
-
-}  // namespace
-
 template <class T>
-GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward) {
-  GatheredOutputs g;
-  if (forward) {
-    g.O = widen(dist::gather(res.O, res.qp));
-    g.LSE = widen(dist::gather(res.LSE, res.qp));
-  }
-  if (backward) {
-    g.dQ = widen(dist::gather(res.dQ, res.qp));
-    g.dK = widen(dist::gather(res.dK, res.kp));
-    g.dV = widen(dist::gather(res.dV, res.kp));
-  }
-  return g;
-}
-template GatheredOutputs gather_outputs<double>(const dist::DistResult<double>&, bool, bool);
-template GatheredOutputs gather_outputs<float>(const dist::DistResult<float>&, bool, bool);
-template GatheredOutputs gather_outputs<bf16_t>(const dist::DistResult<bf16_t>&, bool, bool);
-template GatheredOutputs gather_outputs<f16_t>(const dist::DistResult<f16_t>&, bool, bool);
-
-namespace {
-
-template <class T>
-Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistState> st,
+Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistRun> st,
                    const DistFlags& f, const std::string& name, std::unique_ptr<Engine<T>> engine,
                    const EngineMakers& mk) {
   struct S {
@@ -156,7 +123,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
 }
 
 // `base` run distributed with one algorithm of --algo (f.algo is that one name).
-Impl wrap(const Impl& base, std::shared_ptr<DistState> st, const DistFlags& f) {
+Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
   Impl m;
   m.name = f.algo + "/" + base.name;
   m.about = f.algo + " attention on " + (f.transport == "nccl" ? "NCCL" : "SimComm") + ", G=" +
@@ -185,8 +152,8 @@ Impl wrap(const Impl& base, std::shared_ptr<DistState> st, const DistFlags& f) {
 
 }  // namespace
 
-void add_distributed_cli(CLI::App& run, RunHooks& hooks) {
-  auto st = std::make_shared<DistState>();
+std::shared_ptr<DistRun> add_distributed_flags(CLI::App& run) {
+  auto st = std::make_shared<DistRun>();
   const std::vector<const CLI::Option*> before = static_cast<const CLI::App&>(run).get_options();
   std::string algos;
   for (const dist::Algorithm& a : dist::algorithms())
@@ -240,61 +207,64 @@ void add_distributed_cli(CLI::App& run, RunHooks& hooks) {
   run.add_flag("--reorder", st->f.reorder, "SimComm: complete transfers in a random order");
   // Every flag added above but --algo means nothing on one device: given without --algo it is
   // refused rather than ignored.
-  std::vector<const CLI::Option*> with_algo;
   for (const CLI::Option* o : run.get_options())
-    if (o->get_name() != "--algo" && std::find(before.begin(), before.end(), o) == before.end()) with_algo.push_back(o);
-  hooks.wrap_impls = [st, with_algo](const std::vector<const Impl*>& impls) {
-    if (st->f.algo.empty()) {
-      std::string given;  // "--transport (nccl), --world (2)"
-      int n = 0;
-      for (const CLI::Option* o : with_algo) {
-        if (o->count() == 0) continue;
-        std::string value;
-        for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
-        given += (given.empty() ? "" : ", ") + o->get_name() + (o->get_expected_max() == 0 ? "" : " (" + value + ")");
-        ++n;
-      }
-      if (n > 0)
-        fail(given, n == 1 ? " needs" : " need", " --algo (", dist::algorithm_names(),
-             "): without it `run` checks each --impl on one device");
+    if (o->get_name() != "--algo" && std::find(before.begin(), before.end(), o) == before.end())
+      st->with_algo.push_back(o);
+  return st;
+}
+
+std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& st, const std::vector<const Impl*>& impls) {
+  if (st->f.algo.empty()) {
+    std::string given;  // "--transport (nccl), --world (2)"
+    int n = 0;
+    for (const CLI::Option* o : st->with_algo) {
+      if (o->count() == 0) continue;
+      std::string value;
+      for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
+      given += (given.empty() ? "" : ", ") + o->get_name() + (o->get_expected_max() == 0 ? "" : " (" + value + ")");
+      ++n;
     }
-    // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
-    std::vector<DistFlags> per_algo;
-    const std::vector<std::string> names =
-        st->f.algo.empty() ? std::vector<std::string>{} : split_list(st->f.algo, "algo", dist::algorithm_names());
-    for (const std::string& a : names) {
-      DistFlags fa = st->f;
-      fa.algo = a;
-      options_of(fa);
-      per_algo.push_back(fa);
+    if (n > 0)
+      fail(given, n == 1 ? " needs" : " need", " --algo (", dist::algorithm_names(),
+           "): without it `run` checks each --impl on one device");
+  }
+  // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
+  std::vector<DistFlags> per_algo;
+  const std::vector<std::string> names =
+      st->f.algo.empty() ? std::vector<std::string>{} : split_list(st->f.algo, "algo", dist::algorithm_names());
+  for (const std::string& a : names) {
+    DistFlags fa = st->f;
+    fa.algo = a;
+    options_of(fa);
+    per_algo.push_back(fa);
+  }
+  std::vector<Impl> out;
+  for (const Impl* m : impls) {
+    // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).
+    const bool fits = st->f.transport != "nccl" || static_cast<bool>(m->engines.copy);
+    if (per_algo.empty() || !m->engines.any() || !fits) {
+      out.push_back(*m);
+      continue;
     }
-    std::vector<Impl> out;
-    for (const Impl* m : impls) {
-      // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).
-      const bool fits = st->f.transport != "nccl" || static_cast<bool>(m->engines.copy);
-      if (per_algo.empty() || !m->engines.any() || !fits) {
-        out.push_back(*m);
-        continue;
-      }
-      if (st->f.single) out.push_back(*m);  // the whole problem on one device, for the scaling table
-      for (const DistFlags& fa : per_algo) out.push_back(wrap(*m, st, fa));
+    if (st->f.single) out.push_back(*m);  // the whole problem on one device, for the scaling table
+    for (const DistFlags& fa : per_algo) out.push_back(wrap(*m, st, fa));
+  }
+  if (!st->f.algo.empty()) {
+    bool any = false;
+    for (const Impl& m : out) any = any || m.name.find('/') != std::string::npos;
+    if (!any) {
+      std::string engines;
+      for (const Impl& m : registry())
+        if (m.engines.any() && (st->f.transport != "nccl" || m.engines.copy))
+          engines += (engines.empty() ? "" : ", ") + m.name;
+      fail("algo (", st->f.algo, ") needs an implementation that provides an engine in --impl (", engines, ")");
     }
-    if (!st->f.algo.empty()) {
-      bool any = false;
-      for (const Impl& m : out) any = any || m.name.find('/') != std::string::npos;
-      if (!any) {
-        std::string engines;
-        for (const Impl& m : registry())
-          if (m.engines.any() && (st->f.transport != "nccl" || m.engines.copy))
-            engines += (engines.empty() ? "" : ", ") + m.name;
-        fail("algo (", st->f.algo, ") needs an implementation that provides an engine in --impl (", engines, ")");
-      }
-    }
-    return out;
-  };
-  hooks.after_run = [st](Json& header, bool json, const std::vector<Result>& rs) {
-    return st->f.algo.empty() || bytes_report(st->reports, st->f, header, json, rs);
-  };
+  }
+  return out;
+}
+
+bool distributed_report(const DistRun& d, Json& header, bool json, const std::vector<Result>& rs) {
+  return d.f.algo.empty() || bytes_report(d.reports, d.f, header, json, rs);
 }
 
 }  // namespace burstlab::tools

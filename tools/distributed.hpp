@@ -1,29 +1,34 @@
 // tools/distributed.hpp — the distributed/ part of `burstlab run` (spec §7):
-// `burstlab run --algo ring|burst --world G --partition ...`.
+// `burstlab run --algo ring|burst --world G --partition ...`. `run` (cmd_run.cpp) calls down into
+// these three; they call down into the Session (distributed/) or nccl_run.hpp, never back up.
 #pragma once
+
+#include <memory>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "common.hpp"  // Result
 #include "impls.hpp"
-#include "sim_run.hpp"
+#include "table.hpp"   // Json
 
 namespace burstlab::tools {
 
-// A distributed run's outputs gathered from the ranks' shards (dist::gather) into global fp64
-// tensors, BHSD: O, dQ (B, H_q, N_q, d), LSE (B, H_q, N_q), dK, dV (B, H_kv, N_k, d); a pass not
-// asked for stays empty. `run` checks these against the full oracle, or with --check-rows with
-// check_sampled_forward / check_sampled_backward (reference/rows.hpp, spec §9.11): a transport
-// that brings each rank's shard to the host calls the same two steps.
-struct GatheredOutputs {
-  Tensor4<double> O, dQ, dK, dV;
-  Tensor3<double> LSE;
-};
-template <class T>
-GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward);
+struct DistRun;  // the distributed flags given to `run`, and what its wrapped runs leave behind
 
-// Adds --algo, --world, --partition, --gpus-per-node, --poison, --reorder, ... to `run` (through
-// hooks: selected "cpu" rows become "<algo>/cpu" rows run on SimComm; other rows stay
-// single-device for comparison).
-void add_distributed_cli(CLI::App& run, RunHooks& hooks);
+// Adds --algo, --world, --partition, --gpus-per-node, --transport, ... to `run`; call it after
+// `run`'s own flags (the ones added here are refused without --algo).
+std::shared_ptr<DistRun> add_distributed_flags(CLI::App& run);
+
+// `run`'s selected implementations with --algo applied: each one that provides an engine becomes
+// "<algo>/<impl>" per algorithm (run on SimComm or NCCL by --transport), kept as well with
+// --single; the others stay single-device. Without --algo: `impls` as they are. Throws Error for a
+// bad flag, before anything runs.
+std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& d, const std::vector<const Impl*>& impls);
+
+// After `run`'s header: the bytes table against the closed forms (and the scaling table with
+// --single), added to `header` and printed unless `json`. False when a byte count differs from its
+// closed form; true without --algo.
+bool distributed_report(const DistRun& d, Json& header, bool json, const std::vector<Result>& rs);
 
 }  // namespace burstlab::tools

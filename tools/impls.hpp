@@ -16,11 +16,8 @@
 #include "burstlab/tensor.hpp"
 #include "harness.hpp"
 #include "resources.hpp"  // Footprint
-#include "table.hpp"      // Json, for RunHooks::after_run
 
 namespace burstlab::tools {
-
-struct Result;  // common.hpp: one checked, timed row of `run`
 
 // Knobs an implementation may honour. 0 = the implementation's default.
 struct ImplOptions {
@@ -91,18 +88,5 @@ std::vector<const Impl*> find_impls(const std::string& list);
 void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward);
 
 std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
-
-// ---- how distributed/ joins `run` -----------------------------------------------------------
-// main() calls add_distributed_cli(app, run, hooks) (tools/distributed.hpp), which adds --algo,
-// --world, --partition, --grid, --nodes, --gpus-per-node, ... to `run`, the `schedule` and
-// `simulate` subcommands to `app`, and sets these hooks. wrap_impls: `run` passes its selected
-// implementations through it (e.g. "cpu" -> "ring/cpu P=4") before checking them.
-struct RunHooks {
-  std::function<std::vector<Impl>(const std::vector<const Impl*>&)> wrap_impls;
-  // Called by `run` after its header line, before the result table, with the results: may add to
-  // the JSON header and print its own tables (bytes per rank vs spec §7.5, scaling); false makes
-  // the exit code 1.
-  std::function<bool(Json& header, bool json, const std::vector<Result>& results)> after_run;
-};
 
 }  // namespace burstlab::tools

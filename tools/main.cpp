@@ -18,7 +18,6 @@
 #include "common.hpp"
 #include "cmd_schedule.hpp"
 #include "cmd_simulate.hpp"
-#include "distributed.hpp"  // run --algo ...
 #include "resources.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "nccl_run.hpp"  // mpirun: tables from rank 0 only; MPI_Finalize at the end
@@ -65,9 +64,7 @@ int main(int argc, char** argv) {
       "burstlab");
   app.require_subcommand(1);
   app.set_version_flag("--version", "burstlab " BURSTLAB_VERSION);
-  RunHooks hooks;
-  std::vector<Command> commands = {add_run_command(app, hooks), add_suite_command(app), add_bench_command(app)};
-  add_distributed_cli(*commands[0].app, hooks);
+  std::vector<Command> commands = {add_run_command(app), add_suite_command(app), add_bench_command(app)};
   commands.push_back(add_schedule_command(app));
   commands.push_back(add_simulate_command(app));
   for (const Command& c : add_case_commands(app)) commands.push_back(c);

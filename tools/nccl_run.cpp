@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "burstlab/error.hpp"
-#include "distributed.hpp"  // gather_outputs
+#include "gather.hpp"
 #include "world.hpp"
 #ifdef BURSTLAB_HAVE_MPI
 #include "mpi_world.hpp"

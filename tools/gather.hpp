@@ -1,0 +1,22 @@
+// tools/gather.hpp — a distributed run's outputs, from the ranks' shards into the global layout.
+// Both transports' runners (distributed.cpp for SimComm, nccl_run.cpp for NCCL) hand `run` what
+// this returns.
+#pragma once
+
+#include "burstlab/tensor.hpp"
+#include "sim_run.hpp"
+
+namespace burstlab::tools {
+
+// A distributed run's outputs gathered from the ranks' shards (dist::gather) into global fp64
+// tensors, BHSD: O, dQ (B, H_q, N_q, d), LSE (B, H_q, N_q), dK, dV (B, H_kv, N_k, d); a pass not
+// asked for stays empty. `run` checks these against the full oracle, or with --check-rows with
+// check_sampled_forward / check_sampled_backward (reference/rows.hpp, spec §9.11).
+struct GatheredOutputs {
+  Tensor4<double> O, dQ, dK, dV;
+  Tensor3<double> LSE;
+};
+template <class T>
+GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward);
+
+}  // namespace burstlab::tools
