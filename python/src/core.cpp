@@ -342,6 +342,28 @@ std::vector<int64_t> pick_local(int64_t R, int64_t n, uint64_t seed) {
   return std::vector<int64_t>(s.begin(), s.end());
 }
 
+// A candidate's 4-D array read element by element where it lies (any float dtype, any strides):
+// the sampled check reads K rows of it, so it is not converted to a full fp64 copy.
+struct Elements4 {
+  const char* base = nullptr;
+  int64_t bytes[4] = {0, 0, 0, 0};  // logical (b, h, n, k) byte strides
+  int64_t dim[4] = {0, 0, 0, 0};
+  Dtype dtype = Dtype::F64;
+  double operator()(int64_t b, int64_t h, int64_t n, int64_t k) const {
+    return py_arrays::element(base, b * bytes[0] + h * bytes[1] + n * bytes[2] + k * bytes[3], dtype);
+  }
+};
+Elements4 elements4(const py::array& a, Layout layout, const char* name) {
+  Elements4 e;
+  e.dtype = py_arrays::dtype_of_array(a, name);
+  py_arrays::logical_dims(a, layout, name, e.dim);
+  const bool bshd = layout == Layout::BSHD;
+  const int64_t st[4] = {a.strides(0), a.strides(bshd ? 2 : 1), a.strides(bshd ? 1 : 2), a.strides(3)};
+  for (int k = 0; k < 4; ++k) e.bytes[k] = st[k];
+  e.base = static_cast<const char*>(a.data());
+  return e;
+}
+
 // One tensor's verdict on sampled elements; `local` maps a sampled (b, h, global n) to the
 // candidate's row; coordinates are reported global.
 struct SampledTensor {
@@ -365,15 +387,27 @@ struct SampledTensor {
   }
 };
 
-// The fp64 copies the sampled oracle reads (reference/harness.hpp's Inputs own their tensors).
-Inputs inputs_of(const In4& Q, const In4& K, const In4& V, const std::optional<In4>& D, const Problem& p,
-                 Dtype dtype) {
+// The fp64 tensors the sampled oracle reads (reference/harness.hpp's Inputs own their tensors):
+// an array already converted to a contiguous fp64 copy (fp32, bf16, fp16) hands that copy over
+// instead of being copied again; its view keeps pointing at the same buffer.
+Tensor4<double> owned_tensor(In4& x) {
+  if (!x.copied) return py_arrays::to_tensor4(x.view, Layout::BHSD);
+  Tensor4<double> t;
+  t.layout = Layout::BHSD;
+  t.B = x.view.dim[0];
+  t.H = x.view.dim[1];
+  t.N = x.view.dim[2];
+  t.d = x.view.dim[3];
+  t.data = std::move(x.owned);
+  return t;
+}
+Inputs inputs_of(In4& Q, In4& K, In4& V, std::optional<In4>& D, const Problem& p, Dtype dtype) {
   Inputs in;
   in.dtype = dtype;
-  in.Q = py_arrays::to_tensor4(Q.view, Layout::BHSD);
-  in.K = py_arrays::to_tensor4(K.view, Layout::BHSD);
-  in.V = py_arrays::to_tensor4(V.view, Layout::BHSD);
-  in.dO = D ? py_arrays::to_tensor4(D->view, Layout::BHSD) : make_tensor4<double>(Layout::BHSD, p.B, p.H_q, 1, p.d);
+  in.Q = owned_tensor(Q);
+  in.K = owned_tensor(K);
+  in.V = owned_tensor(V);
+  in.dO = D ? owned_tensor(*D) : make_tensor4<double>(Layout::BHSD, p.B, p.H_q, 1, p.d);
   return in;
 }
 
@@ -382,7 +416,7 @@ Inputs inputs_of(const In4& Q, const In4& K, const In4& V, const std::optional<I
 tools::MemNeed sampled_need(const Problem& x, int64_t K, bool bwd, int64_t cand_bytes) {
   const tools::MemNeed o = tools::sampled_oracle_need(x, K, bwd, omp_threads());
   std::vector<tools::MemPart> parts = tools::inputs_footprint(x);
-  parts.push_back({"the candidate's tensors in fp64", cand_bytes});
+  if (cand_bytes > 0) parts.push_back({"the candidate's O and LSE in fp64", cand_bytes});
   parts.insert(parts.end(), o.parts.begin(), o.parts.end());
   return tools::make_need(o.step, parts);
 }
@@ -408,20 +442,22 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     fail("dk, dv are checked against the candidate's O and LSE over all N_q rows: pass out= and lse= gathered "
          "(without q_positions), or check dk, dv in a call of their own");
   const Problem p0 = problem_of_shapes(q, k, v, layout, mask_json, scale);
+  // The column oracle reads the candidate's O over every row: a strided fp64 view in place, or a copy.
+  const bool out_fp64 = out && py_arrays::dtype_of_array(*out, "out") == Dtype::F64;
   const std::vector<int64_t> qp = positions_of(q_pos, "q_positions", p0.N_q, "N_q");
   const std::vector<int64_t> kp = positions_of(k_pos, "k_positions", p0.N_k, "N_k");
   const int64_t nq = qp.empty() ? p0.N_q : int64_t(qp.size()), nk = kp.empty() ? p0.N_k : int64_t(kp.size());
   auto need = [&](const Problem& x, bool bwd) {
-    const double fq = double(nq) / double(p0.N_q), fk = double(nk) / double(p0.N_k);
+    // dq, dk, dv (and out without dk, dv) are read in place, K rows of them; copied: a non-fp64
+    // out for the column oracle (dk, dv need it global, so fq = 1 then) and lse (a shard's rows).
+    const double fq = double(nq) / double(p0.N_q);
     const int64_t Eq = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d))));
-    const int64_t Ek = int64_t(fk * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_kv), tools::bytes_mul(x.N_k, x.d))));
     const int64_t Er = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q)));
-    int64_t cand = tools::bytes_add(out ? Eq : 0, lse ? Er : 0);
-    if (bwd) cand = tools::bytes_add(cand, tools::bytes_add(dq ? Eq : 0, tools::bytes_mul(int64_t(!!dk) + !!dv, Ek)));
+    const int64_t cand = tools::bytes_add(cols && !out_fp64 ? Eq : 0, lse ? Er : 0);
     return sampled_need(x, K, bwd, tools::bytes_mul(8, cand));
   };
   require_fits(p0, rows_bwd || cols, need, "");
-  const In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
   Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
   p.scale = scale_of(p);
   std::optional<In4> D;
@@ -433,14 +469,16 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
   const int64_t qs[4] = {p.B, p.H_q, nq, p.d}, ks[4] = {p.B, p.H_kv, nk, p.d}, rs[3] = {p.B, p.H_q, nq};
   const char* q_like = qp.empty() ? "(B, H_q, N_q, d)" : "(B, H_q, len(q_positions), d)";
   const char* k_like = kp.empty() ? "(B, H_kv, N_k, d)" : "(B, H_kv, len(k_positions), d)";
-  auto get4 = [&](const Arr& a, const char* n, const int64_t* want, const char* like) -> std::optional<In4> {
+  auto get4 = [&](const Arr& a, const char* n, const int64_t* want, const char* like) -> std::optional<Elements4> {
     if (!a) return std::nullopt;
-    In4 x = py_arrays::in4(*a, layout, n);
-    same_dims(n, x.view.dim, want, like);
+    Elements4 x = elements4(*a, layout, n);
+    same_dims(n, x.dim, want, like);
     return x;
   };
-  const std::optional<In4> cO = get4(out, "out", qs, q_like), cdQ = get4(dq, "dq", qs, q_like);
-  const std::optional<In4> cdK = get4(dk, "dk", ks, k_like), cdV = get4(dv, "dv", ks, k_like);
+  const std::optional<Elements4> cO = get4(out, "out", qs, q_like), cdQ = get4(dq, "dq", qs, q_like);
+  const std::optional<Elements4> cdK = get4(dk, "dk", ks, k_like), cdV = get4(dv, "dv", ks, k_like);
+  std::optional<In4> cO_all;  // for the column oracle only
+  if (cols) cO_all = py_arrays::in4(*out, layout, "out");
   Tensor3<double> cL;
   if (lse) {
     cL = py_arrays::to_tensor3(*lse, "lse");
@@ -482,8 +520,8 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
       const int64_t b = rows[s].b, h = rows[s].h, n = local[s];
       for (int64_t c = 0; c < p.d; ++c) {
         const int64_t idx[4] = {b, h, rows[s].i, c};
-        if (cO) tO.add(cO->view(b, h, n, c), want.O[s * p.d + c], want.bound_O[s * p.d + c], idx, 4);
-        if (cdQ) tdQ.add(cdQ->view(b, h, n, c), want.dQ[s * p.d + c], want.bound_dQ[s * p.d + c], idx, 4);
+        if (cO) tO.add((*cO)(b, h, n, c), want.O[s * p.d + c], want.bound_O[s * p.d + c], idx, 4);
+        if (cdQ) tdQ.add((*cdQ)(b, h, n, c), want.dQ[s * p.d + c], want.bound_dQ[s * p.d + c], idx, 4);
       }
       const int64_t idx[3] = {b, h, rows[s].i};
       if (lse) tL.add(cL.data[(b * p.H_q + h) * nq + n], want.LSE[s], want.bound_LSE[s], idx, 3);
@@ -506,7 +544,7 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
       }
     }
     const View3<const double> Lv = view3<const double>(cL.data.data(), cL.B, cL.H, cL.N);
-    const ColumnOracle want = column_oracle(p, in, cO->view, Lv, columns);
+    const ColumnOracle want = column_oracle(p, in, cO_all->view, Lv, columns);
     SampledTensor tdK{{}, max_list, bhjk}, tdV{{}, max_list, bhjk};
     tdK.tc.m.tensor = "dK";
     tdV.tc.m.tensor = "dV";
@@ -514,8 +552,8 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
       const int64_t b = columns[s].b, h = columns[s].h, n = local[s];
       for (int64_t c = 0; c < p.d; ++c) {
         const int64_t idx[4] = {b, h, columns[s].j, c};
-        if (cdK) tdK.add(cdK->view(b, h, n, c), want.dK[s * p.d + c], want.bound_dK[s * p.d + c], idx, 4);
-        if (cdV) tdV.add(cdV->view(b, h, n, c), want.dV[s * p.d + c], want.bound_dV[s * p.d + c], idx, 4);
+        if (cdK) tdK.add((*cdK)(b, h, n, c), want.dK[s * p.d + c], want.bound_dK[s * p.d + c], idx, 4);
+        if (cdV) tdV.add((*cdV)(b, h, n, c), want.dV[s * p.d + c], want.bound_dV[s * p.d + c], idx, 4);
       }
     }
     if (dk) r.tensors.push_back(tdK.tc);
@@ -543,7 +581,7 @@ py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py:
     return sampled_need(x, K, bwd, cols ? tools::bytes_mul(8, Eq) : 0);
   };
   require_fits(p0, dO.has_value(), need, "without do");
-  const In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
+  In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
   Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
   p.scale = scale_of(p);
   std::optional<In4> D;

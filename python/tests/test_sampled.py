@@ -189,3 +189,22 @@ def test_200000_rows_with_16_samples(rng, monkeypatch):
     monkeypatch.setenv("BURSTLAB_MEMORY_AVAILABLE", str(10**6))
     with pytest.raises(burstlab.NotEnoughMemory, match=r"row-sampled fp64 oracle.*it fits with N_q and N_k up to"):
         burstlab.check(q, k, v, out=O, lse=L, mask=m, check_rows=16)
+
+
+def test_candidates_read_in_place_any_strides_and_layout(rng):
+    # The sampled check reads the candidate's K rows where they lie: strided, fp32, BSHD.
+    q, k, v, do = problem(rng)
+    full = burstlab.oracle(q, k, v, mask="causal", do=do)
+    strided = np.swapaxes(np.ascontiguousarray(np.swapaxes(full.O, 1, 2)), 1, 2)   # BHSD view of BSHD memory
+    rev = np.ascontiguousarray(full.dQ[:, :, ::-1])[:, :, ::-1]                     # negative strides
+    r = burstlab.check(q, k, v, out=strided, lse=full.LSE, dq=rev, dk=full.dK, dv=full.dV, do=do, mask="causal",
+                       check_rows=32)
+    assert r.passed and r.worst_err_bound < 0.1
+    t = lambda x: np.swapaxes(x, 1, 2).astype(np.float32)
+    bad = t(full.dV).copy()
+    s = burstlab.oracle(q, k, v, mask="causal", do=do, check_rows=32, out=full.O, lse=full.LSE)
+    b, h, j = (int(x) for x in s.columns[3])
+    bad[b, j, h, 1] += 1e-2
+    r = burstlab.check(t(q), t(k), t(v), out=t(full.O), lse=full.LSE.astype(np.float32), dv=bad, do=t(do),
+                       mask="causal", layout="BSHD", check_rows=32)
+    assert r.dtype == "fp32" and r["O"].passed and [x.index for x in r["dV"].mismatches] == [(b, h, j, 1)]
