@@ -9,7 +9,9 @@ layout "BHSD" (B, H, N, d), as SDPA and the case files (the default everywhere, 
 line), or "BSHD" (B, N, H, d), as flash-attn (pass layout="BSHD"); K and V may have fewer heads
 than Q (GQA/MQA). Bad input raises ValueError (burstlab.Error) naming the field; a problem that
 does not fit in memory raises burstlab.NotEnoughMemory (a ValueError and a MemoryError) with what
-fits, before anything big is allocated. burstlab.testing.assert_attention_close raises
+fits, before anything big is allocated; check_rows=K (check, oracle, assert_attention_close) uses
+the row-sampled oracle of spec §9.11 instead, O(K N d), also on one rank's shard with its global
+positions (q_positions, k_positions). burstlab.testing.assert_attention_close raises
 AssertionError with the table; burstlab.cuda.attention is the cuda layer as a PyTorch operator
 (burstlab.cuda.why_unavailable() says why it cannot run here, also without PyTorch).
 """

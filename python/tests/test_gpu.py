@@ -188,3 +188,24 @@ def test_sdpa_empty_rows_efficient_backend():
     o, dq, dk, dv = sdpa(torch, q, k, v, do, mask, SDPBackend.EFFICIENT_ATTENTION)
     report("torch SDPA bf16 EFFICIENT_ATTENTION mask=document (12 empty rows)",
            assert_attention_close(q, k, v, out=o, dq=dq, dk=dk, dv=dv, do=do, mask=mask, layout="BHSD"))
+
+
+def test_sdpa_sampled_check_on_cuda_tensors():
+    """The row-sampled check (check_rows=K) on CUDA tensors: SDPA at N = 8192, bf16, causal, O and
+    dQ on 64 sampled rows (SDPA returns no LSE, which the dK, dV columns would need), and a
+    perturbed row of O named at its coordinate."""
+    torch = require_gpu()
+    F = torch.nn.functional
+    N, d = 8192, 64
+    q, k, v, do = (randn(torch, (1, 4, N, d), torch.bfloat16, 30 + i) for i in range(4))
+    q.requires_grad_(True)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # top-left = bottom-right when N_q = N_k
+    o.backward(do)
+    r = assert_attention_close(q.detach(), k, v, out=o.detach(), dq=q.grad, do=do, mask="causal", check_rows=64)
+    report("torch SDPA bf16 causal N=8192, sampled K=64", r)
+    s = burstlab.oracle(q.detach(), k, v, mask="causal", check_rows=64)
+    b, h, i = (int(x) for x in s.rows[10].cpu())
+    bad = o.detach().clone()
+    bad[b, h, i, 7] += 1.0
+    r = burstlab.check(q.detach(), k, v, out=bad, mask="causal", check_rows=64)
+    assert [m.index for m in r["O"].mismatches] == [(b, h, i, 7)]
