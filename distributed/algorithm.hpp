@@ -56,6 +56,14 @@ template <class T>
 using PassFn = void (*)(Phase phase, const Plan& plan, Communicator& comm, Engine<T>& engine,
                         const PreparedMask& mask, Shard<T>& shard);
 
+// What `burstlab schedule --json/--svg` can draw of an algorithm's schedule.
+enum class Drawing {
+  None,        // the teaching trace only
+  Ring,        // one ring-type Schedule per phase (ring, burst)
+  DoubleRing,  // the double ring's Schedule, its traffic from AlgoOptions::base
+  Flash,       // DistFlashAttn's FlashSchedule
+};
+
 // A teaching trace: the text, and whether every traced byte count equals its closed form.
 struct Trace {
   std::string text;
@@ -85,6 +93,24 @@ struct Algorithm {
   // The partition it requires, if any (attention2d: striped, distflash: contiguous); the
   // simulator uses it in place of --partition.
   std::optional<PartitionKind> partition;
+  // It sends to one neighbour and receives from the other in every step (ring, burst): the
+  // bytes table of `burstlab run` names that link intra- or inter-node.
+  bool ring_links;
+  // The algorithm `--overlap` turns this one into (attention2d: attention2d-o); null: none.
+  const char* overlapped;
+  // It takes `--grid RxC` (attention2d, attention2d-o).
+  bool grid;
+  // It runs Ulysses in groups of AlgoOptions::ulysses_degree ranks (usp).
+  bool ulysses_groups;
+  // Its rings follow the nodes: one per node of gpus_per_node ranks inside a ring across nodes
+  // (double-ring).
+  bool node_rings;
+  // What `burstlab schedule --json/--svg` draws of it.
+  Drawing drawing;
+  // A rank holds every rank's K, V shard at once (allgather's all-gather, Attention2D-NO's column
+  // gathers): G copies in the host-memory estimate of `run` and `conform`, 2 otherwise (its own
+  // and the one in flight).
+  bool gathers_kv;
 };
 
 const std::vector<Algorithm>& algorithms();

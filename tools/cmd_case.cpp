@@ -478,17 +478,17 @@ std::vector<Column> dist_columns(int world, const std::string& partition) {
       o.backward = true;
       Column col;
       col.name = name + "/" + m.name + " G=" + std::to_string(world);
-      if (name == "attention2d" || name == "attention2d-o") {
-        o.partition = dist::PartitionKind::Striped;
-        col.name += " striped";
+      if (a.grid && a.partition) {  // the grid's algorithms run on their own partition whatever --partition says
+        o.partition = *a.partition;
+        col.name += " " + dist::to_string(o.partition);
       }
-      if (name == "usp") {
+      if (a.ulysses_groups) {
         if (world % 2 != 0) continue;
         o.ulysses_degree = 2;
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(name, world);
+      col.footprint = distributed_footprint(a.gathers_kv, world);
       col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any(cd, o, mk, ImplOptions{}); };
       out.push_back(col);
     }

@@ -119,6 +119,16 @@ Json distflash_json(const dist::FlashSchedule& fs, const std::vector<std::vector
   return {{"steps", steps}, {"idle_fraction", dist::distflash_idle_fraction(fs)}, {"bytes", bytes}};
 }
 
+// "ring, burst, double-ring and distflash": the algorithms `--json` and `--svg` draw.
+std::string drawn_names() {
+  std::vector<std::string> ns;
+  for (const dist::Algorithm& a : dist::algorithms())
+    if (a.drawing != dist::Drawing::None) ns.push_back(a.name);
+  std::string s;
+  for (size_t k = 0; k < ns.size(); ++k) s += (k == 0 ? "" : k + 1 == ns.size() ? " and " : ", ") + ns[k];
+  return s;
+}
+
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   if (!f) fail("svg (", path, ") cannot be opened for writing");
@@ -206,10 +216,11 @@ Command add_schedule_command(CLI::App& app) {
     const dist::Partition kp = dist::make_partition(o.partition, p.N_k, o.world, "N_k");
     const int64_t eb = dt == Dtype::F64 ? 8 : 4;
     const std::string& algo = s->dist.algo;
-    const bool as_data = algo == "ring" || algo == "burst" || algo == "double-ring" || algo == "distflash";
+    const dist::Drawing drawing = dist::find_algorithm(o.algo).drawing;
+    const bool as_data = drawing != dist::Drawing::None;
     if ((s->run.json || !s->svg.empty()) && !as_data)
-      fail("algo (", algo, ") has no ", s->run.json ? "--json" : "--svg",
-           " schedule: ring, burst, double-ring and distflash do (the others print a trace)");
+      fail("algo (", algo, ") has no ", s->run.json ? "--json" : "--svg", " schedule: ", drawn_names(),
+           " do (the others print a trace)");
     if (as_data && (s->run.json || !s->svg.empty())) {
       const MaskData md = compile_mask(p);
       const std::string title = algo + ", G=" + std::to_string(o.world) + ", " + s->dist.partition + ", " +
@@ -231,7 +242,7 @@ Command add_schedule_command(CLI::App& app) {
       }
       out["q_chunks"] = q_chunks;
       out["k_chunks"] = k_chunks;
-      if (algo == "distflash") {
+      if (drawing == dist::Drawing::Flash) {
         dist::check_distflash(md, qp, kp);
         const dist::FlashSchedule fs = dist::make_distflash_schedule(o.world);
         const MaskParams m = md.params();
@@ -243,7 +254,7 @@ Command add_schedule_command(CLI::App& app) {
         out["distflash"] = distflash_json(fs, pairs, p, qp, kp, eb, pass.fwd, pass.bwd);
         if (!s->svg.empty()) write_file(s->svg, distflash_svg("burstlab schedule: " + title, fs, pairs));
       } else {
-        const bool dbl = algo == "double-ring";
+        const bool dbl = drawing == dist::Drawing::DoubleRing;
         const int K = s->dist.gpus_per_node > 0 ? s->dist.gpus_per_node : o.world;
         const dist::Algo base = dbl ? o.base : dist::parse_algo(algo);  // double-ring: --ring's traffic
         std::vector<dist::Schedule> scheds;

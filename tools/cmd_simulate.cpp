@@ -107,7 +107,7 @@ std::vector<SimAlgo> sim_algos() {
   std::vector<SimAlgo> out;
   for (const dist::Algorithm& a : dist::algorithms()) {
     if (!a.simulate) continue;
-    const bool two_level = std::string(a.name) == "double-ring";
+    const bool two_level = a.node_rings;
     out.push_back({a.name, &a, two_level ? dist::Algo::Ring : dist::Algo::Burst});
     if (two_level) out.push_back({std::string("burst-") + a.name, &a, dist::Algo::Burst});
   }
@@ -275,10 +275,13 @@ int run_simulate(const SimFlags& f) {
               "intra/inter = bytes sent per link class (max over ranks). Model: spec §7.10.\n");
   if (f.steps) {
     const std::vector<std::string> step_names = split(f.algos);
+    bool groups = false;  // a Ulysses-in-groups algorithm among them (usp)
+    for (const SimAlgo& a : sim_algos())
+      groups = groups || (a.algo->ulysses_groups && std::count(step_names.begin(), step_names.end(), a.name));
     std::printf("\npredicted time per step, spec §7.10 (ring, burst, distflash: the slowest rank's step with overlap;\n"
                 "double rings: compute per step, their communication is priced per tensor over the whole phase;\n"
                 "ulysses, allgather, attention2d: one entry, the phase%s):\n",
-                std::count(step_names.begin(), step_names.end(), "usp") ? ";\nusp: the all-to-all in, the ring's steps, the all-to-all back" : "");
+                groups ? ";\nusp: the all-to-all in, the ring's steps, the all-to-all back" : "");
     for (const std::string& l : step_lines) std::printf("  %s\n", l.c_str());
   }
   if (one_p) {

@@ -2,6 +2,8 @@
 #include "dist_flags.hpp"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "burstlab/error.hpp"
 #include "common.hpp"
@@ -21,7 +23,7 @@ int grid_ranks(const std::string& grid) {
 int world_of(const DistFlags& f) {
 #ifdef BURSTLAB_HAVE_NCCL
   // Under mpirun the world is the processes it started, unless the flags name one.
-  if (f.transport == "nccl" && launched_by_mpi() && f.nodes == 0 && !f.world_given && f.grid.empty())
+  if (f.transport == Transport::Nccl && launched_by_mpi() && f.nodes == 0 && !f.world_given && f.grid.empty())
     return mpi_size();
 #endif
   if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return grid_ranks(f.grid);
@@ -35,11 +37,46 @@ int world_of(const DistFlags& f) {
   return static_cast<int>(world);
 }
 
+namespace {
+
+constexpr Transport kTransports[] = {Transport::Sim, Transport::Nccl};
+
+// "a, b and c": the algorithms of the table for which `has` holds.
+template <class F>
+std::string names_where(F has) {
+  std::vector<std::string> ns;
+  for (const dist::Algorithm& a : dist::algorithms())
+    if (has(a)) ns.push_back(a.name);
+  std::string s;
+  for (size_t k = 0; k < ns.size(); ++k) s += (k == 0 ? "" : k + 1 == ns.size() ? " and " : ", ") + ns[k];
+  return s;
+}
+
+}  // namespace
+
+const char* to_string(Transport t) { return t == Transport::Nccl ? "nccl" : "sim"; }
+
+Transport parse_transport(const std::string& s) {
+  for (Transport t : kTransports) {
+    if (s != to_string(t)) continue;
+#ifndef BURSTLAB_HAVE_NCCL
+    if (t == Transport::Nccl)
+      fail("transport (nccl) needs a build with CUDA and NCCL; this binary has no NCCL transport (see the CMake "
+           "feature summary)");
+#endif
+    return t;
+  }
+  fail("transport (", s, ") must be sim or nccl");
+}
+
 dist::AlgoOptions options_of(const DistFlags& f) {
   dist::AlgoOptions o;
-  o.algo = f.algo == "attention2d" && f.overlap ? "attention2d-o" : f.algo;
-  dist::find_algorithm(o.algo);
-  if (f.overlap && f.algo != "attention2d") fail("overlap is an attention2d option, not one of ", f.algo);
+  const dist::Algorithm& given = dist::find_algorithm(f.algo);
+  if (f.overlap && !given.overlapped)
+    fail("overlap is an option of ", names_where([](const dist::Algorithm& a) { return a.overlapped != nullptr; }),
+         ", not one of ", f.algo);
+  const dist::Algorithm& a = f.overlap ? dist::find_algorithm(given.overlapped) : given;
+  o.algo = a.name;
   o.partition = dist::parse_partition(f.partition);
   o.world = world_of(f);
   if (o.world < 1) fail("world (", o.world, ") must be >= 1");
@@ -53,23 +90,18 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   o.sim.gpus_per_node = f.gpus_per_node;
   o.backward = true;
   if (!f.grid.empty()) {
-    if (o.algo != "attention2d" && o.algo != "attention2d-o")
-      fail("grid (", f.grid, ") is an attention2d and attention2d-o option, not one of ", f.algo);
+    if (!a.grid)
+      fail("grid (", f.grid, ") is an ", names_where([](const dist::Algorithm& x) { return x.grid; }),
+           " option, not one of ", f.algo);
     grid_ranks(f.grid);
     o.grid = dist::parse_grid(f.grid);
     if (o.grid.size() != o.world)
       fail("grid (", f.grid, " = ", o.grid.size(), " ranks) must have world (", o.world, ") ranks");
   }
-  if (f.transport != "sim" && f.transport != "nccl") fail("transport (", f.transport, ") must be sim or nccl");
-  if (f.transport == "sim" && !f.inject.empty())
+  if (f.transport == Transport::Sim && !f.inject.empty())
     fail("inject-failure (", f.inject, ") is a --transport nccl option (SimComm: tests inject with SimOptions)");
-#ifndef BURSTLAB_HAVE_NCCL
-  if (f.transport == "nccl")
-    fail("transport (nccl) needs a build with CUDA and NCCL; this binary has no NCCL transport (see the CMake "
-         "feature summary)");
-#endif
-  if ((o.algo == "attention2d" || o.algo == "attention2d-o") && o.partition != dist::PartitionKind::Striped)
-    fail(o.algo, " needs --partition striped (the cyclic distribution), not ", f.partition);
+  if (a.partition && o.partition != *a.partition)
+    fail(o.algo, " needs --partition ", dist::to_string(*a.partition), ", not ", f.partition);
   return o;
 }
 

@@ -8,6 +8,14 @@
 
 namespace burstlab::tools {
 
+// Where the ranks of `run --algo` talk: SimComm, ranks as threads of this process (distributed/),
+// or NcclComm, one rank per GPU (nccl/).
+enum class Transport { Sim, Nccl };
+// "sim" | "nccl"; an Error naming the field and value otherwise, or for nccl in a binary without
+// NCCL.
+Transport parse_transport(const std::string& s);
+const char* to_string(Transport t);  // "sim" | "nccl", what --transport takes
+
 struct DistFlags {
   std::string algo;  // empty: single device
   int world = 4;
@@ -20,7 +28,8 @@ struct DistFlags {
   bool world_given = false;  // --world on the command line (else --grid may imply it)
   int ulysses_degree = 0;    // usp: ranks per Ulysses group (0: --gpus-per-node)
   std::string base = "burst";  // double-ring, usp: the ring's traffic
-  std::string transport = "sim";  // sim (SimComm) | nccl (NcclComm, a rank per GPU)
+  std::string transport_flag = "sim";     // what --transport was given
+  Transport transport = Transport::Sim;  // parse_transport(transport_flag), once flags are parsed
   double timeout = 120.0;         // nccl: the watchdog's bound on one wait (s)
   std::string inject;             // nccl: --inject-failure RANK:STEP[:bwd][:hang]
   bool single = false;            // --single: also the whole problem on one device

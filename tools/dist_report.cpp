@@ -26,7 +26,7 @@ const Result* find_row(const std::vector<Result>& rs, const std::string& impl, D
 bool bytes_report(const std::vector<DistReport>& reports, const DistFlags& f, Json& header, bool json,
                   const std::vector<Result>& rs) {
   if (reports.empty()) return true;
-  const bool nccl = f.transport == "nccl";
+  const bool nccl = f.transport == Transport::Nccl;
   Table t;
   t.columns = {{"impl", "impl", true},          {"dtype", "dtype", true},
                {"rank", "rank"},                {"phase", "phase", true},
@@ -61,7 +61,7 @@ bool bytes_report(const std::vector<DistReport>& reports, const DistFlags& f, Js
         const bool match = b.sent == cs && b.recv == cr;
         ok = ok && match;
         const int G = r.plan.qp.G, g = f.gpus_per_node;
-        const bool ring_like = r.plan.o.algo == "ring" || r.plan.o.algo == "burst";  // one link per direction
+        const bool ring_like = dist::find_algorithm(r.plan.o.algo).ring_links;  // one link per direction
         const bool inter_link = g > 0 && k / g != ((k + 1) % G) / g;
         const bool has_ex = k < static_cast<int>(ex.size());
         if (has_ex) ex_max = std::max(ex_max, sum(ex[k]));

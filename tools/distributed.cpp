@@ -47,7 +47,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     dist::DistResult<T> result() const { return session->result(); }
   };
 #ifdef BURSTLAB_HAVE_NCCL
-  if (f.transport == "nccl") {
+  if (f.transport == Transport::Nccl) {
     engine.reset();  // each rank makes its own, on its own GPU
     auto nd = std::make_shared<NcclDist>(nccl_dist(p, in, opt, options_of(f), mk, {f.timeout, f.inject}));
     DistReport rep;
@@ -126,7 +126,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
 Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
   Impl m;
   m.name = f.algo + "/" + base.name;
-  m.about = f.algo + " attention on " + (f.transport == "nccl" ? "NCCL" : "SimComm") + ", G=" +
+  m.about = f.algo + " attention on " + (f.transport == Transport::Nccl ? "NCCL" : "SimComm") + ", G=" +
             std::to_string(world_of(f)) + ", " + f.partition + ", " + base.name + " engine";
   m.dtypes = base.engines.dtypes();
   m.suite_dtypes = m.dtypes;
@@ -135,7 +135,7 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     if (base.check) base.check(p, dtype, opt);
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
-  m.footprint = distributed_footprint(f.algo, world_of(f));  // per-rank copies (resources.hpp)
+  m.footprint = distributed_footprint(dist::find_algorithm(options_of(f).algo).gathers_kv, world_of(f));  // resources.hpp
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
@@ -185,7 +185,7 @@ std::shared_ptr<DistRun> add_distributed_flags(CLI::App& run) {
                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
             "ulysses-degree", 1, kMaxWorld);
   run.add_option("--ring", st->f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
-  run.add_option("--transport", st->f.transport,
+  run.add_option("--transport", st->f.transport_flag,
                  "sim: SimComm, ranks as threads of this process (--impl cpu or cuda: all on one GPU); nccl: "
                  "NcclComm, one rank per GPU (--impl cuda), as threads of this process (--world up to the GPUs "
                  "it sees) or one process per GPU under mpirun -np G")
@@ -228,6 +228,7 @@ std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& st, const st
       fail(given, n == 1 ? " needs" : " need", " --algo (", dist::algorithm_names(),
            "): without it `run` checks each --impl on one device");
   }
+  st->f.transport = parse_transport(st->f.transport_flag);  // the one place --transport is read
   // --algo a,b,...: each selected engine runs each algorithm (validated before anything runs).
   std::vector<DistFlags> per_algo;
   const std::vector<std::string> names =
@@ -241,7 +242,7 @@ std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& st, const st
   std::vector<Impl> out;
   for (const Impl* m : impls) {
     // NCCL moves device memory: only engines whose buffers live on a GPU (a transport copy).
-    const bool fits = st->f.transport != "nccl" || static_cast<bool>(m->engines.copy);
+    const bool fits = st->f.transport != Transport::Nccl || static_cast<bool>(m->engines.copy);
     if (per_algo.empty() || !m->engines.any() || !fits) {
       out.push_back(*m);
       continue;
@@ -255,7 +256,7 @@ std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& st, const st
     if (!any) {
       std::string engines;
       for (const Impl& m : registry())
-        if (m.engines.any() && (st->f.transport != "nccl" || m.engines.copy))
+        if (m.engines.any() && (st->f.transport != Transport::Nccl || m.engines.copy))
           engines += (engines.empty() ? "" : ", ") + m.name;
       fail("algo (", st->f.algo, ") needs an implementation that provides an engine in --impl (", engines, ")");
     }

@@ -293,13 +293,13 @@ std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const Im
           fetched(p, backward)};
 }
 
-Footprint distributed_footprint(const std::string& algo, int world) {
-  return [algo, world](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+Footprint distributed_footprint(bool gathers_kv, int world) {
+  return [gathers_kv, world](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
     const Sizes z(p);
     const int64_t s = size_of(dtype), G = std::max(world, 1);
     const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                     // K, V (dK, dV)
     const int64_t q = sum({bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er)});  // Q, O (dO, dQ), LSE (D)
-    const int64_t copies = (algo == "allgather" || algo == "attention2d") ? G : 2;
+    const int64_t copies = gathers_kv ? G : 2;
     const int64_t outputs = sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
     // Each rank thread runs the cpu engine, whose OpenMP regions make `threads` Scratches each.
     const CpuTiles tl = cpu_tiles(p, opt);

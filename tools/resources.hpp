@@ -79,12 +79,12 @@ std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOpti
 std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                          int threads);
 // `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
-// (all of K, V, dK, dV on every rank for allgather and attention2d, two blocks in flight per
-// rank otherwise), the gathered results, and each rank's cpu engine scratch. A bound, not a
-// measured figure.
+// (all of K, V, dK, dV on every rank when gathers_kv, dist::Algorithm's field: allgather and
+// attention2d; two blocks in flight per rank otherwise), the gathered results, and each rank's
+// cpu engine scratch. A bound, not a measured figure.
 using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                      bool backward, int threads)>;
-Footprint distributed_footprint(const std::string& algo, int world);
+Footprint distributed_footprint(bool gathers_kv, int world);
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
 // then, one implementation at a time, its footprint next to the inputs and what the oracle keeps
