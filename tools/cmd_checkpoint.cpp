@@ -142,9 +142,11 @@ int run_checkpoint(const CkptFlags& f) {
   if (!(f.keep >= 0 && f.keep <= 1)) fail("keep (", f.keep, ") must lie in [0, 1]");
   const bool distributed = !f.algo.empty();
   dist::AlgoOptions o;
+  bool flash_schedule = false;  // the run follows DistFlashAttn's schedule, which distflash_volume models
   if (distributed) {
     o = algo_options(f);
-    dist::make_plan(s.p, o);  // the algorithm's requirements, before anything runs
+    // The algorithm's requirements, before anything runs.
+    flash_schedule = !dist::make_plan(s.p, o).flash.steps.empty();
   }
   const cpu::Tiles tiles{f.tile, f.tile};
   auto engine = cpu::make_engine<T>(tiles);
@@ -232,7 +234,7 @@ int run_checkpoint(const CkptFlags& f) {
   if (one_width) {
     const dist::Volume v = dist::distflash_volume(f.N, P, s.p.H_q, s.p.d);
     const dist::Volume v64 = dist::distflash_volume(64 * 64, 64, 1, 1);
-    const bool measured_df = distributed && o.algo == "distflash";
+    const bool measured_df = distributed && flash_schedule;
     auto meas = [&](size_t k) {
       if (!measured_df || !out[k].error.empty()) return missing();
       return number(double(out[k].traffic.forward_sent + out[k].traffic.backward_sent) / double(P) / unit, "%.3f");
