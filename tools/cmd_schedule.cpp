@@ -162,27 +162,7 @@ Command add_schedule_command(CLI::App& app) {
   std::string algos;
   for (const dist::Algorithm& a : dist::algorithms()) algos += std::string(algos.empty() ? "" : " | ") + a.name;
   sub->add_option("--algo", s->dist.algo, algos)->capture_default_str();
-  sub->add_option("--grid", s->dist.grid,
-                  "attention2d, attention2d-o: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world "
-                  "R*C");
-  sub->add_flag("--overlap", s->dist.overlap,
-                "attention2d: the overlapped variant Attention2D-O, its ring steps (spec §7.13; = --algo attention2d-o)");
-  int_range(sub->add_option("--gpus-per-node", s->dist.gpus_per_node,
-                            "GPUs per node K (0 = one node): double-ring's K (must divide --world), usp's default "
-                            "--ulysses-degree, --nodes' world M x K")
-                ->capture_default_str(),
-            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
-  int_range(sub->add_option("--ulysses-degree", s->dist.ulysses_degree,
-                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
-            "ulysses-degree", 1, kMaxWorld);
-  sub->add_option("--ring", s->dist.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
-  int_range(sub->add_option("--world", s->dist.world, "ranks G")->capture_default_str()->each([s](const std::string&) {
-    s->dist.world_given = true;
-  }),
-            "world", 1, kMaxWorld);
-  int_range(sub->add_option("--nodes", s->dist.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)"),
-            "nodes", 1, kMaxWorld);
-  sub->add_option("--partition", s->dist.partition, "contiguous | zigzag | striped")->capture_default_str();
+  add_topology_flags(*sub, s->dist);
   sub->add_option("--svg", s->svg,
                   "ring, burst, double-ring, distflash: also draw the schedule into this SVG file (one row per rank, "
                   "one column per step; each cell the blocks computed and what is sent)");

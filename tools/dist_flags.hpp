@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "algorithm.hpp"
 
 namespace burstlab::tools {
@@ -34,6 +36,11 @@ struct DistFlags {
   std::string inject;             // nccl: --inject-failure RANK:STEP[:bwd][:hang]
   bool single = false;            // --single: also the whole problem on one device
 };
+
+// The flags that lay the ranks out, bound to `f` (which outlives `app`): --grid, --overlap,
+// --world, --nodes, --partition, --gpus-per-node, --ulysses-degree, --ring. `run` and `schedule`
+// take the same ones.
+void add_topology_flags(CLI::App& app, DistFlags& f);
 
 // R x C of --grid RxC, at most kMaxWorld ranks (before Grid::size() multiplies two ints).
 int grid_ranks(const std::string& grid);

@@ -163,28 +163,7 @@ std::shared_ptr<DistRun> add_distributed_flags(CLI::App& run) {
                  "GPU) distributed on SimComm: " + algos +
                      ". double-ring takes --gpus-per-node, attention2d --grid and --partition striped, distflash a "
                      "causal mask and --partition contiguous");
-  run.add_option("--grid", st->f.grid,
-                 "attention2d, attention2d-o: p_r x p_c grid, e.g. 2x3 (default: the most square); implies --world "
-                 "R*C");
-  run.add_flag("--overlap", st->f.overlap,
-               "attention2d: the overlapped variant Attention2D-O, ring gather-compute-scatter (spec §7.13; = --algo "
-               "attention2d-o)");
-  int_range(run.add_option("--world", st->f.world, "ranks G for --algo")->capture_default_str()->each([st](const std::string&) {
-    st->f.world_given = true;
-  }),
-            "world", 1, kMaxWorld);
-  int_range(run.add_option("--nodes", st->f.nodes, "nodes M for --algo: world = M x --gpus-per-node (overrides --world)"),
-            "nodes", 1, kMaxWorld);
-  run.add_option("--partition", st->f.partition, "contiguous | zigzag | striped, for --algo")->capture_default_str();
-  int_range(run.add_option("--gpus-per-node", st->f.gpus_per_node,
-                           "GPUs per node K for --algo (0 = one node): the intra/inter-node link of each byte count, "
-                           "double-ring's K, usp's default --ulysses-degree, --nodes' world M x K")
-                ->capture_default_str(),
-            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
-  int_range(run.add_option("--ulysses-degree", st->f.ulysses_degree,
-                           "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
-            "ulysses-degree", 1, kMaxWorld);
-  run.add_option("--ring", st->f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
+  add_topology_flags(run, st->f);
   run.add_option("--transport", st->f.transport_flag,
                  "sim: SimComm, ranks as threads of this process (--impl cpu or cuda: all on one GPU); nccl: "
                  "NcclComm, one rank per GPU (--impl cuda), as threads of this process (--world up to the GPUs "
