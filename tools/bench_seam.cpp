@@ -160,8 +160,8 @@ int run(int argc, char** argv) {
                       : !partition.empty() ? dist::parse_partition(partition)
                       : causal ? dist::PartitionKind::Zigzag : dist::PartitionKind::Contiguous;
         o.world = world;
-        if (algo == "double-ring") o.gpus_per_node = gpus_per_node;
-        if (algo == "usp") o.ulysses_degree = ulysses_degree;
+        if (al.node_rings) o.gpus_per_node = gpus_per_node;
+        if (al.ulysses_groups) o.ulysses_degree = ulysses_degree;
         o.backward = pass != "fwd";
         o.sim.timeout_s = 600;
         o.sim.memory.copy = bc::transport_copy;
