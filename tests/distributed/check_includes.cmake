@@ -1,5 +1,5 @@
 # Fails when a file of distributed/ includes a header of another layer (cpu/, cuda/, reference/,
-# tools/, check/): distributed/ depends on the contract (include/burstlab) alone (DESIGN.md).
+# tools/, check/): distributed/ depends on the contract (include/burstlab) alone (docs/design.md §1).
 # Run with -DSRC=<source dir>.
 cmake_minimum_required(VERSION 3.25)
 file(GLOB files "${SRC}/distributed/*.hpp" "${SRC}/distributed/*.cpp" "${SRC}/distributed/*.cu" "${SRC}/distributed/*.cuh")
