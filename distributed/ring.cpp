@@ -1,6 +1,8 @@
 // distributed/ring.cpp — spec §7.3.
 #include "ring.hpp"
 
+#include "burstlab/block_split.hpp"
+
 #include <cstring>
 #include <limits>
 #include <map>
@@ -16,20 +18,6 @@ template <class T>
 View4<T> bhsd(T* data, int64_t B, int64_t H, int64_t n, int64_t d) {
   return view4(data, Layout::BHSD, B, H, n, d);
 }
-// Rows [off, off + n) of a (B, H, N, d) view.
-template <class T>
-View4<T> rows(View4<T> v, int64_t off, int64_t n) {
-  v.data += off * v.stride[2];
-  v.dim[2] = n;
-  return v;
-}
-template <class T>
-View3<T> rows(View3<T> v, int64_t off, int64_t n) {
-  v.data += off * v.stride[2];
-  v.dim[2] = n;
-  return v;
-}
-
 template <class T>
 class RingRun {
   using A = acc_t<T>;
@@ -195,13 +183,13 @@ class RingRun {
     // kv side (B, H_kv, kv chunk, d), row statistics (B, H_q, q chunk).
     auto qv = [&](auto u, const char* name) {
       using U = decltype(u);
-      return rows(bhsd<U>(at<U>(name, t), B, Hq, nq, d), qc.local_start, qc.n);
+      return slice_rows(bhsd<U>(at<U>(name, t), B, Hq, nq, d), qc.local_start, qc.n);
     };
     auto kv = [&](auto u, const char* name) {
       using U = decltype(u);
-      return rows(bhsd<U>(at<U>(name, t), B, Hkv, nk, d), kc.local_start, kc.n);
+      return slice_rows(bhsd<U>(at<U>(name, t), B, Hkv, nk, d), kc.local_start, kc.n);
     };
-    auto qr = [&](const char* name) { return rows(view3<A>(at<A>(name, t), B, Hq, nq), qc.local_start, qc.n); };
+    auto qr = [&](const char* name) { return slice_rows(view3<A>(at<A>(name, t), B, Hq, nq), qc.local_start, qc.n); };
     const Positions qpos = qp_.chunk_positions(b.q_chunk), kpos = kp_.chunk_positions(b.k_chunk);
     if (s_.phase == Phase::Forward) {  // merged into the home (O, LSE) in step order, eq. (4.5)
       e_.forward_block(p_, m_, qpos, kpos, as_const(qv(T{}, "Q")), as_const(kv(T{}, "K")), as_const(kv(T{}, "V")),

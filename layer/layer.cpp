@@ -13,6 +13,8 @@
 //   * reference/ attention is a fixed sequence of Eigen calls per (b, h).
 #include "layer.hpp"
 
+#include "burstlab/block_split.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -287,19 +289,6 @@ template <class T>
 View4<const T> heads(const std::vector<T>& x, const Shape& s, int64_t H) {
   return as_const(view4(const_cast<T*>(x.data()), Layout::BSHD, s.p.B, H, s.p.N_q, s.p.d));
 }
-// Rows [a, a + n) of such a view (the same strides).
-template <class T>
-View4<T> rows_of(View4<T> v, int64_t a, int64_t n) {
-  v.data += a * v.stride[2];
-  v.dim[2] = n;
-  return v;
-}
-template <class T>
-View3<T> rows_of(View3<T> v, int64_t a, int64_t n) {
-  v.data += a * v.stride[2];
-  v.dim[2] = n;
-  return v;
-}
 
 // Everything between x and y (eq. 11.1-11.5) that a placement may keep or recompute.
 template <class T>
@@ -471,9 +460,9 @@ Grads<T> backward(const Shape& s, const Weights<T>& w, const Saved<T>& saved, co
           fail("attention '", attn.name, "' has no forward over a subset of query rows; the sequence placement "
                "recomputes some (use cpu, or keep every segment)");
         const int64_t i0 = ckpt.bounds[k], n = ckpt.bounds[k + 1] - i0;
-        attn.forward_rows(s.p, Positions{i0, n, nullptr}, rows_of(heads(std::as_const(a.Q), s, H), i0, n),
+        attn.forward_rows(s.p, Positions{i0, n, nullptr}, slice_rows(heads(std::as_const(a.Q), s, H), i0, n),
                           heads(std::as_const(a.K), s, s.p.H_kv), heads(std::as_const(a.V), s, s.p.H_kv),
-                          rows_of(A4, i0, n), rows_of(L3, i0, n));
+                          slice_rows(A4, i0, n), slice_rows(L3, i0, n));
         count.row_forwards += 1;
         count.forward_rows += n;
         count.forward_pairs += rows_pairs(s.p, i0, i0 + n);

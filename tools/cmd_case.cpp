@@ -19,6 +19,7 @@
 #include "resources.hpp"
 #include "algorithm.hpp"  // the schedules of spec §7: algorithms()
 #include "sim_run.hpp"
+#include "gather.hpp"
 
 namespace burstlab::tools {
 namespace {
@@ -409,19 +410,6 @@ Column impl_column(const Impl& m) {
 
 // One distributed session (dist::Session of an algorithm of the table)
 // on SimComm threads, with the engine of an implementation; outputs gathered back to global BHSD.
-template <class U>
-Tensor4<double> widen(const Tensor4<U>& x) {
-  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
-  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
-  return y;
-}
-template <class U>
-Tensor3<double> widen(const Tensor3<U>& x) {
-  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
-  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
-  return y;
-}
-
 template <class T, class Session, class Options>
 RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
   struct S {

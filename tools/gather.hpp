@@ -19,4 +19,18 @@ struct GatheredOutputs {
 template <class T>
 GatheredOutputs gather_outputs(const dist::DistResult<T>& res, bool forward, bool backward);
 
+// A gathered tensor of any storage type as fp64 (the oracle's type), same layout.
+template <class U>
+Tensor4<double> widen(const Tensor4<U>& x) {
+  Tensor4<double> y = make_tensor4<double>(x.layout, x.B, x.H, x.N, x.d);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+template <class U>
+Tensor3<double> widen(const Tensor3<U>& x) {
+  Tensor3<double> y = make_tensor3<double>(x.B, x.H, x.N);
+  for (size_t i = 0; i < x.data.size(); ++i) y.data[i] = burstlab::to_double(x.data[i]);
+  return y;
+}
+
 }  // namespace burstlab::tools
