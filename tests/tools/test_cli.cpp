@@ -15,36 +15,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_run.hpp"
+
 namespace {
 
-struct Output {
-  int rc = -1;
-  std::string out, err;
-};
+using burstlab::cli_test::Output;
+using burstlab::cli_test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Runs `burstlab <args>` with stdout and stderr captured separately; env is a prefix such as
-// "BURSTLAB_TEST_BROKEN_IMPL=1".
+// Runs `burstlab <args>`; env is a prefix such as "BURSTLAB_TEST_BROKEN_IMPL=1".
 Output burstlab(const std::string& args, const std::string& env = "") {
-  static int counter = 0;
-  const std::string base = ::testing::TempDir() + "burstlab_cli_" + std::to_string(getpid()) + "_" +
-                           std::to_string(counter++);
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + "'" BURSTLAB_EXE "' " + args + " >" + base +
-                          ".out 2>" + base + ".err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Output o;
-  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  o.out = slurp(base + ".out");
-  o.err = slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return o;
+  return burstlab::cli_test::run_burstlab(args, env.empty() ? "" : "env " + env);
 }
 
 int count(const std::string& s, const std::string& what) {

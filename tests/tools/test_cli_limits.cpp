@@ -15,6 +15,7 @@
 #include <string>
 
 #include "case.hpp"
+#include "cli_run.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -22,35 +23,11 @@ namespace {
 namespace fs = std::filesystem;
 using namespace burstlab;
 
-struct Output {
-  int rc = -1;
-  std::string out, err;
-};
+using burstlab::cli_test::Output;
+using burstlab::cli_test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Runs `sh -c '<prefix> burstlab <args>'` (prefix: e.g. "ulimit -v 2000000;" or an environment
-// assignment), stdout and stderr captured apart.
-Output burstlab(const std::string& args, const std::string& prefix = "") {
-  static int counter = 0;
-  const std::string base = ::testing::TempDir() + "burstlab_limits_" + std::to_string(getpid()) + "_" +
-                           std::to_string(counter++);
-  const std::string inner = prefix + " '" BURSTLAB_EXE "' " + args + " >" + base + ".out 2>" + base + ".err </dev/null";
-  const std::string cmd = "sh -c \"" + inner + "\"";
-  const int status = std::system(cmd.c_str());
-  Output o;
-  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  o.out = slurp(base + ".out");
-  o.err = slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return o;
-}
+// Runs `<prefix> burstlab <args>` (prefix: e.g. "ulimit -v 2000000;" or an environment assignment).
+Output burstlab(const std::string& args, const std::string& prefix = "") { return burstlab::cli_test::run_burstlab(args, prefix); }
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

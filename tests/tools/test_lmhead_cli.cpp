@@ -15,34 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_run.hpp"
+
 namespace {
 
-struct Output {
-  int rc = -1;
-  std::string out, err;
-};
+using burstlab::cli_test::Output;
+using burstlab::cli_test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-Output burstlab(const std::string& args) {
-  static int counter = 0;
-  const std::string base = ::testing::TempDir() + "burstlab_lmcli_" + std::to_string(getpid()) + "_" +
-                           std::to_string(counter++);
-  const std::string cmd = "'" BURSTLAB_EXE "' " + args + " >" + base + ".out 2>" + base + ".err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Output o;
-  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  o.out = slurp(base + ".out");
-  o.err = slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return o;
-}
+Output burstlab(const std::string& args) { return burstlab::cli_test::run_burstlab(args); }
 
 std::string last_line(const std::string& s) {
   std::string t = s;
