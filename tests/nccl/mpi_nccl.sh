@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/nccl/mpi_nccl.sh BURSTLAB [faults] — `burstlab run --transport nccl` end to end (spec §7.4).
+# tests/nccl/mpi_nccl.sh BURSTLAB [faults|soak] — `burstlab run --transport nccl` end to end (spec §7.4).
 # Without a second argument:
 #   1. one process driving the GPUs it sees (a thread per rank), every algorithm;
 #   2. two processes under mpirun, every algorithm of the table x dtypes, checked against the
@@ -12,8 +12,16 @@
 # GPUs or more, as 2 threads of one process: each run must exit non-zero (never 134, never
 # std::terminate), within FAULT_BOUND_S seconds (default 30, start-up included), with the
 # injected rank's message (rank, phase, step) and the other rank's. One table row per run.
+#   FAULT_HANG_TIMEOUT the hang runs' --timeout (default 5 s).
 #   FAULT_LAUNCH  "mpirun threads" (default both), FAULT_KINDS "throw hang", FAULT_ALGOS
 #   (default every algorithm): subsets, e.g. to split the matrix over several commands.
+#   Then `kill -9` of rank 1 under mpirun in the middle of a long run: every process must be gone,
+#   with a non-zero exit, within --timeout + 5 s of the kill.
+# With `soak`: SOAK_PASSES (default 200) timed passes of ring, then of burst, in ONE process (2
+#   GPUs as threads; `run --repeat`), the GPUs' used memory (nvidia-smi), open file
+#   descriptors and resident host memory sampled every 0.2 s. After the first 20% of the samples
+#   (start-up, the first passes' allocations) each must stay flat: device and host memory within
+#   SOAK_SLACK_MIB (default 64), descriptors within 4. The series' summary is printed last.
 # On a machine with fewer GPUs than ranks, the ranks share a GPU: each process gets its own
 # NCCL_HOSTID, so NCCL takes them for separate hosts and moves data over sockets on loopback
 # (a correctness check of the transport, not a performance one).
@@ -21,7 +29,7 @@
 set -uo pipefail
 bin=$1
 what=${2:-checks}
-case $what in checks|faults) ;; *) echo "usage: $0 BURSTLAB [faults]"; exit 2 ;; esac
+case $what in checks|faults|soak) ;; *) echo "usage: $0 BURSTLAB [faults|soak]"; exit 2 ;; esac
 skip() {
   if [ "${BURSTLAB_REQUIRE_GPU:-0}" != 0 ]; then echo "FAIL: BURSTLAB_REQUIRE_GPU=1 but $1"; exit 1; fi
   echo "skipped: $1"; exit 77
@@ -132,8 +140,8 @@ if [ "$what" = faults ]; then
             else
               # The other rank's watchdog fires (the hanging rank waits up to twice the timeout);
               # with threads only the first rank's error is printed, under mpirun each process's.
-              spec="1:$step$sfx:hang"; to=5
-              pats=("did not complete within the timeout of 5.0 s")
+              spec="1:$step$sfx:hang"; to=${FAULT_HANG_TIMEOUT:-5}
+              pats=("did not complete within the timeout of $(printf '%.1f' "$to") s")
               # Under mpirun rank 0's MPI_Abort ends the hanging rank, which may not get to print.
               [ "$launch_kind" = mpirun ] &&
                 pats+=("rank 1: fault injection (--inject-failure $spec), hanging in $phase step $step||MPI_ABORT was invoked on rank 0")
@@ -147,9 +155,81 @@ if [ "$what" = faults ]; then
       done
     done
   done
+  # kill -9 of one rank in the middle of a pass: mpirun (or the others' watchdogs) must end every
+  # process within the timeout + 5 s of the kill.
+  if [[ " $launches " == *" mpirun "* ]]; then
+    pids=$(mktemp -d)
+    t0=$(date +%s)
+    "${launch[@]}" sh -c 'echo $$ > '"$pids"'/rank$OMPI_COMM_WORLD_RANK; exec "$@"' sh \
+      "$bin" run --transport nccl --algo ring --impl cuda --hq 8 --hkv 8 --nq 16384 --nk 16384 -d 128 --dtype bf16 \
+      --partition zigzag --mask causal --pass both --repeat 100000 --timeout 10 >"$log" 2>&1 &
+    mp=$!
+    # wait until both ranks run and have started passes (NCCL set up), then kill rank 1
+    for _ in $(seq 1 120); do [ -s "$pids/rank1" ] && [ -s "$pids/rank0" ] && break; sleep 0.5; done
+    sleep 8
+    victim=$(cat "$pids/rank1" 2>/dev/null)
+    tk=$(date +%s)
+    if [ -n "$victim" ] && kill -0 "$victim" 2>/dev/null; then
+      kill -9 "$victim"
+      ( sleep 60; kill -9 $mp 2>/dev/null ) & guard=$!
+      wait $mp; rc=$?
+      kill $guard 2>/dev/null
+      t=$(( $(date +%s) - tk ))
+      r0=$(cat "$pids/rank0")
+      alive=no; kill -0 "$r0" 2>/dev/null && alive=yes
+      first=$(grep -m1 -E 'rank [0-9]+|killed|signal 9|exited on signal' "$log" | cut -c1-200)
+      if [ $rc -ne 0 ] && [ $t -le 15 ] && [ $alive = no ]; then ok=pass; passed=$((passed + 1))
+      else ok=FAIL; failures=$((failures + 1)); sed 's/^/    /' "$log" | tail -20; fi
+      echo "$ok mpirun kill -9 rank 1 (mpirun exit $rc ${t}s after the kill; rank 0 alive after: $alive)"
+      rows+=("$(printf '%-4s %-45s | exit %3d | %3ds | %s' $ok "mpirun  ring kill -9 rank 1 mid-run" $rc $t "$first")")
+    else
+      echo "FAIL mpirun kill -9: rank 1 never started or ended early ($(( tk - t0 ))s)"; sed 's/^/    /' "$log" | tail -20
+      failures=$((failures + 1)); kill -9 $mp 2>/dev/null; wait $mp 2>/dev/null
+    fi
+    pkill -9 -f "$pids/rank" 2>/dev/null
+    rm -rf "$pids"
+  fi
   echo
   echo "fault matrix (launch, algorithm, phase, step, kind | exit code | seconds | first message line):"
   printf '%s\n' "${rows[@]}"
+  echo "$passed passed, $failures failed"
+  [ $failures -eq 0 ]
+  exit
+fi
+
+if [ "$what" = soak ]; then
+  [ "$gpus" -ge 2 ] || skip "the soak needs 2 GPUs in one process (this machine has $gpus)"
+  passes=${SOAK_PASSES:-200} slack=${SOAK_SLACK_MIB:-64}
+  for algo in ring burst; do
+    series=$(mktemp)
+    "$bin" run --transport nccl --world 2 --algo $algo --impl cuda --hq 8 --hkv 8 --nq 32768 --nk 32768 -d 128 \
+      --dtype bf16 --partition zigzag --mask causal --pass both --repeat "$passes" --check-rows 8 >"$log" 2>&1 &
+    pid=$!
+    t0=$(date +%s.%N)
+    while kill -0 $pid 2>/dev/null; do
+      # the GPUs' used memory (this process is the only one using them here; per-process figures
+      # need the host's PID namespace, which a container may not have)
+      dev=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+      fds=$(ls /proc/$pid/fd 2>/dev/null | wc -l)
+      rss=$(awk '/^VmRSS/ { print int($2 / 1024) }' /proc/$pid/status 2>/dev/null)
+      [ -n "$rss" ] && echo "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }') $dev $fds $rss" >>"$series"
+      sleep 0.2
+    done
+    wait $pid; rc=$?
+    line=$(awk -v slack=$slack -v n="$(wc -l <"$series")" '
+      NR > n / 5 && $2 > 0 { k++; if (k == 1) { d0 = $2; f0 = $3; r0 = $4; dmin = dmax = $2; fmin = fmax = $3; rmin = rmax = $4 }
+        if ($2 < dmin) dmin = $2; if ($2 > dmax) dmax = $2; if ($3 < fmin) fmin = $3; if ($3 > fmax) fmax = $3
+        if ($4 < rmin) rmin = $4; if ($4 > rmax) rmax = $4; t = $1; d1 = $2; f1 = $3; r1 = $4 }
+      END { ok = (k >= 5 && dmax - dmin <= slack && fmax - fmin <= 4 && rmax - rmin <= slack)
+        printf "%s %d samples over %.1f s | device MiB %d..%d (first %d, last %d) | fds %d..%d | RSS MiB %d..%d (first %d, last %d)\n",
+          ok ? "flat" : "NOT-FLAT", k, t, dmin, dmax, d0, d1, fmin, fmax, f0, f1, rmin, rmax, r0, r1 }' "$series")
+    passline=$(grep -E ' (PASS|FAIL)' "$log" | head -4 | tr -s ' ' | tr '\n' ';')
+    if [ $rc -eq 0 ] && [[ $line == flat* ]]; then echo "pass soak $algo x $passes passes: $line"; passed=$((passed + 1))
+    else echo "FAIL soak $algo x $passes passes (exit $rc): $line"; tail -20 "$log" | sed 's/^/    /'; failures=$((failures + 1)); fi
+    echo "    check: $passline"
+    cp "$series" "${OUT:-/tmp}/soak-$algo.tsv" 2>/dev/null
+    rm -f "$series"
+  done
   echo "$passed passed, $failures failed"
   [ $failures -eq 0 ]
   exit
