@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kFailureTag = 7331;  // a failure notice: the message
 constexpr int kLeaveTag = 7332;    // a leave notice: the collectives the rank had completed
 std::atomic<bool> g_failed{false};  // this process failed: MPI_Abort at mpi_finish()
+std::atomic<bool> g_said{false};    // this process printed its failure (ranks other than 0)
 
 void mpi_check(int rc, const std::string& call) {
   if (rc == MPI_SUCCESS) return;
@@ -104,7 +105,13 @@ void mpi_finish() {
   MPI_Finalized(&finalized);
   if (!inited || finalized) return;
   // A failed process may leave peers that never reach MPI_Finalize: abort instead of waiting.
-  if (g_failed) MPI_Abort(MPI_COMM_WORLD, 1);
+  // The peers told of this failure get a second to print theirs before MPI_Abort ends them.
+  if (g_failed) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   MPI_Finalize();
 }
 
@@ -275,6 +282,16 @@ MpiWorld::MpiWorld(NcclOptions o, int gpus_per_node) : s_(std::make_unique<State
       s->notify(msg);
     };
     comm_ = std::make_unique<NcclComm>(*id, s->rank, s->size, local_rank % n, o);
+    watchdog_ = std::thread([this] {
+      while (!stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (stop_.load() || comm_->aborted()) continue;
+        if (const std::string why = stalled(*comm_); !why.empty()) {
+          g_failed = true;
+          comm_->abort(why);
+        }
+      }
+    });
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (msg.rfind("rank ", 0) != 0) msg = "rank " + std::to_string(s->rank) + ": " + msg;
@@ -286,6 +303,8 @@ MpiWorld::MpiWorld(NcclOptions o, int gpus_per_node) : s_(std::make_unique<State
 }
 
 MpiWorld::~MpiWorld() {
+  stop_ = true;
+  if (watchdog_.joinable()) watchdog_.join();
   if (comm_) {
     try {
       comm_->close();
@@ -308,7 +327,11 @@ MpiWorld::~MpiWorld() {
 }
 
 void MpiWorld::fail(const std::string& why) noexcept {
+  // Only rank 0 prints its tables (the others' stdout is silenced): the others name their own
+  // failure here, once, so that each rank's cause is on record whoever MPI_Abort ends first.
   g_failed = true;
+  if (s_ && s_->rank != 0 && !g_said.exchange(true))
+    std::fprintf(stderr, "burstlab: rank %d failed: %s\n", s_->rank, why.c_str());
   try {
     if (s_) s_->notify(why);
   } catch (...) {  // the others then see this rank's failure at MPI_Abort or their timeout

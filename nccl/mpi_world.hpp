@@ -8,13 +8,16 @@
 // MPI_Ibcast) and polled with the --timeout deadline, and every poll (these and NcclComm's) stops
 // at once on a peer's failure notice, on a peer that left before the collective being waited for,
 // or on a peer on this host whose process is gone (killed by a signal: checked by pid, at most
-// every 100 ms). A failure anywhere in this process (MpiWorld::fail, NcclComm's failures, a
+// every 100 ms), and a watchdog thread aborts the communicator when this rank's transfers stall
+// while its thread is blocked outside it (as ThreadWorld's does). A failure anywhere in this process (MpiWorld::fail, NcclComm's failures, a
 // failed start) tells the others, aborts the communicator, and ends the job with MPI_Abort at
 // mpi_finish(); MPI_Finalize only ends a process that did not fail.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nccl_comm.hpp"
@@ -54,6 +57,11 @@ class MpiWorld {
   struct State;
   std::unique_ptr<State> s_;
   std::unique_ptr<NcclComm> comm_;
+  // Aborts the communicator when this rank's posted transfers stall past the timeout while its
+  // thread is away from it (blocked in a CUDA call behind NCCL's kernel, which only an abort
+  // ends); the main thread then fails as for any abort and tells the others (MPI stays on it).
+  std::atomic<bool> stop_{false};
+  std::thread watchdog_;
 };
 
 }  // namespace burstlab::nccl

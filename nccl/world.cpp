@@ -110,6 +110,36 @@ std::vector<std::string> ThreadWorld::watched(const std::function<void(int)>& bo
   return run_ranks(static_cast<int>(comms_.size()), body, board_, w);
 }
 
+std::string stalled(NcclComm& c) {
+  NcclComm::Stall st;
+  if (!c.stall(st)) return "";
+  // The batch may be complete on the device while the thread computes: ask the device, on a
+  // helper thread, for at most a second (the query needs the GPU's context, which a thread
+  // blocked behind NCCL's kernel may hold; then the answer is late, and the rank is stalled).
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool given = false;
+    cudaError_t e = cudaErrorNotReady;
+  };
+  auto a = std::make_shared<Answer>();
+  std::thread([a, holder = st.holder, ev = st.done, dev = c.device()] {
+    cudaError_t e = cudaSetDevice(dev);
+    if (e == cudaSuccess) e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    std::lock_guard<std::mutex> lk(a->mu);
+    a->given = true;
+    a->e = e;
+    a->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lk(a->mu);
+  a->cv.wait_for(lk, std::chrono::seconds(1), [&] { return a->given; });
+  if (a->given && a->e == cudaSuccess) {
+    c.mark_complete(st.holder);
+    return "";
+  }
+  return st.message;
+}
+
 std::string ThreadWorld::stalled() {
   std::vector<NcclComm*> cs;
   {
@@ -117,35 +147,8 @@ std::string ThreadWorld::stalled() {
     for (auto& c : comms_)
       if (c) cs.push_back(c.get());
   }
-  for (NcclComm* c : cs) {
-    NcclComm::Stall st;
-    if (!c->stall(st)) continue;
-    // The batch may be complete on the device while the thread computes: ask the device, on a
-    // helper thread, for at most a second (the query needs the GPU's context, which a thread
-    // blocked behind NCCL's kernel may hold; then the answer is late, and the rank is stalled).
-    struct Answer {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool given = false;
-      cudaError_t e = cudaErrorNotReady;
-    };
-    auto a = std::make_shared<Answer>();
-    std::thread([a, holder = st.holder, ev = st.done, dev = c->device()] {
-      cudaError_t e = cudaSetDevice(dev);
-      if (e == cudaSuccess) e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-      std::lock_guard<std::mutex> lk(a->mu);
-      a->given = true;
-      a->e = e;
-      a->cv.notify_all();
-    }).detach();
-    std::unique_lock<std::mutex> lk(a->mu);
-    a->cv.wait_for(lk, std::chrono::seconds(1), [&] { return a->given; });
-    if (a->given && a->e == cudaSuccess) {
-      c->mark_complete(st.holder);
-      continue;
-    }
-    return st.message;
-  }
+  for (NcclComm* c : cs)
+    if (std::string why = nccl::stalled(*c); !why.empty()) return why;
   return "";
 }
 

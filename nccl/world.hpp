@@ -23,6 +23,11 @@ int device_count();  // CUDA devices visible to this process (0 without a GPU or
 // from host names (ranks with equal names share a node) when K = 0.
 std::vector<int> nodes_of(int world, int gpus_per_node, const std::vector<std::string>& hosts);
 
+// A watchdog's check of one communicator, from another thread: the message of the oldest batch it
+// posted that stalls (NcclComm::stall) and that the device, asked for at most a second, does not
+// report complete; "" when none.
+std::string stalled(NcclComm& c);
+
 // Every run of the ranks is watched (ranks.hpp): the first failure of any rank aborts every
 // communicator, a rank whose posted transfers stall past the timeout while its thread is away from
 // the communicator (blocked in a CUDA call behind NCCL's kernel) is failed on its behalf, and every
