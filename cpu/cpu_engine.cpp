@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "burstlab/merge.hpp"
 
@@ -43,20 +44,10 @@ class CpuEngine final : public Engine<T> {
   void download(void* host, const void* src, int64_t bytes) override { std::memcpy(host, src, size_t(bytes)); }
   void copy(void* dst, const void* src, int64_t bytes) override { std::memmove(dst, src, size_t(bytes)); }
   void fill(void* dst, int64_t n, Dtype t, double value) override {
-    switch (t) {
-      case Dtype::F64: return fill_as<double>(dst, n, value);
-      case Dtype::F32: return fill_as<float>(dst, n, value);
-      case Dtype::BF16: return fill_as<bf16_t>(dst, n, value);
-      case Dtype::F16: return fill_as<f16_t>(dst, n, value);
-    }
+    dispatch_dtype(t, [&](auto tag) { fill_as<typename decltype(tag)::type>(dst, n, value); });
   }
   void add(void* acc, const void* in, int64_t n, Dtype t) override {
-    switch (t) {
-      case Dtype::F64: return add_as<double>(acc, in, n);
-      case Dtype::F32: return add_as<float>(acc, in, n);
-      case Dtype::BF16: return add_as<bf16_t>(acc, in, n);
-      case Dtype::F16: return add_as<f16_t>(acc, in, n);
-    }
+    dispatch_dtype(t, [&](auto tag) { add_as<typename decltype(tag)::type>(acc, in, n); });
   }
 
   PreparedMask prepare(const MaskData& mask) override {

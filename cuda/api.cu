@@ -95,11 +95,6 @@ DeviceMask::DeviceMask(const MaskData& m) {
 
 namespace detail {
 
-int env_int(const char* name) {
-  const char* e = std::getenv(name);
-  return e ? std::atoi(e) : 0;
-}
-
 int max_dynamic_smem() {
   int dev = 0, v = 0;
   BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
@@ -119,7 +114,9 @@ void allow_smem(const void* kernel, size_t bytes) {
 
 namespace {
 
+using detail::as_device;
 using detail::BwdArgs;
+using detail::device_t;
 using detail::FwdArgs;
 
 void check_gpu_limits(const Problem& p) {
@@ -157,32 +154,33 @@ void check_v3(const char* name, const View3<T>& v, int64_t B, int64_t H, int64_t
   validate_view(name, v.dim, v.data, 3, e);
 }
 
+// A launch's arguments over the device's element types (device_t).
 template <class T>
-FwdArgs<T> fwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
-                    View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-                    View3<lse_t<T>> LSE, bool accumulate) {
-  FwdArgs<T> a;
-  a.Q = Q; a.K = K; a.V = V; a.O = O; a.LSE = LSE;
+FwdArgs<device_t<T>> fwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
+                              View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
+                              View3<acc_t<T>> LSE, bool accumulate) {
+  FwdArgs<device_t<T>> a;
+  a.Q = as_device(Q); a.K = as_device(K); a.V = as_device(V); a.O = as_device(O); a.LSE = LSE;
   a.mask = mask; a.qp = qp; a.kp = kp;
   a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
   a.nq = qp.n; a.nk = kp.n; a.d = p.d;
-  a.scale = static_cast<lse_t<T>>(scale_of(p));
+  a.scale = static_cast<acc_t<T>>(scale_of(p));
   a.accumulate = accumulate;
   return a;
 }
 
 template <class T, class G>
-BwdArgs<T, G> bwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
-                       View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
-                       View3<const lse_t<T>> LSE, View3<const lse_t<T>> D, View4<G> dQ, View4<G> dK,
-                       View4<G> dV, bool accumulate) {
-  BwdArgs<T, G> a;
-  a.Q = Q; a.K = K; a.V = V; a.dO = dO; a.LSE = LSE; a.D = D;
-  a.dQ = dQ; a.dK = dK; a.dV = dV;
+BwdArgs<device_t<T>, device_t<G>> bwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
+                                           View4<const T> Q, View4<const T> K, View4<const T> V,
+                                           View4<const T> dO, View3<const acc_t<T>> LSE, View3<const acc_t<T>> D,
+                                           View4<G> dQ, View4<G> dK, View4<G> dV, bool accumulate) {
+  BwdArgs<device_t<T>, device_t<G>> a;
+  a.Q = as_device(Q); a.K = as_device(K); a.V = as_device(V); a.dO = as_device(dO); a.LSE = LSE; a.D = D;
+  a.dQ = as_device(dQ); a.dK = as_device(dK); a.dV = as_device(dV);
   a.mask = mask; a.qp = qp; a.kp = kp;
   a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
   a.nq = qp.n; a.nk = kp.n; a.d = p.d;
-  a.scale = static_cast<lse_t<T>>(scale_of(p));
+  a.scale = static_cast<acc_t<T>>(scale_of(p));
   a.accumulate = accumulate;
   return a;
 }
@@ -209,12 +207,9 @@ class StreamScratch {
 
 // ---- dispatch: a call's description for the table (variants.hpp), and the launchers
 
-template <class T> constexpr Dtype dtype_of();
-template <> constexpr Dtype dtype_of<double>() { return Dtype::F64; }
-template <> constexpr Dtype dtype_of<float>() { return Dtype::F32; }
-template <> constexpr Dtype dtype_of<bf16>() { return Dtype::BF16; }
-template <> constexpr Dtype dtype_of<f16>() { return Dtype::F16; }
-template <class T> constexpr bool kTensorCore = std::is_same<T, bf16>::value || std::is_same<T, f16>::value;
+// D: a device element type (the launchers' template argument).
+template <class D>
+constexpr bool kTensorCore = std::is_same<D, detail::bf16>::value || std::is_same<D, detail::f16>::value;
 
 template <class X>
 ViewDesc desc(const char* name, const View4<X>& v) {
@@ -257,13 +252,14 @@ Call backward_call(const Problem& p, bool deterministic, View4<const T> Q, View4
 template <class T>
 Call backward_block_call(const Problem& p, Positions q_pos, Positions k_pos, bool deterministic,
                          View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
-                         View4<lse_t<T>> dQ, View4<lse_t<T>> dK, View4<lse_t<T>> dV) {
+                         View4<acc_t<T>> dQ, View4<acc_t<T>> dK, View4<acc_t<T>> dV) {
   return call_of<T>(Pass::BackwardBlock, p, q_pos, k_pos, deterministic,
                     {desc("Q", Q), desc("K", K), desc("V", V), desc("dO", dO), desc("dQ", dQ), desc("dK", dK),
                      desc("dV", dV)});
 }
 
-// The launchers: one case per variant of the table that runs the entry point. Each returns false,
+// The launchers, over a device element type: one case per variant of the table that runs the
+// entry point. Each returns false,
 // with *why, when it declines a call the table admitted (v4: views the copy engine cannot
 // describe; nothing is launched then).
 template <class T>
@@ -310,18 +306,18 @@ bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, cons
 }
 
 template <class T>
-bool launch_backward_block(Variant v, const BwdArgs<T, lse_t<T>>& a, const Options& opt, const char** why) {
+bool launch_backward_block(Variant v, const BwdArgs<T, acc_t<T>>& a, const Options& opt, const char** why) {
   if constexpr (kTensorCore<T>) {
     if (v == Variant::V4) {
       // The one-pass mode (not deterministic) adds dQ's partial sums into fp32 scratch, then
       // dQ += scale sum; the deterministic mode runs the two passes, no scratch.
       const bool one_pass = !opt.deterministic && a.nq > 0 && a.nk > 0;
       StreamScratch<float> dq_acc(one_pass ? detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) : 0, opt.stream);
-      return detail::v4_backward<T, lse_t<T>>(a, dq_acc.data(), opt.stream, why);
+      return detail::v4_backward<T, acc_t<T>>(a, dq_acc.data(), opt.stream, why);
     }
   }
   if (v != Variant::V1) fail("variant (", to_string(v), ") has no backward_block launcher for this dtype");
-  detail::v1_backward<T, lse_t<T>>(a, opt.stream);
+  detail::v1_backward<T, acc_t<T>>(a, opt.stream);
   return true;
 }
 
@@ -356,8 +352,8 @@ Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, V
 
 template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
-                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
-                               View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
+                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<acc_t<T>> dQ,
+                               View4<acc_t<T>> dK, View4<acc_t<T>> dV, Variant requested,
                                bool deterministic, std::string* passed_over) {
   const Call c = backward_block_call<T>(p, q_pos, k_pos, deterministic, Q, K, V, dO, dQ, dK, dV);
   return choose_variant(c, compute_capability(), requested, passed_over);
@@ -365,7 +361,7 @@ Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_po
 
 template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-             View3<lse_t<T>> LSE, const Options& opt) {
+             View3<acc_t<T>> LSE, const Options& opt) {
   validate_forward_views(p, Q, K, V, O, LSE);
   check_gpu_limits(p);
   const std::vector<Variant> order = launch_order(
@@ -373,10 +369,9 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
       compute_capability(), opt.variant);
   const MaskData md = compile_mask(p);
   const DeviceMask dm(md);
-  const FwdArgs<T> a = fwd_args<T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q,
-                                   K, V, O, LSE, false);
+  const auto a = fwd_args<T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q, K, V, O, LSE, false);
   launch_first(order, opt.variant, Pass::Forward,
-               [&](Variant v, const char** why) { return launch_forward<T>(v, a, opt.stream, why); });
+               [&](Variant v, const char** why) { return launch_forward(v, a, opt.stream, why); });
   // dm's device arrays are freed on return: wait for the kernel that reads them.
   if (md.doc.size() || md.block.size()) BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));
 }
@@ -384,7 +379,7 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
 template <class T>
 void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                    View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-                   View3<lse_t<T>> LSE, bool accumulate, const Options& opt) {
+                   View3<acc_t<T>> LSE, bool accumulate, const Options& opt) {
   validate(p);
   check_gpu_limits(p);
   check_mask_params(p, mask);
@@ -393,36 +388,36 @@ void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Po
   validate_block_forward_views(p, q_pos.n, k_pos.n, Q, K, V, O, LSE);
   const std::vector<Variant> order = launch_order(
       forward_call<T>(Pass::ForwardBlock, p, q_pos, k_pos, Q, K, V, O), compute_capability(), opt.variant);
-  const FwdArgs<T> a = fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate);
+  const auto a = fwd_args<T>(p, mask, q_pos, k_pos, Q, K, V, O, LSE, accumulate);
   launch_first(order, opt.variant, Pass::ForwardBlock,
-               [&](Variant v, const char** why) { return launch_forward<T>(v, a, opt.stream, why); });
+               [&](Variant v, const char** why) { return launch_forward(v, a, opt.stream, why); });
 }
 
 template <class T>
-void merge(View4<T> O_a, View3<lse_t<T>> LSE_a, View4<const T> O_b, View3<const lse_t<T>> LSE_b,
+void merge(View4<T> O_a, View3<acc_t<T>> LSE_a, View4<const T> O_b, View3<const acc_t<T>> LSE_b,
            const Options& opt) {
   validate_view("O_a", O_a.dim, O_a.data, 4, O_a.dim);
   check_v4("O_b", O_b, O_a.dim[0], O_a.dim[1], O_a.dim[2], O_a.dim[3]);
   check_v3("LSE_a", LSE_a, O_a.dim[0], O_a.dim[1], O_a.dim[2]);
   check_v3("LSE_b", LSE_b, O_a.dim[0], O_a.dim[1], O_a.dim[2]);
   if (O_a.dim[0] > 65535 || O_a.dim[1] > 65535) fail("O_a.dim[0..1] must be <= 65535");
-  detail::launch_merge<T>(O_a, LSE_a, O_b, LSE_b, opt.stream);
+  detail::launch_merge<device_t<T>>(as_device(O_a), LSE_a, as_device(O_b), LSE_b, opt.stream);
 }
 
 template <class T>
-void compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, const Options& opt) {
+void compute_D(View4<const T> O, View4<const T> dO, View3<acc_t<T>> D, const Options& opt) {
   validate_view("O", O.dim, O.data, 4, O.dim);
   check_v4("dO", dO, O.dim[0], O.dim[1], O.dim[2], O.dim[3]);
   check_v3("D", D, O.dim[0], O.dim[1], O.dim[2]);
   if (O.dim[0] > 65535 || O.dim[1] > 65535) fail("O.dim[0..1] must be <= 65535");
-  detail::launch_compute_D<T>(O, dO, D, opt.stream);
+  detail::launch_compute_D<device_t<T>>(as_device(O), as_device(dO), D, opt.stream);
 }
 
 template <class T>
 void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
-              View4<const T> O, View4<const T> dO, View3<const lse_t<T>> LSE, View4<T> dQ,
+              View4<const T> O, View4<const T> dO, View3<const acc_t<T>> LSE, View4<T> dQ,
               View4<T> dK, View4<T> dV, const Options& opt) {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   validate_backward_views(p, Q, K, V, O, dO, LSE, dQ, dK, dV);
   check_gpu_limits(p);
   const std::vector<Variant> order = launch_order(backward_call<T>(p, opt.deterministic, Q, K, V, O, dO, dQ, dK, dV),
@@ -431,20 +426,20 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
   const DeviceMask dm(md);
   StreamScratch<A> Dbuf(size_t(p.B * p.H_q * p.N_q), opt.stream);
   const View3<A> D = view3(Dbuf.data(), p.B, p.H_q, p.N_q);
-  detail::launch_compute_D<T>(O, dO, D, opt.stream);  // (5.1)
-  const BwdArgs<T, T> a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k),
-                                         Q, K, V, dO, LSE, as_const(D), dQ, dK, dV, false);
+  detail::launch_compute_D<device_t<T>>(as_device(O), as_device(dO), D, opt.stream);  // (5.1)
+  const auto a = bwd_args<T, T>(p, dm.params(), contiguous(0, p.N_q), contiguous(0, p.N_k), Q, K, V, dO, LSE,
+                                as_const(D), dQ, dK, dV, false);
   launch_first(order, opt.variant, Pass::Backward,
-               [&](Variant v, const char** why) { return launch_backward<T>(v, a, opt, why); });
+               [&](Variant v, const char** why) { return launch_backward(v, a, opt, why); });
   BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(opt.stream));  // D and the mask die here
 }
 
 template <class T>
 void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                     View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
-                    View3<const lse_t<T>> LSE, View3<const lse_t<T>> D, View4<lse_t<T>> dQ,
-                    View4<lse_t<T>> dK, View4<lse_t<T>> dV, const Options& opt) {
-  using A = lse_t<T>;
+                    View3<const acc_t<T>> LSE, View3<const acc_t<T>> D, View4<acc_t<T>> dQ,
+                    View4<acc_t<T>> dK, View4<acc_t<T>> dV, const Options& opt) {
+  using A = acc_t<T>;
   validate(p);
   check_gpu_limits(p);
   check_mask_params(p, mask);
@@ -454,9 +449,9 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
   const std::vector<Variant> order = launch_order(
       backward_block_call<T>(p, q_pos, k_pos, opt.deterministic, Q, K, V, dO, dQ, dK, dV), compute_capability(),
       opt.variant);
-  const BwdArgs<T, A> a = bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true);
+  const auto a = bwd_args<T, A>(p, mask, q_pos, k_pos, Q, K, V, dO, LSE, D, dQ, dK, dV, true);
   launch_first(order, opt.variant, Pass::BackwardBlock,
-               [&](Variant v, const char** why) { return launch_backward_block<T>(v, a, opt, why); });
+               [&](Variant v, const char** why) { return launch_backward_block(v, a, opt, why); });
 }
 
 #define BURSTLAB_API(T)                                                                          \
@@ -467,27 +462,27 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
                                        View4<T>, View4<T>, Variant, std::string*);               \
   template Variant backward_block_variant<T>(const Problem&, Positions, Positions, View4<const T>, \
                                              View4<const T>, View4<const T>, View4<const T>,     \
-                                             View4<lse_t<T>>, View4<lse_t<T>>, View4<lse_t<T>>,  \
+                                             View4<acc_t<T>>, View4<acc_t<T>>, View4<acc_t<T>>,  \
                                              Variant, bool, std::string*);                       \
   template void forward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,       \
-                           View4<T>, View3<lse_t<T>>, const Options&);                           \
+                           View4<T>, View3<acc_t<T>>, const Options&);                           \
   template void forward_block<T>(const Problem&, const MaskParams&, Positions, Positions,        \
                                  View4<const T>, View4<const T>, View4<const T>, View4<T>,       \
-                                 View3<lse_t<T>>, bool, const Options&);                         \
-  template void merge<T>(View4<T>, View3<lse_t<T>>, View4<const T>, View3<const lse_t<T>>,       \
+                                 View3<acc_t<T>>, bool, const Options&);                         \
+  template void merge<T>(View4<T>, View3<acc_t<T>>, View4<const T>, View3<const acc_t<T>>,       \
                          const Options&);                                                        \
-  template void compute_D<T>(View4<const T>, View4<const T>, View3<lse_t<T>>, const Options&);   \
+  template void compute_D<T>(View4<const T>, View4<const T>, View3<acc_t<T>>, const Options&);   \
   template void backward<T>(const Problem&, View4<const T>, View4<const T>, View4<const T>,      \
-                            View4<const T>, View4<const T>, View3<const lse_t<T>>, View4<T>,     \
+                            View4<const T>, View4<const T>, View3<const acc_t<T>>, View4<T>,     \
                             View4<T>, View4<T>, const Options&);                                 \
   template void backward_block<T>(const Problem&, const MaskParams&, Positions, Positions,       \
                                   View4<const T>, View4<const T>, View4<const T>,                \
-                                  View4<const T>, View3<const lse_t<T>>, View3<const lse_t<T>>,  \
-                                  View4<lse_t<T>>, View4<lse_t<T>>, View4<lse_t<T>>, const Options&);
+                                  View4<const T>, View3<const acc_t<T>>, View3<const acc_t<T>>,  \
+                                  View4<acc_t<T>>, View4<acc_t<T>>, View4<acc_t<T>>, const Options&);
 BURSTLAB_API(double)
 BURSTLAB_API(float)
-BURSTLAB_API(bf16)
-BURSTLAB_API(f16)
+BURSTLAB_API(bf16_t)
+BURSTLAB_API(f16_t)
 #undef BURSTLAB_API
 
 }  // namespace burstlab::cuda

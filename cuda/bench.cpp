@@ -120,13 +120,13 @@ int main(int argc, char** argv) {
     if (!csv.empty()) out.open(csv, std::ios::app);
     const size_t elems = size_t(tokens) * size_t(hd);
     // Random inputs once (N(0,1), never zeros), reused by every shape (B*N*H*d is constant).
-    std::vector<bc::bf16> host(elems);
+    std::vector<bf16_t> host(elems);
     std::mt19937_64 rng(12345);
     std::normal_distribution<float> nd(0.f, 1.f);
-    bc::DeviceBuffer<bc::bf16> Qb(elems), Kb(elems), Vb(elems), dOb(elems), Ob(elems), Rb(elems);
-    bc::DeviceBuffer<bc::bf16> dQb(elems), dKb(elems), dVb(elems);
+    bc::DeviceBuffer<bf16_t> Qb(elems), Kb(elems), Vb(elems), dOb(elems), Ob(elems), Rb(elems);
+    bc::DeviceBuffer<bf16_t> dQb(elems), dKb(elems), dVb(elems);
     for (auto* buf : {&Qb, &Kb, &Vb, &dOb}) {
-      for (auto& x : host) x = __float2bfloat16(nd(rng));
+      for (auto& x : host) x = bf16_t(nd(rng));
       buf->upload(host.data(), elems);
     }
     const float max_v = static_cast<float>(bc::max_abs(Vb.data(), elems));
@@ -140,18 +140,18 @@ int main(int argc, char** argv) {
           p.B = tokens / N; p.H_q = p.H_kv = hd / d; p.N_q = p.N_k = N; p.d = d;
           p.mask.causal = causal != 0;
           if (p.B < 1 || p.H_q < 1) continue;
-          const auto V4 = [&](bc::bf16* x) { return view4<bc::bf16>(x, Layout::BSHD, p.B, p.H_q, N, d); };
-          const auto C4 = [&](bc::bf16* x) { return as_const(V4(x)); };
+          const auto V4 = [&](bf16_t* x) { return view4<bf16_t>(x, Layout::BSHD, p.B, p.H_q, N, d); };
+          const auto C4 = [&](bf16_t* x) { return as_const(V4(x)); };
           bc::DeviceBuffer<float> L(size_t(p.B * p.H_q * N)), L1(size_t(p.B * p.H_q * N));
           const auto L3 = [&](float* x) { return view3<float>(x, p.B, p.H_q, N); };
           // The variant that runs (auto resolved over the table, as forward_variant documents).
-          const bc::Variant var = bc::forward_variant<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), var_req);
+          const bc::Variant var = bc::forward_variant<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), var_req);
           bc::Options opt;
           opt.variant = var;
           // ---- check: outputs poisoned, finite after; the others against the fallback
           Ob.poison();
           L.poison();
-          bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
+          bc::forward<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
           BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
           const size_t n_o = size_t(p.B * p.H_q * N * d);
           int64_t bad = bc::count_nonfinite(Ob.data(), n_o) + bc::count_nonfinite(L.data(), size_t(p.B * p.H_q * N));
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
             o1.variant = ref;
             Rb.poison();
             L1.poison();
-            bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Rb.data()), L3(L1.data()), o1);
+            bc::forward<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Rb.data()), L3(L1.data()), o1);
             BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
             diff = bc::max_abs_diff(Ob.data(), Rb.data(), n_o);
             ldiff = bc::max_abs_diff(L.data(), L1.data(), size_t(p.B * p.H_q * N));
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
           const bool ok = bad == 0;
           all_ok = all_ok && ok;
           const double ms = time_ms([&] {
-            bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
+            bc::forward<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(L.data()), opt);
           }, warmup, reps);
           const double tf = forward_flops(p) / (ms * 1e-3) / 1e12;
           std::printf("%-4s %-3s %6lld %4lld %6lld %3lld %4lld %10.3f %9.1f %12.3e %10.3e %s\n", "fwd",
@@ -188,10 +188,10 @@ int main(int argc, char** argv) {
           // ---- backward at N <= bwd_max_n (--bwd-variant; auto: the table's choice)
           if (N <= bwd_max_n) {
             bc::DeviceBuffer<float> Lb(size_t(p.B * p.H_q * N));
-            bc::forward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
-            bc::DeviceBuffer<bc::bf16>* grads[3] = {&dQb, &dKb, &dVb};
-            const auto run_bwd = [&](const bc::Options& o, bc::DeviceBuffer<bc::bf16>* const* gr) {
-              bc::backward<bc::bf16>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), C4(Ob.data()),
+            bc::forward<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), V4(Ob.data()), L3(Lb.data()), opt);
+            bc::DeviceBuffer<bf16_t>* grads[3] = {&dQb, &dKb, &dVb};
+            const auto run_bwd = [&](const bc::Options& o, bc::DeviceBuffer<bf16_t>* const* gr) {
+              bc::backward<bf16_t>(p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), C4(Ob.data()),
                                      C4(dOb.data()), as_const(L3(Lb.data())), V4(gr[0]->data()),
                                      V4(gr[1]->data()), V4(gr[2]->data()), o);
             };
@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
             bopt.variant = bvar_req;
             bopt.deterministic = deterministic;
             // The backward that runs (auto resolved over the table, as backward_variant documents).
-            const bc::Variant bv = bc::backward_variant<bc::bf16>(
+            const bc::Variant bv = bc::backward_variant<bf16_t>(
                 p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), C4(Ob.data()), C4(dOb.data()),
                 V4(dQb.data()), V4(dKb.data()), V4(dVb.data()), bvar_req);
             const bool bv2 = bv != ref;
@@ -211,8 +211,8 @@ int main(int argc, char** argv) {
             for (auto* g : grads) bbad += bc::count_nonfinite(g->data(), n_o);
             double worst = -1;  // max over dQ, dK, dV of max|v2 - v1| / max|v1|
             if (bv2 && N <= bwd_check_max_n) {
-              bc::DeviceBuffer<bc::bf16> r0(n_o), r1(n_o), r2(n_o);
-              bc::DeviceBuffer<bc::bf16>* refs[3] = {&r0, &r1, &r2};
+              bc::DeviceBuffer<bf16_t> r0(n_o), r1(n_o), r2(n_o);
+              bc::DeviceBuffer<bf16_t>* refs[3] = {&r0, &r1, &r2};
               bc::Options o1;
               o1.variant = ref;
               run_bwd(o1, refs);

@@ -4,14 +4,13 @@
 // must be device-accessible. The numbered kernel variants (v1 the plain CUDA-core baseline and
 // fallback; v2-v4 on tensor cores), what each runs and which `auto` prefers: one table,
 // variants.hpp (cuda/README.md shows it).
-// Storage dtypes: double, float, bf16, fp16. Accumulation (and LSE / D storage) is fp64 for
-// double and fp32 for every other dtype (spec §9.1): see lse_t<T>.
+// Storage types: the contract's double, float, bf16_t, f16_t (burstlab/storage.hpp). Accumulation
+// (and LSE / D storage) is acc_t<T>: fp64 for double, fp32 for the others (spec §9.1). The kernels
+// see bf16_t and f16_t as CUDA's __nv_bfloat16 and __half (device_t, detail.cuh).
 // Every entry point validates on the host before launch and throws burstlab::Error naming the
 // field and value; CUDA errors throw CudaError with the failing call and file:line.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -24,18 +23,11 @@
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
 #include "burstlab/problem.hpp"
+#include "burstlab/storage.hpp"
 #include "burstlab/tensor.hpp"
 #include "variants.hpp"
 
 namespace burstlab::cuda {
-
-using bf16 = __nv_bfloat16;
-using f16 = __half;
-
-// Accumulator / row-statistics type of a storage type (spec §9.1).
-template <class T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
-template <class T> using lse_t = typename Acc<T>::type;
 
 // ---------------------------------------------------------------- errors
 struct CudaError : std::runtime_error {
@@ -141,8 +133,8 @@ Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, V
 // Q, K, V, dO and the accumulator-precision dQ, dK, dV.
 template <class T>
 Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_pos, View4<const T> Q,
-                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<lse_t<T>> dQ,
-                               View4<lse_t<T>> dK, View4<lse_t<T>> dV, Variant requested,
+                               View4<const T> K, View4<const T> V, View4<const T> dO, View4<acc_t<T>> dQ,
+                               View4<acc_t<T>> dK, View4<acc_t<T>> dV, Variant requested,
                                bool deterministic, std::string* passed_over = nullptr);
 
 // ---------------------------------------------------------------- forward
@@ -151,7 +143,7 @@ Variant backward_block_variant(const Problem& p, Positions q_pos, Positions k_po
 // device per call (nothing to copy for band-only masks).
 template <class T>
 void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-             View3<lse_t<T>> LSE, const Options& opt = {});
+             View3<acc_t<T>> LSE, const Options& opt = {});
 
 // One block (§6.1): queries at global positions q_pos against keys at global positions k_pos;
 // `mask` is a device MaskParams (DeviceMask::params()). Q (B, H_q, q_pos.n, d);
@@ -162,24 +154,24 @@ void forward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T
 template <class T>
 void forward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                    View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-                   View3<lse_t<T>> LSE, bool accumulate, const Options& opt = {});
+                   View3<acc_t<T>> LSE, bool accumulate, const Options& opt = {});
 
 // The merge as a kernel (4.5)-(4.7): (O_a, LSE_a) <- (O_a, LSE_a) (+) (O_b, LSE_b).
 // O (B, H, N, d), LSE (B, H, N).
 template <class T>
-void merge(View4<T> O_a, View3<lse_t<T>> LSE_a, View4<const T> O_b, View3<const lse_t<T>> LSE_b,
+void merge(View4<T> O_a, View3<acc_t<T>> LSE_a, View4<const T> O_b, View3<const acc_t<T>> LSE_b,
            const Options& opt = {});
 
 // ---------------------------------------------------------------- backward
 // eq. (5.1): D_i = sum_k dO_ik O_ik.  O, dO (B, H, N, d) -> D (B, H, N).
 template <class T>
-void compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, const Options& opt = {});
+void compute_D(View4<const T> O, View4<const T> dO, View3<acc_t<T>> D, const Options& opt = {});
 
 // Whole problem, eq. (5.1)-(5.7). O, LSE: this layer's own forward outputs. Outputs overwritten.
 // dQ (B, H_q, N_q, d); dK, dV (B, H_kv, N_k, d).
 template <class T>
 void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
-              View4<const T> O, View4<const T> dO, View3<const lse_t<T>> LSE, View4<T> dQ,
+              View4<const T> O, View4<const T> dO, View3<const acc_t<T>> LSE, View4<T> dQ,
               View4<T> dK, View4<T> dV, const Options& opt = {});
 
 // One block of the backward (§6.2): rows at q_pos against keys at k_pos, with the GLOBAL LSE and
@@ -189,12 +181,12 @@ void backward(const Problem& p, View4<const T> Q, View4<const T> K, View4<const 
 template <class T>
 void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, Positions k_pos,
                     View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
-                    View3<const lse_t<T>> LSE, View3<const lse_t<T>> D, View4<lse_t<T>> dQ,
-                    View4<lse_t<T>> dK, View4<lse_t<T>> dV, const Options& opt = {});
+                    View3<const acc_t<T>> LSE, View3<const acc_t<T>> D, View4<acc_t<T>> dQ,
+                    View4<acc_t<T>> dK, View4<acc_t<T>> dV, const Options& opt = {});
 
 // ---------------------------------------------------------------- metrics on the GPU (Thrust)
-// Over n elements of device arrays (read as float/double): the count of non-finite elements of
-// `a`, and max |a - b| over pairs where both are finite.
+// Over n elements of device arrays of a storage type: the count of non-finite elements of `a`,
+// and max |a - b| over pairs where both are finite.
 template <class T> int64_t count_nonfinite(const T* a, size_t n);
 template <class T> double max_abs_diff(const T* a, const T* b, size_t n);
 template <class T> double max_abs(const T* a, size_t n);

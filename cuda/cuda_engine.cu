@@ -2,6 +2,9 @@
 #include "cuda_engine.hpp"
 
 #include "burstlab/block_split.hpp"
+#include "burstlab/dispatch.hpp"
+#include "burstlab/env.hpp"
+#include "detail.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -15,41 +18,21 @@ namespace burstlab::cuda {
 
 namespace {
 
-// The cuda layer's element type of a contract storage type (same bits).
-template <class T> struct Dev { using type = T; };
-template <> struct Dev<bf16_t> { using type = bf16; };
-template <> struct Dev<f16_t> { using type = f16; };
-static_assert(sizeof(bf16_t) == sizeof(bf16) && sizeof(f16_t) == sizeof(f16), "16-bit storage types");
+using detail::as_device;
+using detail::device_t;
 
-template <class D, class U>
-View4<D> as_dev(View4<U> v) {
-  View4<D> r;
-  r.data = reinterpret_cast<D*>(v.data);
-  for (int a = 0; a < 4; ++a) { r.dim[a] = v.dim[a]; r.stride[a] = v.stride[a]; }
-  return r;
-}
-
-template <class X> __device__ float to_f(X x) { return static_cast<float>(x); }
-template <> __device__ float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
-template <> __device__ float to_f<f16>(f16 x) { return __half2float(x); }
-template <class X> __device__ X from_f(float x) { return static_cast<X>(x); }
-template <> __device__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
-
+// X: a device element type; value already rounded to it.
 template <class X>
 __global__ void fill_kernel(X* dst, int64_t n, X value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = value;
 }
+// acc += in, summed in the accumulation type (float for every X but double) and rounded once.
 template <class X>
 __global__ void add_kernel(X* acc, const X* in, int64_t n) {
+  using A = acc_t<X>;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    acc[i] = from_f<X>(to_f(acc[i]) + to_f(in[i]));
-}
-template <>
-__global__ void add_kernel<double>(double* acc, const double* in, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    acc[i] += in[i];
+    acc[i] = detail::from_acc<X>(detail::to_acc<A>(acc[i]) + detail::to_acc<A>(in[i]));
 }
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
 
@@ -164,10 +147,7 @@ class BlockCache {
 
  private:
   std::shared_ptr<State> st_ = std::make_shared<State>();
-  bool enabled_ = [] {
-    const char* e = std::getenv("BURSTLAB_CUDA_CACHE");
-    return !(e && std::string(e) == "0");
-  }();
+  bool enabled_ = env::flag("BURSTLAB_CUDA_CACHE");
 };
 
 // Positions whose index lives on the host (partitions, gathered rows): a stream-ordered device
@@ -196,7 +176,6 @@ class DevicePositions {
 template <class T>
 class CudaEngine final : public Engine<T> {
   using A = acc_t<T>;
-  using D = typename Dev<T>::type;
 
  public:
   explicit CudaEngine(Variant fwd) : fwd_(fwd) {
@@ -224,23 +203,20 @@ class CudaEngine final : public Engine<T> {
   void fill(void* dst, int64_t n, Dtype t, double v) override {
     if (n <= 0) return;
     const cudaStream_t s = streams_->get();
-    switch (t) {
-      case Dtype::F64: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(dst), n, v); break;
-      case Dtype::F32: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(dst), n, float(v)); break;
-      case Dtype::BF16: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<bf16*>(dst), n, __float2bfloat16_rn(float(v))); break;
-      case Dtype::F16: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<f16*>(dst), n, __float2half_rn(float(v))); break;
-    }
+    dispatch_dtype(t, [&](auto tag) {
+      using X = typename decltype(tag)::type;  // storage type; rounded on the host, bits to the device
+      const X x = from_double<X>(v);
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(as_device(static_cast<X*>(dst)), n, *as_device(&x));
+    });
     BURSTLAB_CUDA_LAUNCH_CHECK("fill_kernel");
   }
   void add(void* acc, const void* in, int64_t n, Dtype t) override {
     if (n <= 0) return;
     const cudaStream_t s = streams_->get();
-    switch (t) {
-      case Dtype::F64: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<double*>(acc), static_cast<const double*>(in), n); break;
-      case Dtype::F32: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(acc), static_cast<const float*>(in), n); break;
-      case Dtype::BF16: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<bf16*>(acc), static_cast<const bf16*>(in), n); break;
-      case Dtype::F16: add_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<f16*>(acc), static_cast<const f16*>(in), n); break;
-    }
+    dispatch_dtype(t, [&](auto tag) {
+      using X = typename decltype(tag)::type;
+      add_kernel<<<grid_for(n), 256, 0, s>>>(as_device(static_cast<X*>(acc)), as_device(static_cast<const X*>(in)), n);
+    });
     BURSTLAB_CUDA_LAUNCH_CHECK("add_kernel");
   }
   void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_->get())); }
@@ -265,12 +241,12 @@ class CudaEngine final : public Engine<T> {
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
     Options opt;
     opt.stream = streams_->get();
-    cuda::merge<D>(as_dev<D>(O), LSE, as_dev<const D>(O_part), LSE_part, opt);
+    cuda::merge<T>(O, LSE, O_part, LSE_part, opt);
   }
   void compute_D(View4<const T> O, View4<const T> dO, View3<A> Dv) override {
     Options opt;
     opt.stream = streams_->get();
-    cuda::compute_D<D>(as_dev<const D>(O), as_dev<const D>(dO), Dv, opt);
+    cuda::compute_D<T>(O, dO, Dv, opt);
   }
   void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> Dv,
@@ -282,8 +258,7 @@ class CudaEngine final : public Engine<T> {
     // (rows without backward_block, and a row's declines, fall back along it).
     opt.variant = fwd_ == variants().back().id ? fwd_ : Variant::Auto;
     opt.stream = s;
-    cuda::backward_block<D>(p, mask.params, dq.get(), dk.get(), as_dev<const D>(Q), as_dev<const D>(K),
-                            as_dev<const D>(V), as_dev<const D>(dO), LSE, Dv, dQ, dK, dV, opt);
+    cuda::backward_block<T>(p, mask.params, dq.get(), dk.get(), Q, K, V, dO, LSE, Dv, dQ, dK, dV, opt);
   }
 
  private:
@@ -295,8 +270,7 @@ class CudaEngine final : public Engine<T> {
     Options opt;
     opt.variant = fwd_;
     opt.stream = s;
-    cuda::forward_block<D>(p, mask, dq.get(), dk.get(), as_dev<const D>(Q), as_dev<const D>(K),
-                           as_dev<const D>(V), as_dev<D>(O), LSE, accumulate, opt);
+    cuda::forward_block<T>(p, mask, dq.get(), dk.get(), Q, K, V, O, LSE, accumulate, opt);
   }
 
   Variant fwd_;

@@ -1,21 +1,54 @@
-// cuda/detail.cuh — internals shared by the kernel variants: kernel arguments, dtype
-// conversions, warp reductions. Not installed; include only from cuda/*.cu.
+// cuda/detail.cuh — internals shared by the kernel variants: the device's element types, kernel
+// arguments, dtype conversions, warp reductions. Not installed; include only from cuda/*.cu.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "burstlab/env.hpp"  // the tuning knobs (BURSTLAB_V*_CFG ...), read once each into a static
+#include "burstlab/lmhead.hpp"
 #include "burstlab/merge.hpp"
 #include "cuda.hpp"
 
 namespace burstlab::cuda::detail {
 
+// ---- the device's element types
+// The entry points take the contract's storage types (storage.hpp); the kernels compute on CUDA's
+// types with the same bits. device_t<T> maps one onto the other (double and float map to
+// themselves), and as_device is the one place a pointer or view changes its element type.
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+template <class T> struct Device { using type = T; };
+template <> struct Device<bf16_t> { using type = bf16; };
+template <> struct Device<f16_t> { using type = f16; };
+template <class T> struct Device<const T> { using type = const typename Device<T>::type; };
+template <class T> using device_t = typename Device<T>::type;
+static_assert(sizeof(bf16_t) == sizeof(bf16) && alignof(bf16_t) == alignof(bf16), "bf16_t has bf16's bits");
+static_assert(sizeof(f16_t) == sizeof(f16) && alignof(f16_t) == alignof(f16), "f16_t has f16's bits");
+
+template <class T> device_t<T>* as_device(T* p) { return reinterpret_cast<device_t<T>*>(p); }
+template <class T> View4<device_t<T>> as_device(const View4<T>& v) {
+  View4<device_t<T>> r;
+  r.data = as_device(v.data);
+  for (int a = 0; a < 4; ++a) { r.dim[a] = v.dim[a]; r.stride[a] = v.stride[a]; }
+  return r;
+}
+template <class T> View2<device_t<T>> as_device(const View2<T>& v) {
+  View2<device_t<T>> r;
+  r.data = as_device(v.data);
+  for (int a = 0; a < 2; ++a) { r.dim[a] = v.dim[a]; r.stride[a] = v.stride[a]; }
+  return r;
+}
+
 // Arguments of a forward launch (whole problem or block; spec §6.1). Q/K/V/O are LOCAL views
 // (n = q_pos.n / k_pos.n rows); positions and mask are global.
 template <class T>
 struct FwdArgs {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   View4<const T> Q, K, V;  // (B, H_q, nq, d), (B, H_kv, nk, d) x2
   View4<T> O;              // (B, H_q, nq, d)
   View3<A> LSE;            // (B, H_q, nq)
@@ -29,7 +62,7 @@ struct FwdArgs {
 // Arguments of a backward launch. G: gradient storage (T for the whole backward, A for blocks).
 template <class T, class G>
 struct BwdArgs {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   View4<const T> Q, K, V, dO;
   View3<const A> LSE, D;
   View4<G> dQ, dK, dV;
@@ -83,10 +116,10 @@ __device__ __forceinline__ bool block_bit(const MaskParams& m, int64_t ig, int64
 // ---- launchers (defined in v1.cu, v2_fwd.cu, api.cu)
 template <class T> void v1_forward(const FwdArgs<T>& a, cudaStream_t s);
 template <class T, class G> void v1_backward(const BwdArgs<T, G>& a, cudaStream_t s);
-template <class T> void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D,
+template <class T> void launch_compute_D(View4<const T> O, View4<const T> dO, View3<acc_t<T>> D,
                                          cudaStream_t s);
-template <class T> void launch_merge(View4<T> O_a, View3<lse_t<T>> L_a, View4<const T> O_b,
-                                     View3<const lse_t<T>> L_b, cudaStream_t s);
+template <class T> void launch_merge(View4<T> O_a, View3<acc_t<T>> L_a, View4<const T> O_b,
+                                     View3<const acc_t<T>> L_b, cudaStream_t s);
 // v2, v3, v4 exist for bf16 and fp16 with d in {64, 128}; which calls each runs: variants.hpp.
 template <class T> void v2_forward(const FwdArgs<T>& a, cudaStream_t s);
 template <class T> void v2_backward(const BwdArgs<T, T>& a, cudaStream_t s);
@@ -112,9 +145,6 @@ template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaS
 // one tile late through a ring of dS^T slots); as v5 otherwise.
 template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 
-// A tuning knob's value: the integer in environment variable `name`, 0 when unset (read once
-// by each caller into a static; benchmark and tests only, cuda/README.md).
-int env_int(const char* name);
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();
 // Raise a kernel's dynamic shared-memory limit when it needs more than 48 KB.

@@ -168,21 +168,21 @@ __device__ __forceinline__ void producer(const CUtensorMap* mQ, const CUtensorMa
 // (at most n CTAs: the tests' way to make few CTAs loop over many items), -1 (one CTA per item,
 // as a non-persistent launch; for the benchmark's comparison). Both persistent forwards read it.
 int grid_knob() {
-  static const int v = env_int("BURSTLAB_V4_GRID");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V4_GRID"));
   return v;
 }
 
 // Tuning knob: BURSTLAB_V4_TAIL = 0 (default: a tail of about two waves of the grid), n > 0 (the
 // last n (b, h)), -1 (none: (b, h) order throughout; for the benchmark's comparison).
 int tail_knob() {
-  static const int v = env_int("BURSTLAB_V4_TAIL");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V4_TAIL"));
   return v;
 }
 
 // Tuning knob for the benchmark and tests: BURSTLAB_V4_CFG = 0 (default), 1 .. 5
 // (cuda/README.md); every persistent forward reads it.
 int tuning_cfg() {
-  static const int v = env_int("BURSTLAB_V4_CFG");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V4_CFG"));
   return v;
 }
 

@@ -54,9 +54,14 @@ template <class T>
 float dispatch(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const int64_t* y, double g,
                detail::lmhead::Mode mode, const float* LSE_in, float* LSE_out, View2<T> dH, View2<T> dW,
                const LmHeadOptions& opt) {
+  using detail::as_device;
+  using D = detail::device_t<T>;
   const int v = choose(p, dH, dW, opt);
-  if (v == 1) return detail::lmhead::run_v1<T>(p, H, W, y, g, mode, LSE_in, LSE_out, dH, dW, opt);
-  return detail::lmhead::run_v2<T>(p, H, W, y, g, mode, LSE_in, LSE_out, dH, dW, opt, v == 3);
+  if (v == 1)
+    return detail::lmhead::run_v1<D>(p, as_device(H), as_device(W), y, g, mode, LSE_in, LSE_out, as_device(dH),
+                                     as_device(dW), opt);
+  return detail::lmhead::run_v2<D>(p, as_device(H), as_device(W), y, g, mode, LSE_in, LSE_out, as_device(dH),
+                                   as_device(dW), opt, v == 3);
 }
 
 template <class T>
@@ -151,7 +156,7 @@ float lmhead_fused(const LmHeadProblem& p, View2<const T> H, View2<const T> W, c
   template float lmhead_fused<T>(const LmHeadProblem&, View2<const T>, View2<const T>, const int64_t*, double,    \
                                  float*, View2<T>, View2<T>, LmHeadOptions);
 
-BURSTLAB_CUDA_LMHEAD_INSTANTIATE(bf16)
-BURSTLAB_CUDA_LMHEAD_INSTANTIATE(f16)
+BURSTLAB_CUDA_LMHEAD_INSTANTIATE(bf16_t)
+BURSTLAB_CUDA_LMHEAD_INSTANTIATE(f16_t)
 
 }  // namespace burstlab::cuda

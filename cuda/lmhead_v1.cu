@@ -307,7 +307,7 @@ BURSTLAB_LMHEAD_V1(f16)
 
 template <class T>
 std::string lmhead_unsupported(const LmHeadProblem& p, View2<const T> H, View2<const T> W) {
-  if constexpr (!(std::is_same_v<T, bf16> || std::is_same_v<T, f16>)) {
+  if constexpr (!(std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>)) {
     return "the cuda LM head runs bf16 and fp16 storage only";
   } else {
     if (p.d % 8) return "d (" + std::to_string(p.d) + ") must be a multiple of 8 for the cuda LM head";
@@ -328,8 +328,8 @@ std::string lmhead_unsupported(const LmHeadProblem& p, View2<const T> H, View2<c
   }
 }
 
-template std::string lmhead_unsupported<bf16>(const LmHeadProblem&, View2<const bf16>, View2<const bf16>);
-template std::string lmhead_unsupported<f16>(const LmHeadProblem&, View2<const f16>, View2<const f16>);
+template std::string lmhead_unsupported<bf16_t>(const LmHeadProblem&, View2<const bf16_t>, View2<const bf16_t>);
+template std::string lmhead_unsupported<f16_t>(const LmHeadProblem&, View2<const f16_t>, View2<const f16_t>);
 template std::string lmhead_unsupported<float>(const LmHeadProblem&, View2<const float>, View2<const float>);
 
 }  // namespace burstlab::cuda

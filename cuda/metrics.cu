@@ -37,7 +37,8 @@ template <class T>
 int64_t count_nonfinite(const T* a, size_t n) {
   if (n == 0) return 0;
   thrust::counting_iterator<size_t> first(0);
-  const int64_t r = thrust::transform_reduce(thrust::device, first, first + n, NonFinite<T>{a},
+  using D = detail::device_t<T>;
+  const int64_t r = thrust::transform_reduce(thrust::device, first, first + n, NonFinite<D>{detail::as_device(a)},
                                              int64_t(0), thrust::plus<int64_t>());
   BURSTLAB_CUDA_CHECK(cudaGetLastError());
   return r;
@@ -46,7 +47,9 @@ template <class T>
 double max_abs_diff(const T* a, const T* b, size_t n) {
   if (n == 0) return 0;
   thrust::counting_iterator<size_t> first(0);
-  const double r = thrust::transform_reduce(thrust::device, first, first + n, AbsDiff<T>{a, b}, 0.0,
+  using D = detail::device_t<T>;
+  const double r = thrust::transform_reduce(thrust::device, first, first + n,
+                                            AbsDiff<D>{detail::as_device(a), detail::as_device(b)}, 0.0,
                                             thrust::maximum<double>());
   BURSTLAB_CUDA_CHECK(cudaGetLastError());
   return r;
@@ -62,8 +65,8 @@ double max_abs(const T* a, size_t n) {
   template double max_abs<T>(const T*, size_t);
 BURSTLAB_METRICS(double)
 BURSTLAB_METRICS(float)
-BURSTLAB_METRICS(bf16)
-BURSTLAB_METRICS(f16)
+BURSTLAB_METRICS(bf16_t)
+BURSTLAB_METRICS(f16_t)
 #undef BURSTLAB_METRICS
 
 }  // namespace burstlab::cuda

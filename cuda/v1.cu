@@ -17,7 +17,7 @@ constexpr int kWarps = 4;  // rows (or keys) per block
 // ------------------------------------------------------------------ forward, eq. (4.1)-(4.4)
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) v1_forward_kernel(FwdArgs<T> a) {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kWarps + warp;  // local row
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32) v1_forward_kernel(FwdArgs<T> a) {
 // One warp per (b, h, row): dQ_i = scale sum_j dS_ij K_j over the row's visible keys.
 template <class T, class G>
 __global__ void __launch_bounds__(kWarps * 32) v1_dq_kernel(BwdArgs<T, G> a) {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kWarps + warp;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) v1_dq_kernel(BwdArgs<T, G> a) {
 // One warp per (b, kv-head, key): sums over the group's q-heads and every row that sees the key.
 template <class T, class G>
 __global__ void __launch_bounds__(kWarps * 32) v1_dkdv_kernel(BwdArgs<T, G> a) {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j = int64_t(blockIdx.x) * kWarps + warp;
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32) v1_dkdv_kernel(BwdArgs<T, G> a) {
 // ------------------------------------------------------------------ D, eq. (5.1), and the merge
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) compute_D_kernel(View4<const T> O, View4<const T> dO,
-                                                                View3<lse_t<T>> D) {
-  using A = lse_t<T>;
+                                                                View3<acc_t<T>> D) {
+  using A = acc_t<T>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kWarps + warp;
   if (r >= O.dim[2]) return;
@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kWarps * 32) compute_D_kernel(View4<const T> O
 // bandwidth on H200 (ncu, d = 64), one 2-byte load per lane at a time.
 template <class T, int TPR>
 __global__ void __launch_bounds__(256) compute_D_vec_kernel(View4<const T> O, View4<const T> dO,
-                                                            View3<lse_t<T>> D) {
-  using A = lse_t<T>;
+                                                            View3<acc_t<T>> D) {
+  using A = acc_t<T>;
   const int sub = threadIdx.x % TPR;
   const int64_t r = int64_t(blockIdx.x) * (256 / TPR) + threadIdx.x / TPR;
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -226,9 +226,9 @@ __global__ void __launch_bounds__(256) compute_D_vec_kernel(View4<const T> O, Vi
 }
 
 template <class T>
-__global__ void __launch_bounds__(128) merge_kernel(View4<T> O_a, View3<lse_t<T>> L_a,
-                                                    View4<const T> O_b, View3<const lse_t<T>> L_b) {
-  using A = lse_t<T>;
+__global__ void __launch_bounds__(128) merge_kernel(View4<T> O_a, View3<acc_t<T>> L_a,
+                                                    View4<const T> O_b, View3<const acc_t<T>> L_b) {
+  using A = acc_t<T>;
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= O_a.dim[2]) return;
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -254,7 +254,7 @@ inline dim3 rows_grid(int64_t n, int64_t H, int64_t B, int per) {
 template <class T>
 void v1_forward(const FwdArgs<T>& a, cudaStream_t s) {
   if (a.nq == 0) return;
-  const size_t smem = size_t(kWarps) * 2 * a.d * sizeof(lse_t<T>);
+  const size_t smem = size_t(kWarps) * 2 * a.d * sizeof(acc_t<T>);
   allow_smem(reinterpret_cast<const void*>(&v1_forward_kernel<T>), smem);
   v1_forward_kernel<T><<<rows_grid(a.nq, a.Hq, a.B, kWarps), kWarps * 32, smem, s>>>(a);
   BURSTLAB_CUDA_LAUNCH_CHECK("v1_forward_kernel");
@@ -262,7 +262,7 @@ void v1_forward(const FwdArgs<T>& a, cudaStream_t s) {
 
 template <class T, class G>
 void v1_backward(const BwdArgs<T, G>& a, cudaStream_t s) {
-  using A = lse_t<T>;
+  using A = acc_t<T>;
   if (a.nq > 0) {
     const size_t smem = size_t(kWarps) * 3 * a.d * sizeof(A);
     allow_smem(reinterpret_cast<const void*>(&v1_dq_kernel<T, G>), smem);
@@ -278,7 +278,7 @@ void v1_backward(const BwdArgs<T, G>& a, cudaStream_t s) {
 }
 
 template <class T>
-void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, cudaStream_t s) {
+void launch_compute_D(View4<const T> O, View4<const T> dO, View3<acc_t<T>> D, cudaStream_t s) {
   if (O.dim[2] == 0) return;
   if constexpr (sizeof(T) == 2) {  // the tensor-core variants' view rules: d, alignment, strides
     const int64_t d = O.dim[3];
@@ -298,7 +298,7 @@ void launch_compute_D(View4<const T> O, View4<const T> dO, View3<lse_t<T>> D, cu
 }
 
 template <class T>
-void launch_merge(View4<T> O_a, View3<lse_t<T>> L_a, View4<const T> O_b, View3<const lse_t<T>> L_b,
+void launch_merge(View4<T> O_a, View3<acc_t<T>> L_a, View4<const T> O_b, View3<const acc_t<T>> L_b,
                   cudaStream_t s) {
   if (O_a.dim[2] == 0) return;
   merge_kernel<T><<<rows_grid(O_a.dim[2], O_a.dim[1], O_a.dim[0], 128), 128, 0, s>>>(O_a, L_a, O_b, L_b);
@@ -308,8 +308,8 @@ void launch_merge(View4<T> O_a, View3<lse_t<T>> L_a, View4<const T> O_b, View3<c
 #define BURSTLAB_V1(T)                                                                       \
   template void v1_forward<T>(const FwdArgs<T>&, cudaStream_t);                              \
   template void v1_backward<T, T>(const BwdArgs<T, T>&, cudaStream_t);                       \
-  template void launch_compute_D<T>(View4<const T>, View4<const T>, View3<lse_t<T>>, cudaStream_t); \
-  template void launch_merge<T>(View4<T>, View3<lse_t<T>>, View4<const T>, View3<const lse_t<T>>, \
+  template void launch_compute_D<T>(View4<const T>, View4<const T>, View3<acc_t<T>>, cudaStream_t); \
+  template void launch_merge<T>(View4<T>, View3<acc_t<T>>, View4<const T>, View3<const acc_t<T>>, \
                                 cudaStream_t);
 BURSTLAB_V1(double)
 BURSTLAB_V1(float)

@@ -265,7 +265,7 @@ void launch(const FwdArgs<T>& a, cudaStream_t s) {
 // Tuning knob for the benchmark only: BURSTLAB_V2_CFG = 0 (default), 1, 2, 3 picks one of the
 // compiled configurations (see cuda/README.md).
 int tuning_cfg() {
-  static const int v = env_int("BURSTLAB_V2_CFG");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V2_CFG"));
   return v;
 }
 

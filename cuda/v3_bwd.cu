@@ -235,7 +235,7 @@ void launch_bwd(const BwdArgs<T, T>& a, cudaStream_t s) {
 
 // Tuning knob for the benchmark only: BURSTLAB_V3_BWD_CFG = 0 (default) or 1 (cuda/README.md).
 int v3_bwd_cfg() {
-  static const int v = env_int("BURSTLAB_V3_BWD_CFG");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V3_BWD_CFG"));
   return v;
 }
 

@@ -187,7 +187,7 @@ void launch(const FwdArgs<T>& a, cudaStream_t s) {
 
 // Tuning knob for the benchmark only: BURSTLAB_V3_CFG = 0 (default), 1, 2 (cuda/README.md).
 int v3_tuning_cfg() {
-  static const int v = env_int("BURSTLAB_V3_CFG");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V3_CFG"));
   return v;
 }
 

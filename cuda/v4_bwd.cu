@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The one-pass (fused) dK/dV pass's shape at head dim D; CF overrides it (tuning, bf16 only).
 // Tuning knob for the benchmark only: BURSTLAB_V4_BWD_CFG = 0 (default) or 1 (cuda/README.md).
 int v4_bwd_cfg() {
-  static const int v = env_int("BURSTLAB_V4_BWD_CFG");
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V4_BWD_CFG"));
   return v;
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "burstlab/env.hpp"
 #include "burstlab/error.hpp"
 #include "world.hpp"
 
@@ -34,7 +35,6 @@ void mpi_check(int rc, const std::string& call) {
   MPI_Error_string(rc, text, &len);
   fail(call, " failed (MPI error ", rc, ": ", text, ")");
 }
-const char* env(const char* name) { return std::getenv(name); }
 
 // Who this process is, for the node-local rank and for watching a peer's process.
 struct HostInfo {
@@ -84,18 +84,18 @@ HostInfo this_host() {
 }  // namespace
 
 bool launched_by_mpi() {
-  return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_SIZE");
+  return env::text("OMPI_COMM_WORLD_SIZE") || env::text("PMIX_RANK") || env::text("PMI_SIZE");
 }
 
 int mpi_env_rank() {
   for (const char* n : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* v = env(n)) return std::atoi(v);
+    if (env::text(n)) return static_cast<int>(env::integer(n));
   return 0;
 }
 
 int mpi_env_size() {
   for (const char* n : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"})
-    if (const char* v = env(n)) return std::atoi(v);
+    if (env::text(n)) return static_cast<int>(env::integer(n));
   return 1;
 }
 

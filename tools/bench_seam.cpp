@@ -125,30 +125,30 @@ int run(int argc, char** argv) {
       }
       auto v4d = [&](const std::vector<double>& x) { return view4<const double>(x.data(), Layout::BHSD, B, H, N, d); };
       // The whole problem, one kernel each way.
-      bc::DeviceBuffer<bc::bf16> Q(n), K(n), V(n), O(n), dO(n), dQ(n), dK(n), dV(n);
+      bc::DeviceBuffer<bf16_t> Q(n), K(n), V(n), O(n), dO(n), dQ(n), dK(n), dV(n);
       bc::DeviceBuffer<float> L(B * H * N);
-      Q.upload(reinterpret_cast<const bc::bf16*>(Qh.data()), n);
-      K.upload(reinterpret_cast<const bc::bf16*>(Kh.data()), n);
-      V.upload(reinterpret_cast<const bc::bf16*>(Vh.data()), n);
-      dO.upload(reinterpret_cast<const bc::bf16*>(dOh.data()), n);
-      auto v4 = [&](bc::bf16* x) { return view4(x, Layout::BHSD, B, H, N, d); };
+      Q.upload(Qh.data(), n);
+      K.upload(Kh.data(), n);
+      V.upload(Vh.data(), n);
+      dO.upload(dOh.data(), n);
+      auto v4 = [&](bf16_t* x) { return view4(x, Layout::BHSD, B, H, N, d); };
       const View3<float> Lv = view3(L.data(), B, H, N);
-      auto fwd_whole = [&] { bc::forward<bc::bf16>(p, as_const(v4(Q.data())), as_const(v4(K.data())),
-                                                   as_const(v4(V.data())), v4(O.data()), Lv); };
-      auto bwd_whole = [&] { bc::backward<bc::bf16>(p, as_const(v4(Q.data())), as_const(v4(K.data())),
-                                                    as_const(v4(V.data())), as_const(v4(O.data())),
-                                                    as_const(v4(dO.data())), as_const(Lv), v4(dQ.data()),
-                                                    v4(dK.data()), v4(dV.data())); };
+      auto fwd_whole = [&] { bc::forward<bf16_t>(p, as_const(v4(Q.data())), as_const(v4(K.data())),
+                                                 as_const(v4(V.data())), v4(O.data()), Lv); };
+      auto bwd_whole = [&] { bc::backward<bf16_t>(p, as_const(v4(Q.data())), as_const(v4(K.data())),
+                                                  as_const(v4(V.data())), as_const(v4(O.data())),
+                                                  as_const(v4(dO.data())), as_const(Lv), v4(dQ.data()),
+                                                  v4(dK.data()), v4(dV.data())); };
       const double tf_whole = median_ms(fwd_whole, warmup, reps);
-      const std::vector<bf16_t> O_whole = down(reinterpret_cast<const bf16_t*>(O.data()), n);
+      const std::vector<bf16_t> O_whole = down(O.data(), n);
       const std::vector<float> L_whole = down(L.data(), B * H * N);
       double tb_whole = 0;
       std::vector<bf16_t> dQ_whole, dK_whole, dV_whole;
       if (pass != "fwd") {
         tb_whole = median_ms(bwd_whole, warmup, reps);
-        dQ_whole = down(reinterpret_cast<const bf16_t*>(dQ.data()), n);
-        dK_whole = down(reinterpret_cast<const bf16_t*>(dK.data()), n);
-        dV_whole = down(reinterpret_cast<const bf16_t*>(dV.data()), n);
+        dQ_whole = down(dQ.data(), n);
+        dK_whole = down(dK.data(), n);
+        dV_whole = down(dV.data(), n);
       }
       double ring_ms[2] = {0, 0};  // ring's forward and backward on this problem
       for (const std::string& algo : algos) {

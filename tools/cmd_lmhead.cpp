@@ -167,8 +167,8 @@ LmHeadRunner cpu_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g
 }
 
 #ifdef BURSTLAB_HAVE_CUDA
-// HT: the host storage type (bf16_t, f16_t), DT: the device's (cuda::bf16, cuda::f16), the same
-// bits. Every call synchronizes (the entry points do), so host timing is the call's time.
+// HT: the host storage type (bf16_t, f16_t), DT: the device buffers' (the same type: cuda/ takes
+// the contract's). Every call synchronizes (the entry points do), so host timing is the call's time.
 template <class HT, class DT>
 LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k, int variant) {
   static_assert(sizeof(HT) == sizeof(DT), "host and device 16-bit types share their bits");
@@ -190,7 +190,7 @@ LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double 
   auto upload = [](cuda::DeviceBuffer<DT>& buf, const Matrix<double>& m) {
     const Matrix<HT> h = to_storage<HT>(m);
     buf = cuda::DeviceBuffer<DT>(h.data.size());
-    buf.upload(reinterpret_cast<const DT*>(h.data.data()), h.data.size());
+    buf.upload(h.data.data(), h.data.size());
   };
   upload(s->H, in.H);
   upload(s->W, in.W);
@@ -249,7 +249,7 @@ LmHeadRunner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double 
   r.fetch_backward = [s](Matrix<double>& dH, Matrix<double>& dW) {
     auto fetch = [](const cuda::DeviceBuffer<DT>& buf, int64_t rows, int64_t cols) {
       Matrix<HT> h = make_matrix<HT>(rows, cols);
-      buf.download(reinterpret_cast<DT*>(h.data.data()), h.data.size());
+      buf.download(h.data.data(), h.data.size());
       return to_double(h);
     };
     dH = fetch(s->dH, s->p.N, s->p.d);
@@ -331,8 +331,8 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
       };
       const int variant = gv.variant;
       gpu.prepare = [variant](const LmHeadProblem& p, const LmHeadInputs& in, double g, const LmKnobs& k) {
-        if (in.dtype == Dtype::BF16) return cuda_runner<bf16_t, cuda::bf16>(p, in, g, k, variant);
-        return cuda_runner<f16_t, cuda::f16>(p, in, g, k, variant);
+        if (in.dtype == Dtype::BF16) return cuda_runner<bf16_t, bf16_t>(p, in, g, k, variant);
+        return cuda_runner<f16_t, f16_t>(p, in, g, k, variant);
       };
       gpu.footprint = [](const LmHeadProblem& p, Dtype t, const LmKnobs&, int) {
         std::vector<MemPart> parts = io_parts(p, t, 4);
@@ -344,7 +344,7 @@ const std::vector<LmHeadImpl>& lmhead_registry() {
         cuda::LmHeadOptions o;
         o.chunk_rows = k.chunk_rows;
         o.variant = variant;
-        const int v = cuda::lmhead_variant<cuda::bf16>(p, View2<cuda::bf16>(), View2<cuda::bf16>(), o);
+        const int v = cuda::lmhead_variant<bf16_t>(p, View2<bf16_t>(), View2<bf16_t>(), o);
         return cuda::lmhead_workspace_bytes(p, v, backward, o);
       };
       v.push_back(gpu);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "burstlab/env.hpp"
 #include "common.hpp"
 #include "cpu_engine.hpp"
 #include "algorithm.hpp"
@@ -217,8 +218,7 @@ int run_simulate(const SimFlags& f) {
   bool all_match = true;
   // BURSTLAB_TEST_BROKEN_TABLE1=1 moves every closed form by one part in 1e6: tests/tools uses it
   // to show that a mismatch prints NO and FAIL and exits 1.
-  const char* broken_env = std::getenv("BURSTLAB_TEST_BROKEN_TABLE1");
-  const bool broken = broken_env && std::string(broken_env) == "1";
+  const bool broken = env::flag("BURSTLAB_TEST_BROKEN_TABLE1");
   auto row = [&](const char* name, double closed, double replayed) {
     if (broken) closed *= 1 + 1e-6;
     const bool ok = std::abs(closed - replayed) <= 1e-12 * std::max(std::abs(closed), std::abs(replayed));

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "burstlab/error.hpp"
+#include "burstlab/env.hpp"
 #include "common.hpp"
 
 namespace burstlab::tools {
@@ -182,8 +183,7 @@ Command add_suite_command(CLI::App& app) {
       for (const SkipGroup& k : skipped)
         std::printf("skipped: %s on %d problem x dtype runs: %s\n", k.impl.c_str(), k.runs, k.reason.c_str());
     // BURSTLAB_REQUIRE_GPU=1 (GPU machines): a skipped implementation is a failure, not a pass.
-    const char* require = std::getenv("BURSTLAB_REQUIRE_GPU");
-    const bool skips_fail = require && std::string(require) == "1" && !skips.empty();
+    const bool skips_fail = env::flag("BURSTLAB_REQUIRE_GPU") && !skips.empty();
     if (skips_fail && !s->run.json)
       std::printf("BURSTLAB_REQUIRE_GPU=1: %zu skipped runs count as failures\n", skips.size());
     header["skips_fail"] = skips_fail;

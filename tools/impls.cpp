@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "burstlab/error.hpp"
+#include "burstlab/env.hpp"
 #include "cpu.hpp"
 #include "cpu_engine.hpp"
 #ifdef BURSTLAB_HAVE_CUDA
@@ -173,13 +174,6 @@ Impl broken_impl() {
 #ifdef BURSTLAB_HAVE_CUDA
 // ---- cuda/: LAO kernels on the GPU. Inputs and outputs live on the device; the
 // runner times each pass with a device synchronize around it (host clock).
-template <class T> T cuda_from_double(double x) { return static_cast<T>(x); }
-template <> cuda::bf16 cuda_from_double<cuda::bf16>(double x) { return __float2bfloat16(static_cast<float>(x)); }
-template <> cuda::f16 cuda_from_double<cuda::f16>(double x) { return __float2half(static_cast<float>(x)); }
-template <class T> double cuda_to_double(T x) { return static_cast<double>(x); }
-template <> double cuda_to_double<cuda::bf16>(cuda::bf16 x) { return __bfloat162float(x); }
-template <> double cuda_to_double<cuda::f16>(cuda::f16 x) { return __half2float(x); }
-
 template <class T>
 struct CudaT4 {  // device tensor in the inputs' layout
   cuda::DeviceBuffer<T> buf;
@@ -195,7 +189,7 @@ CudaT4<T> cuda_like(const Tensor4<double>& x, bool copy) {
   t.layout = x.layout; t.B = x.B; t.H = x.H; t.N = x.N; t.d = x.d;
   if (copy) {
     std::vector<T> h(x.data.size());
-    for (size_t i = 0; i < h.size(); ++i) h[i] = cuda_from_double<T>(x.data[i]);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = from_double<T>(x.data[i]);
     t.buf.upload(h.data(), h.size());
   } else {
     t.buf.poison();
@@ -207,13 +201,13 @@ Tensor4<double> cuda_fetch(const CudaT4<T>& t) {
   std::vector<T> h(t.buf.size());
   t.buf.download(h.data(), h.size());
   Tensor4<double> x = make_tensor4<double>(t.layout, t.B, t.H, t.N, t.d);
-  for (size_t i = 0; i < h.size(); ++i) x.data[i] = cuda_to_double<T>(h[i]);
+  for (size_t i = 0; i < h.size(); ++i) x.data[i] = to_double<T>(h[i]);
   return x;
 }
 
 template <class T>
 Runner cuda_runner(const Problem& p, const Inputs& in, cuda::Variant fwd, cuda::Variant bwd) {
-  using A = cuda::lse_t<T>;
+  using A = acc_t<T>;
   struct State {
     Problem p;
     CudaT4<T> Q, K, V, dO, O, dQ, dK, dV;
@@ -284,10 +278,10 @@ Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, co
     switch (in.dtype) {
       case Dtype::F64: return cuda_runner<double>(p, in, fwd, bwd);
       case Dtype::F32: return cuda_runner<float>(p, in, fwd, bwd);
-      case Dtype::BF16: return cuda_runner<cuda::bf16>(p, in, fwd, bwd);
+      case Dtype::BF16: return cuda_runner<bf16_t>(p, in, fwd, bwd);
       case Dtype::F16: break;
     }
-    return cuda_runner<cuda::f16>(p, in, fwd, bwd);
+    return cuda_runner<f16_t>(p, in, fwd, bwd);
   };
   m.engines.f64 = [fwd](const ImplOptions&) { return cuda::make_engine<double>(fwd); };
   m.engines.f32 = [fwd](const ImplOptions&) { return cuda::make_engine<float>(fwd); };
@@ -345,7 +339,7 @@ std::vector<Impl> build_registry() {
   std::vector<Impl> r;
   r.push_back(reference_impl());
   r.push_back(cpu_impl());
-  if (const char* e = std::getenv("BURSTLAB_TEST_BROKEN_IMPL"); e && std::string(e) == "1")
+  if (env::flag("BURSTLAB_TEST_BROKEN_IMPL"))
     r.push_back(broken_impl());
 #ifdef BURSTLAB_HAVE_CUDA
   std::string order;

@@ -1,5 +1,6 @@
 // tools/main.cpp — the `burstlab` command line: subcommands run, suite, bench, schedule, simulate
-// (one file each), gen, oracle, check, conform (cmd_case.cpp), checkpoint (cmd_checkpoint.cpp).
+// (one file each), gen, oracle, check, conform (cmd_case.cpp), checkpoint (cmd_checkpoint.cpp),
+// env (cmd_env.cpp).
 // Every subcommand is a Command (common.hpp): parsing only fills its flags; main runs the parsed
 // one and turns what it returns or throws into the exit code.
 // Exit codes: 0 every check passed; 1 a check failed; 2 bad input (one line on stderr naming
@@ -12,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/env.hpp"
 #include "burstlab/error.hpp"
 #include "cmd_case.hpp"     // gen, oracle, check, conform
 #include "cmd_checkpoint.hpp"  // checkpoint
+#include "cmd_env.hpp"         // env
 #include "common.hpp"
 #include "cmd_schedule.hpp"
 #include "cmd_simulate.hpp"
@@ -57,6 +60,12 @@ int main(int argc, char** argv) {
     ~Shutdown() { nccl_shutdown(); }
   } shutdown;
 #endif
+  // A malformed BURSTLAB_* value is bad input before anything runs (burstlab/env.hpp).
+  try {
+    burstlab::env::validate();
+  } catch (const burstlab::Error& e) {
+    return bad_input("", e.what());
+  }
   CLI::App app(
       "burstlab: exact attention, one math spec (docs/spec.md), one fp64 oracle.\n"
       "Every implementation (reference, cpu, ...) is checked element by element against the fp64\n"
@@ -69,6 +78,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_simulate_command(app));
   for (const Command& c : add_case_commands(app)) commands.push_back(c);
   commands.push_back(add_checkpoint_command(app));
+  commands.push_back(add_env_command(app));
   app.footer(
       "Examples:\n"
       "  burstlab suite                                 the conformance set (bash scripts/main)\n"

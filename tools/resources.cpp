@@ -17,6 +17,7 @@
 #include <Eigen/Core>
 
 #include "burstlab/error.hpp"
+#include "burstlab/env.hpp"
 #include "common.hpp"
 #include "cpu.hpp"
 
@@ -628,9 +629,9 @@ MemAvailable address_space_available(int threads) {
 
 MemAvailable memory_available() {
   MemAvailable a;
-  if (const char* e = std::getenv("BURSTLAB_MEMORY_AVAILABLE"); e && *e) {
+  if (const std::optional<std::string> e = env::text("BURSTLAB_MEMORY_AVAILABLE")) {
     int64_t v;
-    if (!parse_count(e, &v)) fail("BURSTLAB_MEMORY_AVAILABLE (", e, ") must be a number of bytes");
+    if (!parse_count(*e, &v)) fail("BURSTLAB_MEMORY_AVAILABLE (", *e, ") must be a number of bytes");
     a.bytes = v;
     a.source = "BURSTLAB_MEMORY_AVAILABLE";
     return a;

@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "burstlab/dispatch.hpp"
 #include "burstlab/problem.hpp"
 #include "case.hpp"
 #include "cuda.hpp"
@@ -81,26 +82,14 @@ template <class T>
 void forward_t(const Problem& p, const Dev4& q, const Dev4& k, const Dev4& v, const Dev4& o, const Dev3& lse,
                const cuda::Options& opt) {
   cuda::forward<T>(p, as_const(view_of<T>(q)), as_const(view_of<T>(k)), as_const(view_of<T>(v)), view_of<T>(o),
-                   view_of<cuda::lse_t<T>>(lse), opt);
+                   view_of<acc_t<T>>(lse), opt);
 }
 template <class T>
 void backward_t(const Problem& p, const Dev4& q, const Dev4& k, const Dev4& v, const Dev4& o, const Dev4& dO,
                 const Dev3& lse, const Dev4& dq, const Dev4& dk, const Dev4& dv, const cuda::Options& opt) {
   cuda::backward<T>(p, as_const(view_of<T>(q)), as_const(view_of<T>(k)), as_const(view_of<T>(v)),
-                    as_const(view_of<T>(o)), as_const(view_of<T>(dO)), as_const(view_of<cuda::lse_t<T>>(lse)),
+                    as_const(view_of<T>(o)), as_const(view_of<T>(dO)), as_const(view_of<acc_t<T>>(lse)),
                     view_of<T>(dq), view_of<T>(dk), view_of<T>(dv), opt);
-}
-
-// dtype names as burstlab.cuda passes them (torch.float64 ... torch.float16).
-template <class F>
-void by_dtype(const std::string& dtype, F&& f) {
-  const Dtype t = parse_dtype(dtype);
-  switch (t) {
-    case Dtype::F64: f(double{}); return;
-    case Dtype::F32: f(float{}); return;
-    case Dtype::BF16: f(cuda::bf16{}); return;
-    case Dtype::F16: f(cuda::f16{}); return;
-  }
 }
 
 }  // namespace
@@ -133,18 +122,20 @@ PYBIND11_MODULE(_cuda, m) {
                       const Dev3& lse, const std::string& mask_json, std::optional<double> scale, uintptr_t stream,
                       const std::string& variant) {
     const Problem p = problem_of(q, k, mask_json, scale);
+    const Dtype t = parse_dtype(dtype);  // as burstlab.cuda names them (torch.float64 ... torch.float16)
     const cuda::Options opt = options_of(stream, variant, cuda::Pass::Forward);
     py::gil_scoped_release unlocked;
-    by_dtype(dtype, [&](auto t) { forward_t<decltype(t)>(p, q, k, v, o, lse, opt); });
+    dispatch_dtype(t, [&](auto tag) { forward_t<typename decltype(tag)::type>(p, q, k, v, o, lse, opt); });
   }, "O (B, H_q, N_q, d), LSE (B, H_q, N_q) <- Q, K, V (eq. 4.1-4.4), asynchronous on `stream`");
   m.def("backward", [](const std::string& dtype, const Dev4& q, const Dev4& k, const Dev4& v, const Dev4& o,
                        const Dev4& dO, const Dev3& lse, const Dev4& dq, const Dev4& dk, const Dev4& dv,
                        const std::string& mask_json, std::optional<double> scale, uintptr_t stream,
                        const std::string& variant, bool deterministic) {
     const Problem p = problem_of(q, k, mask_json, scale);
+    const Dtype t = parse_dtype(dtype);
     const cuda::Options opt = options_of(stream, variant, cuda::Pass::Backward, deterministic);
     py::gil_scoped_release unlocked;
-    by_dtype(dtype, [&](auto t) { backward_t<decltype(t)>(p, q, k, v, o, dO, lse, dq, dk, dv, opt); });
+    dispatch_dtype(t, [&](auto tag) { backward_t<typename decltype(tag)::type>(p, q, k, v, o, dO, lse, dq, dk, dv, opt); });
   }, "dQ, dK, dV <- Q, K, V, O, dO, LSE (eq. 5.1-5.7; O, LSE from this layer's forward), on `stream`;\n"
      "deterministic: bitwise repeatable (v4 then runs two passes)");
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/dispatch.hpp"
 #include "cuda.hpp"
 #include "gpu_skip.hpp"
 #include "harness.hpp"
@@ -37,19 +38,6 @@ using testutil::make_problem;
 #define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(bc::gpu_available)
 
 // ---------------------------------------------------------------- host <-> device helpers
-template <class T> T from_double(double x) { return static_cast<T>(x); }
-template <> bc::bf16 from_double<bc::bf16>(double x) { return __float2bfloat16(static_cast<float>(x)); }
-template <> bc::f16 from_double<bc::f16>(double x) { return __float2half(static_cast<float>(x)); }
-template <class T> double to_dbl(T x) { return static_cast<double>(x); }
-template <> double to_dbl<bc::bf16>(bc::bf16 x) { return __bfloat162float(x); }
-template <> double to_dbl<bc::f16>(bc::f16 x) { return __half2float(x); }
-
-template <class T> Dtype dtype_of();
-template <> Dtype dtype_of<double>() { return Dtype::F64; }
-template <> Dtype dtype_of<float>() { return Dtype::F32; }
-template <> Dtype dtype_of<bc::bf16>() { return Dtype::BF16; }
-template <> Dtype dtype_of<bc::f16>() { return Dtype::F16; }
-
 template <class T>
 struct DT4 {  // device tensor in a layout
   bc::DeviceBuffer<T> buf;
@@ -79,7 +67,7 @@ Tensor4<double> to_host(const DT4<T>& t) {
   std::vector<T> h(t.buf.size());
   t.buf.download(h.data(), h.size());
   Tensor4<double> x = make_tensor4<double>(t.layout, t.B, t.H, t.N, t.d);
-  for (size_t i = 0; i < h.size(); ++i) x.data[i] = to_dbl<T>(h[i]);
+  for (size_t i = 0; i < h.size(); ++i) x.data[i] = to_double<T>(h[i]);
   return x;
 }
 template <class A>
@@ -214,7 +202,7 @@ std::vector<FwdCase> fwd_cases() {
 
 template <class T>
 void run_fwd_case(const FwdCase& c) {
-  using A = bc::lse_t<T>;
+  using A = acc_t<T>;
   const Shape& s = c.shape;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
   const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
@@ -235,10 +223,7 @@ TEST_P(CudaForward, MatchesOracle) {
   REQUIRE_GPU();
   const FwdCase& c = GetParam();
   REQUIRE_VARIANT(c.variant);
-  if (c.dtype == "f64") run_fwd_case<double>(c);
-  else if (c.dtype == "f32") run_fwd_case<float>(c);
-  else if (c.dtype == "bf16") run_fwd_case<bc::bf16>(c);
-  else run_fwd_case<bc::f16>(c);
+  dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_fwd_case<typename decltype(tag)::type>(c); });
 }
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaForward, ::testing::ValuesIn(fwd_cases()),
                          [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
@@ -277,7 +262,7 @@ std::vector<FwdCase> bwd_cases() {
 
 template <class T>
 void run_bwd_case(const FwdCase& c, bool deterministic) {
-  using A = bc::lse_t<T>;
+  using A = acc_t<T>;
   const Shape& s = c.shape;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
   const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
@@ -324,23 +309,20 @@ TEST_P(CudaBackward, MatchesOracle) {
   // Deterministic where the variant has the mode (v5 and v6 have none).
   const bool det = c.seed % 3 == 0 && (c.variant == bc::Variant::Auto ||
                                        bc::variant_info(c.variant).determinism != bc::Determinism::Never);
-  if (c.dtype == "f64") run_bwd_case<double>(c, det);
-  else if (c.dtype == "f32") run_bwd_case<float>(c, det);
-  else if (c.dtype == "bf16") run_bwd_case<bc::bf16>(c, det);
-  else run_bwd_case<bc::f16>(c, det);
+  dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_bwd_case<typename decltype(tag)::type>(c, det); });
 }
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
                          [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
 
 TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
-  run_bwd_case<bc::bf16>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
+  run_bwd_case<bf16_t>({"bf16", bc::Variant::Auto, {2, 4, 2, 300, 257, 128}, "causal", Layout::BSHD, Values::Normal, 901}, true);
   // Every variant with a deterministic backward by name, where this GPU runs it.
   const Shape sh{2, 4, 2, 300, 257, 128};
   for (const bc::VariantInfo* v : bc::variants_by_number())
     if (table_runs(v->id, bc::Pass::Backward, "bf16", sh, "causal", false, false, true) && bc::variant_available(v->id))
-      run_bwd_case<bc::bf16>({"bf16", v->id, sh, "causal", Layout::BSHD, Values::Normal, 902 + 100 * uint64_t(v->id)}, true);
-  run_bwd_case<bc::f16>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
+      run_bwd_case<bf16_t>({"bf16", v->id, sh, "causal", Layout::BSHD, Values::Normal, 902 + 100 * uint64_t(v->id)}, true);
+  run_bwd_case<f16_t>({"f16", bc::Variant::Auto, {1, 4, 1, 257, 300, 64}, "window:40,8+block:16x64@0.6", Layout::BHSD, Values::Normal, 904}, true);
   run_bwd_case<float>({"f32", bc::Variant::Auto, {1, 2, 1, 203, 113, 64}, "document:3", Layout::BHSD, Values::Normal, 902}, true);
 }
 
@@ -400,7 +382,7 @@ std::vector<std::vector<int64_t>> split(int64_t N, int parts, bool indexed, bool
 
 template <class T>
 void run_block_case(const BlockCase& c) {
-  using A = bc::lse_t<T>;
+  using A = acc_t<T>;
   const Shape& s = c.shape;
   const uint64_t seed = 4242;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, seed);
@@ -517,10 +499,7 @@ TEST_P(CudaBlocks, ComposeToTheWhole) {
   REQUIRE_GPU();
   const BlockCase& c = GetParam();
   REQUIRE_VARIANT(c.variant);
-  if (c.dtype == "f64") run_block_case<double>(c);
-  else if (c.dtype == "f32") run_block_case<float>(c);
-  else if (c.dtype == "bf16") run_block_case<bc::bf16>(c);
-  else run_block_case<bc::f16>(c);
+  dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_block_case<typename decltype(tag)::type>(c); });
 }
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
@@ -582,8 +561,7 @@ TEST_P(CudaBackwardBlock, AccumulatesToTheWhole) {
   REQUIRE_GPU();
   const BlockCase& c = GetParam();
   REQUIRE_VARIANT(c.bwd_variant);
-  if (c.dtype == "bf16") run_block_case<bc::bf16>(c);
-  else run_block_case<bc::f16>(c);
+  dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_block_case<typename decltype(tag)::type>(c); });
 }
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block_cases()),
                          [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
@@ -600,8 +578,8 @@ void run_deterministic_block(bc::Variant variant) {
   std::vector<int64_t> qi(200), ki(322);
   std::iota(qi.begin(), qi.end(), int64_t(100));
   std::iota(ki.begin(), ki.end(), int64_t(128));
-  DT4<bc::bf16> Q = to_device<bc::bf16>(gather(in.Q, qi)), dO = to_device<bc::bf16>(gather(in.dO, qi));
-  DT4<bc::bf16> K = to_device<bc::bf16>(gather(in.K, ki)), V = to_device<bc::bf16>(gather(in.V, ki));
+  DT4<bf16_t> Q = to_device<bf16_t>(gather(in.Q, qi)), dO = to_device<bf16_t>(gather(in.dO, qi));
+  DT4<bf16_t> K = to_device<bf16_t>(gather(in.K, ki)), V = to_device<bf16_t>(gather(in.V, ki));
   Tensor3<double> lse = make_tensor3<double>(1, 4, 200), dd = make_tensor3<double>(1, 4, 200);
   for (size_t i = 0; i < lse.data.size(); ++i) { lse.data[i] = 3.0 + 0.01 * double(i % 50); dd.data[i] = 0.1 * double(i % 7); }
   auto rows = [](const Tensor3<double>& x) {
@@ -618,7 +596,7 @@ void run_deterministic_block(bc::Variant variant) {
   for (int rep = 0; rep < 2; ++rep) {
     DT4<A> dQ = to_device<A>(initial_grad(gather(in.Q, qi))), dK = to_device<A>(initial_grad(gather(in.K, ki))),
            dV = to_device<A>(initial_grad(gather(in.V, ki)));
-    bc::backward_block<bc::bf16>(p, dm.params(), contiguous(100, 200), contiguous(128, 322), Q.cview(), K.cview(),
+    bc::backward_block<bf16_t>(p, dm.params(), contiguous(100, 200), contiguous(128, 322), Q.cview(), K.cview(),
                                  V.cview(), dO.cview(), L.cview(), D.cview(), dQ.view(), dK.view(), dV.view(), opt);
     BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<A> all;
@@ -686,9 +664,9 @@ TEST(CudaValidation, BadShapesThrowBeforeLaunch) {
 
 TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   Problem p = make_problem(1, 2, 2, 8, 8, 64);
-  alignas(16) static bc::bf16 buf[2 * 8 * 128];
-  auto v = [&](int64_t d) { return view4<const bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
-  auto o = [&](int64_t d) { return view4<bc::bf16>(buf, Layout::BHSD, 1, 2, 8, d); };
+  alignas(16) static bf16_t buf[2 * 8 * 128];
+  auto v = [&](int64_t d) { return view4<const bf16_t>(buf, Layout::BHSD, 1, 2, 8, d); };
+  auto o = [&](int64_t d) { return view4<bf16_t>(buf, Layout::BHSD, 1, 2, 8, d); };
   // v3 exactly on a compute capability 9.0 device (asked of the runtime here, not of the API).
   int dev = 0, major = 0, minor = 0;
   const bool hopper = bc::gpu_available() && cudaGetDevice(&dev) == cudaSuccess &&
@@ -697,22 +675,22 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
                       major == 9 && minor == 0;
   EXPECT_EQ(bc::variant_available(bc::Variant::V3), hopper);
   EXPECT_EQ(bc::variant_available(bc::Variant::V4), hopper);
-  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::forward_variant<bf16_t>(p, v(64), v(64), v(64), o(64), bc::Variant::Auto),
             hopper ? bc::Variant::V4 : bc::Variant::V2);
   // A block-sparse mask keeps auto on v3 (v4's producer cannot vote on tiles), and v4 by name refuses it.
   Problem pb = make_problem(1, 2, 2, 8, 8, 64, "block:4x4@0.5", 1);
-  EXPECT_EQ(bc::forward_variant<bc::bf16>(pb, v(64), v(64), v(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::forward_variant<bf16_t>(pb, v(64), v(64), v(64), o(64), bc::Variant::Auto),
             hopper ? bc::Variant::V3 : bc::Variant::V2);
   try {
-    bc::forward_variant<bc::bf16>(pb, v(64), v(64), v(64), o(64), bc::Variant::V4);
+    bc::forward_variant<bf16_t>(pb, v(64), v(64), v(64), o(64), bc::Variant::V4);
     ADD_FAILURE() << "expected burstlab::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("variant (v4)"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::V2), bc::Variant::V2);
+  EXPECT_EQ(bc::forward_variant<bf16_t>(p, v(64), v(64), v(64), o(64), bc::Variant::V2), bc::Variant::V2);
   if (!hopper) {
     try {
-      bc::forward_variant<bc::bf16>(p, v(64), v(64), v(64), o(64), bc::Variant::V3);
+      bc::forward_variant<bf16_t>(p, v(64), v(64), v(64), o(64), bc::Variant::V3);
       ADD_FAILURE() << "expected burstlab::Error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("variant (v3)"), std::string::npos) << e.what();
@@ -720,14 +698,14 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   }
   // The backward (not deterministic): v5 on compute capability 9.0 (block masks included), else
   // v2; v1 by name.
-  EXPECT_EQ(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
             hopper ? bc::Variant::V5 : bc::Variant::V2);
-  EXPECT_EQ(bc::backward_variant<bc::bf16>(pb, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(pb, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
             hopper ? bc::Variant::V5 : bc::Variant::V2);
-  EXPECT_EQ(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1),
             bc::Variant::V1);
   if (!hopper) {
-    EXPECT_THROW(bc::backward_variant<bc::bf16>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V4),
+    EXPECT_THROW(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V4),
                  Error);
   }
   // backward_block: v4 on compute capability 9.0 (block masks included) with contiguous keys,
@@ -737,7 +715,7 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   int64_t kidx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   const Positions q8 = contiguous(0, 8), k8 = contiguous(0, 8), k8i{0, 8, kidx};
   const auto bbv = [&](const Problem& pp, Positions k, bc::Variant r, bool det, std::string* why = nullptr) {
-    return bc::backward_block_variant<bc::bf16>(pp, q8, k, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64), r,
+    return bc::backward_block_variant<bf16_t>(pp, q8, k, v(64), v(64), v(64), v(64), gv(64), gv(64), gv(64), r,
                                                 det, why);
   };
   const bc::Variant v4_or_v1 = hopper ? bc::Variant::V4 : bc::Variant::V1;
@@ -760,10 +738,10 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   }
   Problem p3 = make_problem(1, 2, 2, 8, 8, 3);
   std::string why;
-  EXPECT_EQ(bc::forward_variant<bc::bf16>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
+  EXPECT_EQ(bc::forward_variant<bf16_t>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
   EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
   why.clear();
-  EXPECT_EQ(bc::backward_variant<bc::bf16>(p3, v(3), v(3), v(3), v(3), v(3), o(3), o(3), o(3), bc::Variant::Auto, &why),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p3, v(3), v(3), v(3), v(3), v(3), o(3), o(3), o(3), bc::Variant::Auto, &why),
             bc::Variant::V1);
   EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
 }

@@ -37,11 +37,7 @@ using testutil::lmhead_problem;
 
 #define REQUIRE_GPU() BURSTLAB_REQUIRE_GPU(bc::gpu_available)
 
-// HT: burstlab's host 16-bit type, DT: the device's; the same bits.
-template <class DT> struct HostOf;
-template <> struct HostOf<bc::bf16> { using type = bf16_t; };
-template <> struct HostOf<bc::f16> { using type = f16_t; };
-
+// DT: the storage type (bf16_t, f16_t), on the host and in the device buffers alike.
 template <class DT>
 struct GpuRun {
   float L = NAN;
@@ -57,15 +53,14 @@ constexpr int kVariants[] = {1, 2, 3};
 template <class DT>
 GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool fused, int64_t chunk_rows,
                    int variant, int64_t ldh = 0) {
-  using HT = typename HostOf<DT>::type;
   if (ldh == 0) ldh = p.d;
-  std::vector<HT> h(static_cast<size_t>(p.N * ldh), from_double<HT>(7.0)), w(static_cast<size_t>(p.V * p.d));
+  std::vector<DT> h(static_cast<size_t>(p.N * ldh), from_double<DT>(7.0)), w(static_cast<size_t>(p.V * p.d));
   for (int64_t i = 0; i < p.N; ++i)
-    for (int64_t k = 0; k < p.d; ++k) h[i * ldh + k] = from_double<HT>(in.H.data[i * p.d + k]);
-  for (size_t e = 0; e < w.size(); ++e) w[e] = from_double<HT>(in.W.data[e]);
+    for (int64_t k = 0; k < p.d; ++k) h[i * ldh + k] = from_double<DT>(in.H.data[i * p.d + k]);
+  for (size_t e = 0; e < w.size(); ++e) w[e] = from_double<DT>(in.W.data[e]);
   bc::DeviceBuffer<DT> H(h.size()), W(w.size()), dH(static_cast<size_t>(p.N * p.d)), dW(w.size());
-  H.upload(reinterpret_cast<const DT*>(h.data()), h.size());
-  W.upload(reinterpret_cast<const DT*>(w.data()), w.size());
+  H.upload(h.data(), h.size());
+  W.upload(w.data(), w.size());
   bc::DeviceBuffer<int64_t> y(in.y.size());
   y.upload(in.y.data(), in.y.size());
   bc::DeviceBuffer<float> LSE(static_cast<size_t>(p.N));
@@ -96,8 +91,8 @@ GpuRun<DT> run_gpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, boo
   r.LSE.resize(static_cast<size_t>(p.N));
   LSE.download(r.LSE.data(), r.LSE.size());
   auto fetch = [](const bc::DeviceBuffer<DT>& b, int64_t rows, int64_t cols) {
-    std::vector<HT> x(static_cast<size_t>(rows * cols));
-    b.download(reinterpret_cast<DT*>(x.data()), x.size());
+    std::vector<DT> x(static_cast<size_t>(rows * cols));
+    b.download(x.data(), x.size());
     Matrix<double> m = make_matrix<double>(rows, cols);
     for (size_t e = 0; e < x.size(); ++e) m.data[e] = static_cast<double>(x[e]);
     return m;
@@ -114,13 +109,8 @@ std::vector<Metrics> check(const LmHeadOracle& o, const GpuRun<DT>& r) {
 }
 
 template <class DT>
-Dtype dtype_of_dev() {
-  return std::is_same_v<DT, bc::bf16> ? Dtype::BF16 : Dtype::F16;
-}
-
-template <class DT>
 void sweep(testutil::WorstErrBound& worst) {
-  const Dtype dt = dtype_of_dev<DT>();
+  const Dtype dt = dtype_of<DT>();
   struct S { int64_t N, d, V, chunk; };
   // V below, at and above the 128-wide tile, not a multiple of 8; chunks that split N unevenly.
   const S shapes[] = {{1, 8, 1, 0},       {37, 16, 2, 0},      {113, 64, 203, 0},  {300, 72, 1000, 128},
@@ -147,8 +137,8 @@ void sweep(testutil::WorstErrBound& worst) {
 TEST(CudaLmHead, SweepMatchesOracle) {
   REQUIRE_GPU();
   testutil::WorstErrBound worst;
-  sweep<bc::bf16>(worst);
-  sweep<bc::f16>(worst);
+  sweep<bf16_t>(worst);
+  sweep<f16_t>(worst);
   worst.print("cuda lmhead");
 }
 
@@ -158,7 +148,7 @@ TEST(CudaLmHead, AllIgnoredAndStridedH) {
     const LmHeadProblem p = lmhead_problem(50, 16, 77, 0.1, 1e-2, red);
     const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 5, Values::Normal, 1.0);
     for (int variant : kVariants) {
-      const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 16, variant);
+      const GpuRun<bf16_t> r = run_gpu<bf16_t>(p, in, 1.0, true, 16, variant);
       EXPECT_EQ(r.L, 0.0f);
       for (double x : r.dH.data) EXPECT_EQ(x, 0.0);
       for (double x : r.dW.data) EXPECT_EQ(x, 0.0);
@@ -168,7 +158,7 @@ TEST(CudaLmHead, AllIgnoredAndStridedH) {
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::F16, 21, Values::Normal, 0.25);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
   for (int variant : kVariants)
-    testutil::expect_pass(check(o, run_gpu<bc::f16>(p, in, 1.0, true, 16, variant, p.d + 8)),
+    testutil::expect_pass(check(o, run_gpu<f16_t>(p, in, 1.0, true, 16, variant, p.d + 8)),
                           "strided H v" + std::to_string(variant));
 }
 
@@ -179,7 +169,7 @@ TEST(CudaLmHead, ChunkRoundingsOfDwAreCounted) {
   const LmHeadProblem p = lmhead_problem(512, 64, 300);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 9, Values::Normal, 0.0);
   const LmHeadOracle o = lmhead_oracle(p, in, 1.0, true);
-  const GpuRun<bc::bf16> r = run_gpu<bc::bf16>(p, in, 1.0, true, 8, 3);
+  const GpuRun<bf16_t> r = run_gpu<bf16_t>(p, in, 1.0, true, 8, 3);
   EXPECT_EQ(r.r_W, 64);
   const std::vector<Metrics> ms = check(o, r);
   testutil::expect_pass(ms, "v3, 64 chunks");
@@ -194,8 +184,8 @@ TEST(CudaLmHead, BitwiseRepeatable) {
   const LmHeadProblem p = lmhead_problem(300, 64, 1000, 0.1, 1e-4);
   const LmHeadInputs in = make_lmhead_inputs(p, Dtype::BF16, 3, Values::Normal, 0.1);
   for (int variant : kVariants) {
-    const GpuRun<bc::bf16> a = run_gpu<bc::bf16>(p, in, 1.0, true, 128, variant),
-                           b = run_gpu<bc::bf16>(p, in, 1.0, true, 128, variant);
+    const GpuRun<bf16_t> a = run_gpu<bf16_t>(p, in, 1.0, true, 128, variant),
+                           b = run_gpu<bf16_t>(p, in, 1.0, true, 128, variant);
     EXPECT_EQ(a.L, b.L) << "v" << variant;
     EXPECT_EQ(a.LSE, b.LSE) << "v" << variant;
     EXPECT_EQ(a.dH.data, b.dH.data) << "v" << variant;
@@ -206,39 +196,39 @@ TEST(CudaLmHead, BitwiseRepeatable) {
 TEST(CudaLmHead, BadInputNamesTheField) {
   // Host-side checks come before any device work: they run without a GPU.
   LmHeadProblem p = lmhead_problem(4, 12, 10);
-  View2<const bc::bf16> H, W;
-  alignas(16) static bc::bf16 dummy[64];
+  View2<const bf16_t> H, W;
+  alignas(16) static bf16_t dummy[64];
   H.data = dummy; H.dim[0] = 4; H.dim[1] = 12; H.stride[0] = 12; H.stride[1] = 1;
   W.data = dummy; W.dim[0] = 10; W.dim[1] = 12; W.stride[0] = 12; W.stride[1] = 1;
   float lse[4];
   const int64_t* y = reinterpret_cast<const int64_t*>(dummy);
-  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("d (12) must be a multiple of 8"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bf16_t>(p, H, W, y, lse); }), HasSubstr("d (12) must be a multiple of 8"));
   p = lmhead_problem(4, 16, 0);
-  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("V (0) must be >= 1"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bf16_t>(p, H, W, y, lse); }), HasSubstr("V (0) must be >= 1"));
   p = lmhead_problem(4, 16, 10);
   H.dim[1] = W.dim[1] = 16;
   H.stride[0] = W.stride[0] = 16;
   H.stride[1] = 2;
-  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("H.stride[1] (2) must be 1"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bf16_t>(p, H, W, y, lse); }), HasSubstr("H.stride[1] (2) must be 1"));
   H.stride[1] = 1;
   W.dim[0] = 11;
-  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bf16_t>(p, H, W, y, lse); }), HasSubstr("W.dim[0] (11) must equal V (10)"));
   W.dim[0] = 10;
-  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bc::bf16>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
+  EXPECT_THAT(error_message([&] { bc::lmhead_forward<bf16_t>(p, H, W, nullptr, lse); }), HasSubstr("y (null)"));
   // The variant: a number the layer has, and outputs cuBLAS can write (host-side choice).
   bc::LmHeadOptions opt;
   opt.variant = 4;
-  View2<bc::bf16> dH, dW;
-  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bc::bf16>(p, dH, dW, opt); }),
+  View2<bf16_t> dH, dW;
+  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bf16_t>(p, dH, dW, opt); }),
               HasSubstr("variant (4) must be 0 (the first that supports the call), 1, 2 or 3"));
   dW.data = dummy; dW.dim[0] = 10; dW.dim[1] = 16; dW.stride[0] = 32; dW.stride[1] = 2;
   opt.variant = 3;
-  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bc::bf16>(p, dH, dW, opt); }),
+  EXPECT_THAT(error_message([&] { bc::lmhead_variant<bf16_t>(p, dH, dW, opt); }),
               HasSubstr("variant (3) writes dH and dW through cuBLAS: dW.stride[1] (2) must be 1"));
   opt.variant = 0;
-  EXPECT_EQ(bc::lmhead_variant<bc::bf16>(p, dH, dW, opt), 1);
+  EXPECT_EQ(bc::lmhead_variant<bf16_t>(p, dH, dW, opt), 1);
   dW.stride[1] = 1;
-  EXPECT_EQ(bc::lmhead_variant<bc::bf16>(p, dH, dW, opt), 3);
+  EXPECT_EQ(bc::lmhead_variant<bf16_t>(p, dH, dW, opt), 3);
   EXPECT_THAT(error_message([&] { bc::lmhead_chunk_rows(p, 0, opt); }), HasSubstr("variant (0) must be 1, 2 or 3"));
   // Labels are checked on the device.
   REQUIRE_GPU();
@@ -246,7 +236,7 @@ TEST(CudaLmHead, BadInputNamesTheField) {
   LmHeadInputs in = make_lmhead_inputs(q, Dtype::BF16, 1, Values::Normal, 0.0);
   in.y[4] = 10;
   for (int variant : kVariants)
-    EXPECT_THAT(error_message([&] { run_gpu<bc::bf16>(q, in, 1.0, true, 0, variant); }),
+    EXPECT_THAT(error_message([&] { run_gpu<bf16_t>(q, in, 1.0, true, 0, variant); }),
               HasSubstr("y[4] (10) must be in [0, V) = [0, 10) or equal ignore_index (-100)"));
 }
 

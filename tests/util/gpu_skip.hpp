@@ -1,20 +1,17 @@
 // tests/util/gpu_skip.hpp — how a GPU test behaves on a machine without a usable GPU: it skips
-// with a message, unless BURSTLAB_REQUIRE_GPU is set (and not "0"), where the skip becomes a
+// with a message, unless BURSTLAB_REQUIRE_GPU=1 (burstlab/env.hpp), where the skip becomes a
 // failure, so that a GPU run cannot pass by skipping everything.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "burstlab/env.hpp"
 
 namespace burstlab::testutil {
 
-inline bool require_gpu_env() {
-  const char* e = std::getenv("BURSTLAB_REQUIRE_GPU");
-  return e && std::strcmp(e, "0") != 0 && *e;
-}
+inline bool require_gpu_env() { return env::flag("BURSTLAB_REQUIRE_GPU"); }
 
 }  // namespace burstlab::testutil
 
