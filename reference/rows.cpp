@@ -115,13 +115,13 @@ struct KvMax {
   std::vector<double> maxV;
   double maxK = 0;
 };
-std::map<int64_t, KvMax> kv_maxima(const Problem& p, const Inputs& in, const std::vector<RowId>& rows) {
+template <class A>
+std::map<int64_t, KvMax> kv_maxima(const Problem& p, const A& K, const A& V, const std::vector<RowId>& rows) {
   const int64_t G = group_size(p);
   std::map<int64_t, KvMax> out;
   for (const RowId& r : rows) out[r.b * p.H_kv + kv_head(r.h, G)];
   for (auto& [bk, m] : out) {
     const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
-    const View4<const double> K = in.K.view(), V = in.V.view();
     m.maxV.assign(static_cast<size_t>(p.d), 0.0);
     for (int64_t j = 0; j < p.N_k; ++j)
       for (int64_t k = 0; k < p.d; ++k) {
@@ -157,21 +157,24 @@ Sample choose_sample(const Problem& p, int64_t K, uint64_t seed) {
   return s;
 }
 
+namespace {
+// The oracles over any element accessor A (View4<const double> of Inputs, or Stored4): one body,
+// so both give the same bits for the same values.
+
 // eq. (2.1)-(2.4) and (5.1)-(5.6) for each sampled row, with eq. (9.3), (9.4), (9.9).
-RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId>& rows, bool backward) {
-  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
-  if (backward) validate_q_side(p, "dO", in.dO.view());
+template <class A>
+RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, const A& V, const A& dO,
+                        const std::vector<RowId>& rows, bool backward) {
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
-  const RuleConstants c = rule_constants(in.dtype);
+  const RuleConstants c = rule_constants(dtype);
   const int64_t G = group_size(p), N_k = p.N_k, d = p.d, n = static_cast<int64_t>(rows.size());
   const double scale = scale_of(p), ascale = std::fabs(scale);
   const double g_d = c.gamma(double(d)), g_k = c.gamma(double(N_k) + 2);
   for (const RowId& r : rows)
     if (r.b < 0 || r.b >= p.B || r.h < 0 || r.h >= p.H_q || r.i < 0 || r.i >= p.N_q)
       fail("row (b=", r.b, ", h=", r.h, ", i=", r.i, ") must lie in (B, H_q, N_q) = (", p.B, ", ", p.H_q, ", ", p.N_q, ")");
-  const std::map<int64_t, KvMax> kvmax = kv_maxima(p, in, rows);
-  const View4<const double> Q = in.Q.view(), K = in.K.view(), V = in.V.view(), dO = in.dO.view();
+  const std::map<int64_t, KvMax> kvmax = kv_maxima(p, K, V, rows);
 
   RowOracle out;
   out.rows = rows;
@@ -274,15 +277,12 @@ RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId
 
 // eq. (5.3), (5.7) for each sampled column from the run's LSE and D = rowsum(dO o O) of its O,
 // with the conditional bounds eq. (9.10)-(9.13).
-ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
-                           const std::vector<ColumnId>& columns) {
-  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
-  validate_q_side(p, "dO", in.dO.view());
-  validate_q_side(p, "O", O);
-  validate_rows(p, "LSE", LSE);
+template <class A, class OA>
+ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, const A& V, const A& dO,
+                              const OA& O, View3<const double> LSE, const std::vector<ColumnId>& columns) {
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
-  const RuleConstants c = rule_constants(in.dtype);
+  const RuleConstants c = rule_constants(dtype);
   const int64_t G = group_size(p), N_q = p.N_q, d = p.d, n = static_cast<int64_t>(columns.size());
   const double scale = scale_of(p), ascale = std::fabs(scale);
   const double g_d = c.gamma(double(d)), g_d1 = c.gamma(double(d) + 1), g_d2 = c.gamma(double(d) + 2);
@@ -291,7 +291,6 @@ ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const doubl
     if (q.b < 0 || q.b >= p.B || q.h < 0 || q.h >= p.H_kv || q.j < 0 || q.j >= p.N_k)
       fail("column (b=", q.b, ", h=", q.h, ", j=", q.j, ") must lie in (B, H_kv, N_k) = (", p.B, ", ", p.H_kv, ", ",
            p.N_k, ")");
-  const View4<const double> Q = in.Q.view(), K = in.K.view(), V = in.V.view(), dO = in.dO.view();
 
   // D_i (eq. 5.1) of the run's O and sum_k |dO_ik||O_ik|, for the (b, q-head)s of sampled groups.
   std::map<int64_t, std::vector<double>> Drow, Dmag;  // key b * H_q + h -> (N_q)
@@ -394,6 +393,50 @@ ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const doubl
   });
   err.rethrow();
   return out;
+}
+
+// A Stored4 must have the shape `want` and point to data (as validate_view for views).
+void validate_stored(const char* name, const Stored4& s, const int64_t* want) {
+  validate_view(name, s.dim, s.base, 4, want);
+}
+void validate_stored_inputs(const Problem& p, const StoredInputs& in, bool backward) {
+  validate(p);
+  int64_t qs[4], ks[4];
+  expect_q_side(p, qs);
+  expect_kv_side(p, ks);
+  validate_stored("Q", in.Q, qs);
+  validate_stored("K", in.K, ks);
+  validate_stored("V", in.V, ks);
+  if (backward) validate_stored("dO", in.dO, qs);
+}
+}  // namespace
+
+RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId>& rows, bool backward) {
+  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
+  if (backward) validate_q_side(p, "dO", in.dO.view());
+  return row_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), rows, backward);
+}
+RowOracle row_oracle(const Problem& p, const StoredInputs& in, const std::vector<RowId>& rows, bool backward) {
+  validate_stored_inputs(p, in, backward);
+  return row_oracle_on(p, in.dtype, in.Q, in.K, in.V, in.dO, rows, backward);
+}
+
+ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
+                           const std::vector<ColumnId>& columns) {
+  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
+  validate_q_side(p, "dO", in.dO.view());
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), O, LSE, columns);
+}
+ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Stored4& O, View3<const double> LSE,
+                           const std::vector<ColumnId>& columns) {
+  validate_stored_inputs(p, in, true);
+  int64_t qs[4];
+  expect_q_side(p, qs);
+  validate_stored("O", O, qs);
+  validate_rows(p, "LSE", LSE);
+  return column_oracle_on(p, in.dtype, in.Q, in.K, in.V, in.dO, O, LSE, columns);
 }
 
 namespace {

@@ -9,7 +9,10 @@
 // tensors (B, H, N, d) in any layout: a distributed transport gathers its ranks' shards first.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "burstlab/precision.hpp"
@@ -46,6 +49,50 @@ struct RowOracle {
 };
 RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId>& rows, bool backward);
 
+// A read-only 4-D tensor where it lies, in its storage precision (fp64, fp32, bf16, fp16) and
+// with any byte strides (negative too), seen in the logical order (b, h, n, k): each element is
+// widened to fp64 (exactly) as it is read. The sampled oracle reads K rows and K columns' worth
+// of its inputs, so a caller holding bf16 tensors (Python) needs no fp64 copy of them.
+struct Stored4 {
+  const char* base = nullptr;
+  Dtype dtype = Dtype::F64;
+  int64_t dim[4] = {0, 0, 0, 0};
+  int64_t bytes[4] = {0, 0, 0, 0};  // byte strides of (b, h, n, k)
+  double operator()(int64_t b, int64_t h, int64_t n, int64_t k) const {
+    const char* x = base + (b * bytes[0] + h * bytes[1] + n * bytes[2] + k * bytes[3]);
+    switch (dtype) {
+      case Dtype::F64: { double v; std::memcpy(&v, x, 8); return v; }
+      case Dtype::F32: { float v; std::memcpy(&v, x, 4); return v; }
+      case Dtype::BF16: {
+        uint16_t h16;
+        std::memcpy(&h16, x, 2);
+        const uint32_t w = uint32_t(h16) << 16;
+        float v;
+        std::memcpy(&v, &w, 4);
+        return v;
+      }
+      case Dtype::F16: { uint16_t h16; std::memcpy(&h16, x, 2); return half_to_double(h16); }
+    }
+    return 0;
+  }
+  static double half_to_double(uint16_t h16) {
+    const int e = (h16 >> 10) & 0x1f, m = h16 & 0x3ff;
+    const double s = (h16 & 0x8000) ? -1.0 : 1.0;
+    if (e == 0) return s * std::ldexp(double(m), -24);
+    if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : s * std::numeric_limits<double>::infinity();
+    return s * std::ldexp(double(m + 1024), e - 25);
+  }
+};
+// The inputs as they lie (dO: base null when there is no backward); dtype is the candidate's
+// precision, whose §9 bounds the oracles compute (as Inputs::dtype).
+struct StoredInputs {
+  Dtype dtype = Dtype::F64;
+  Stored4 Q, K, V, dO;
+};
+// The row oracle on inputs where they lie: the same arithmetic, bit for bit, as on fp64 Inputs
+// holding the same values.
+RowOracle row_oracle(const Problem& p, const StoredInputs& in, const std::vector<RowId>& rows, bool backward);
+
 // dK_j, dV_j of sampled columns (summed over the group, eq. 5.3, 5.7) from the inputs and the
 // run's O (B, H_q, N_q, d) and LSE (B, H_q, N_q), and their conditional bounds (eq. 9.10-9.13).
 struct ColumnOracle {
@@ -54,6 +101,10 @@ struct ColumnOracle {
   std::vector<double> bound_dK, bound_dV;  // (n, d)
 };
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
+                           const std::vector<ColumnId>& columns);
+
+// The column oracle on inputs and a run's O where they lie (bit for bit as on fp64 Inputs).
+ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Stored4& O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns);
 
 // A candidate's GLOBAL outputs at the sampled rows / columns against the oracles, one Metrics per

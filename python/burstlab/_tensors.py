@@ -3,11 +3,13 @@
 Every input becomes a NumPy array that shares the caller's memory where it can:
 * NumPy arrays as they are (any strides, any layout);
 * PyTorch CPU tensors through ``.numpy()`` (the same memory and strides); CUDA tensors are
-  copied to the host first (the oracle runs on the CPU); bfloat16, which NumPy cannot hold, is
-  widened to float32 (exact) and remembered as bf16;
+  copied to the host first, in their own dtype (the oracle runs on the CPU); bfloat16, which
+  NumPy cannot hold, as its uint16 bits (the same memory and strides), which the C++ side reads
+  as bf16;
 * other objects with ``__dlpack__`` through ``numpy.from_dlpack``, and anything else through the
   buffer protocol / array interface (``numpy.asarray``).
-The C++ side then reads fp64 arrays in place and converts the rest to fp64 exactly.
+The C++ side then reads fp64 arrays in place and converts the rest to fp64 exactly; the sampled
+check (check_rows=K) reads every array in place, in its own dtype.
 """
 import contextlib
 import re
@@ -63,8 +65,8 @@ def as_array(x, name):
         tag = dtype_name(t.dtype, name)
         if t.device.type != "cpu":
             t = t.cpu()
-        if tag == "bf16":
-            t = t.float()
+        if tag == "bf16":  # the same memory seen as int16, then as NumPy's uint16
+            return t.view(torch_module().int16).numpy().view(np.uint16), tag
         return t.numpy(), tag
     if isinstance(x, np.ndarray):
         a = x
@@ -75,8 +77,8 @@ def as_array(x, name):
             a = np.asarray(x)
         except Exception as e:  # noqa: BLE001 - anything NumPy cannot read is bad input here
             raise ValueError(f"{name} ({type(x).__name__}) is not an array: {e}") from None
-    if a.dtype.name == "bfloat16":  # ml_dtypes
-        return a.astype(np.float32), "bf16"
+    if a.dtype.name == "bfloat16":  # ml_dtypes: its bits, in place
+        return a.view(np.uint16), "bf16"
     if a.dtype not in _NP:
         raise ValueError(f"{name} has dtype {a.dtype}: float64, float32, float16 or bfloat16 expected")
     if a.dtype.byteorder == ">":

@@ -2,8 +2,8 @@
 // bindings of python/src/core.cpp. An array is read in its stored layout (BSHD: (B, N, H, d),
 // BHSD: (B, H, N, d)) and seen in the spec's logical order (b, h, n, k) by permuting strides, so
 // no layout costs a copy. fp64 arrays with non-negative, element-aligned strides are used in
-// place; every other array (fp32, fp16, negative strides) is converted to a contiguous fp64 copy,
-// exactly (every fp32/fp16 value is a double).
+// place; every other array (fp32, fp16, bf16 held as uint16 bits, negative strides) is converted
+// to a contiguous fp64 copy, exactly (every fp32/fp16/bf16 value is a double).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -43,8 +43,10 @@ inline Dtype dtype_of_array(const py::array& a, const char* name) {
     if (t.itemsize() == 4) return Dtype::F32;
     if (t.itemsize() == 2) return Dtype::F16;
   }
-  fail(name, " has dtype ", text,
-       ": float64, float32 or float16 expected (bfloat16 tensors are read through float32)");
+  // NumPy has no bfloat16: the package hands bf16 tensors over as their uint16 bits (same memory,
+  // same strides) and refuses integer arrays from its callers, so uint16 here means bf16.
+  if (t.kind() == 'u' && t.itemsize() == 2) return Dtype::BF16;
+  fail(name, " has dtype ", text, ": float64, float32, float16 or bfloat16 (as uint16 bits) expected");
 }
 
 // One element as double, through byte offsets (any sign).
@@ -65,7 +67,6 @@ struct In4 {
   View4<const double> view;
   std::vector<double> owned;
   Dtype dtype = Dtype::F64;  // of the array
-  bool copied = false;
 };
 
 inline void logical_dims(const py::array& a, Layout layout, const char* name, int64_t dim[4]) {
@@ -95,7 +96,6 @@ inline In4 in4(const py::array& a, Layout layout, const char* name) {
     for (int k = 0; k < 4; ++k) r.view.stride[k] = bytes[k] / item;
     return r;
   }
-  r.copied = true;
   r.owned.resize(element_count({dim[0], dim[1], dim[2], dim[3]}));
   const char* base = static_cast<const char*>(a.data());
   size_t at = 0;

@@ -342,19 +342,11 @@ std::vector<int64_t> pick_local(int64_t R, int64_t n, uint64_t seed) {
   return std::vector<int64_t>(s.begin(), s.end());
 }
 
-// A candidate's 4-D array read element by element where it lies (any float dtype, any strides):
-// the sampled check reads K rows of it, so it is not converted to a full fp64 copy.
-struct Elements4 {
-  const char* base = nullptr;
-  int64_t bytes[4] = {0, 0, 0, 0};  // logical (b, h, n, k) byte strides
-  int64_t dim[4] = {0, 0, 0, 0};
-  Dtype dtype = Dtype::F64;
-  double operator()(int64_t b, int64_t h, int64_t n, int64_t k) const {
-    return py_arrays::element(base, b * bytes[0] + h * bytes[1] + n * bytes[2] + k * bytes[3], dtype);
-  }
-};
-Elements4 elements4(const py::array& a, Layout layout, const char* name) {
-  Elements4 e;
+// A 4-D array read where it lies, in its dtype and strides (reference/rows.hpp's Stored4): the
+// sampled check reads K rows and K columns' worth of it, widened to fp64 element by element, so
+// neither the inputs nor the candidate's tensors are copied.
+Stored4 stored4(const py::array& a, Layout layout, const char* name) {
+  Stored4 e;
   e.dtype = py_arrays::dtype_of_array(a, name);
   py_arrays::logical_dims(a, layout, name, e.dim);
   const bool bshd = layout == Layout::BSHD;
@@ -362,6 +354,21 @@ Elements4 elements4(const py::array& a, Layout layout, const char* name) {
   for (int k = 0; k < 4; ++k) e.bytes[k] = st[k];
   e.base = static_cast<const char*>(a.data());
   return e;
+}
+
+// q, k, v (and do) where they lie, shapes checked against the problem; dtype: the candidate's.
+StoredInputs stored_inputs(const py::array& q, const py::array& k, const py::array& v, const Arr& dO, Layout layout,
+                           Dtype dtype) {
+  StoredInputs in;
+  in.dtype = dtype;
+  in.Q = stored4(q, layout, "q");
+  in.K = stored4(k, layout, "k");
+  in.V = stored4(v, layout, "v");
+  if (dO) {
+    in.dO = stored4(*dO, layout, "do");
+    same_dims("do", in.dO.dim, in.Q.dim, "q");
+  }
+  return in;
 }
 
 // One tensor's verdict on sampled elements; `local` maps a sampled (b, h, global n) to the
@@ -387,36 +394,13 @@ struct SampledTensor {
   }
 };
 
-// The fp64 tensors the sampled oracle reads (reference/harness.hpp's Inputs own their tensors):
-// an array already converted to a contiguous fp64 copy (fp32, bf16, fp16) hands that copy over
-// instead of being copied again; its view keeps pointing at the same buffer.
-Tensor4<double> owned_tensor(In4& x) {
-  if (!x.copied) return py_arrays::to_tensor4(x.view, Layout::BHSD);
-  Tensor4<double> t;
-  t.layout = Layout::BHSD;
-  t.B = x.view.dim[0];
-  t.H = x.view.dim[1];
-  t.N = x.view.dim[2];
-  t.d = x.view.dim[3];
-  t.data = std::move(x.owned);
-  return t;
-}
-Inputs inputs_of(In4& Q, In4& K, In4& V, std::optional<In4>& D, const Problem& p, Dtype dtype) {
-  Inputs in;
-  in.dtype = dtype;
-  in.Q = owned_tensor(Q);
-  in.K = owned_tensor(K);
-  in.V = owned_tensor(V);
-  in.dO = D ? owned_tensor(*D) : make_tensor4<double>(Layout::BHSD, p.B, p.H_q, 1, p.d);
-  return in;
-}
-
-// What the sampled check holds: the fp64 inputs, the sampled oracle (tools/resources.cpp, the
-// estimate of `run --check-rows`), and the candidate's tensors in fp64 (shards: their rows).
-tools::MemNeed sampled_need(const Problem& x, int64_t K, bool bwd, int64_t cand_bytes) {
+// What the sampled check holds next to the caller's arrays (read in place, never widened
+// whole): the sampled oracle (tools/resources.cpp, the estimate of `run --check-rows`) and
+// `copy_bytes` of fp64 copies (the candidate's LSE rows).
+tools::MemNeed sampled_need(const Problem& x, int64_t K, bool bwd, int64_t copy_bytes) {
   const tools::MemNeed o = tools::sampled_oracle_need(x, K, bwd, omp_threads());
-  std::vector<tools::MemPart> parts = tools::inputs_footprint(x);
-  if (cand_bytes > 0) parts.push_back({"the candidate's O and LSE in fp64", cand_bytes});
+  std::vector<tools::MemPart> parts;
+  if (copy_bytes > 0) parts.push_back({"the candidate's LSE in fp64", copy_bytes});
   parts.insert(parts.end(), o.parts.begin(), o.parts.end());
   return tools::make_need(o.step, parts);
 }
@@ -442,43 +426,32 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     fail("dk, dv are checked against the candidate's O and LSE over all N_q rows: pass out= and lse= gathered "
          "(without q_positions), or check dk, dv in a call of their own");
   const Problem p0 = problem_of_shapes(q, k, v, layout, mask_json, scale);
-  // The column oracle reads the candidate's O over every row: a strided fp64 view in place, or a copy.
-  const bool out_fp64 = out && py_arrays::dtype_of_array(*out, "out") == Dtype::F64;
   const std::vector<int64_t> qp = positions_of(q_pos, "q_positions", p0.N_q, "N_q");
   const std::vector<int64_t> kp = positions_of(k_pos, "k_positions", p0.N_k, "N_k");
   const int64_t nq = qp.empty() ? p0.N_q : int64_t(qp.size()), nk = kp.empty() ? p0.N_k : int64_t(kp.size());
   auto need = [&](const Problem& x, bool bwd) {
-    // dq, dk, dv (and out without dk, dv) are read in place, K rows of them; copied: a non-fp64
-    // out for the column oracle (dk, dv need it global, so fq = 1 then) and lse (a shard's rows).
+    // Every array is read where it lies; copied: the candidate's lse (its nq rows) in fp64.
     const double fq = double(nq) / double(p0.N_q);
-    const int64_t Eq = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d))));
     const int64_t Er = int64_t(fq * double(tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q)));
-    const int64_t cand = tools::bytes_add(cols && !out_fp64 ? Eq : 0, lse ? Er : 0);
-    return sampled_need(x, K, bwd, tools::bytes_mul(8, cand));
+    return sampled_need(x, K, bwd, lse ? tools::bytes_mul(8, Er) : 0);
   };
   require_fits(p0, rows_bwd || cols, need, "");
-  In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
-  Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
+  Problem p = p0;
   p.scale = scale_of(p);
-  std::optional<In4> D;
-  if (dO) {
-    D = py_arrays::in4(*dO, layout, "do");
-    same_dims("do", D->view.dim, Q.view.dim, "q");
-  }
+  const Dtype t = parse_dtype(dtype);
+  const StoredInputs in = stored_inputs(q, k, v, dO, layout, t);
   // The candidate's tensors, shapes checked: rows nq (q side), nk (kv side).
   const int64_t qs[4] = {p.B, p.H_q, nq, p.d}, ks[4] = {p.B, p.H_kv, nk, p.d}, rs[3] = {p.B, p.H_q, nq};
   const char* q_like = qp.empty() ? "(B, H_q, N_q, d)" : "(B, H_q, len(q_positions), d)";
   const char* k_like = kp.empty() ? "(B, H_kv, N_k, d)" : "(B, H_kv, len(k_positions), d)";
-  auto get4 = [&](const Arr& a, const char* n, const int64_t* want, const char* like) -> std::optional<Elements4> {
+  auto get4 = [&](const Arr& a, const char* n, const int64_t* want, const char* like) -> std::optional<Stored4> {
     if (!a) return std::nullopt;
-    Elements4 x = elements4(*a, layout, n);
+    Stored4 x = stored4(*a, layout, n);
     same_dims(n, x.dim, want, like);
     return x;
   };
-  const std::optional<Elements4> cO = get4(out, "out", qs, q_like), cdQ = get4(dq, "dq", qs, q_like);
-  const std::optional<Elements4> cdK = get4(dk, "dk", ks, k_like), cdV = get4(dv, "dv", ks, k_like);
-  std::optional<In4> cO_all;  // for the column oracle only
-  if (cols) cO_all = py_arrays::in4(*out, layout, "out");
+  const std::optional<Stored4> cO = get4(out, "out", qs, q_like), cdQ = get4(dq, "dq", qs, q_like);
+  const std::optional<Stored4> cdK = get4(dk, "dk", ks, k_like), cdV = get4(dv, "dv", ks, k_like);
   Tensor3<double> cL;
   if (lse) {
     cL = py_arrays::to_tensor3(*lse, "lse");
@@ -486,14 +459,12 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     same_dims("lse", got, rs, qp.empty() ? "(B, H_q, N_q)" : "(B, H_q, len(q_positions))", 3);
     check::convert_lse(cL, conv);
   }
-  const Dtype t = parse_dtype(dtype);
 
   check::CheckResult r;
   r.dtype = t;
   r.case_name = (name.empty() ? shape_string(p) + " mask=" + describe(p.mask) : name) + " (sampled, K=" +
                 std::to_string(K) + ")";
   py::gil_scoped_release unlocked;
-  const Inputs in = inputs_of(Q, Kt, V, D, p, t);
   static const char* const bhik[] = {"b", "h", "i", "k"};
   static const char* const bhjk[] = {"b", "h", "j", "k"};
   static const char* const bhi[] = {"b", "h", "i"};
@@ -544,7 +515,7 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
       }
     }
     const View3<const double> Lv = view3<const double>(cL.data.data(), cL.B, cL.H, cL.N);
-    const ColumnOracle want = column_oracle(p, in, cO_all->view, Lv, columns);
+    const ColumnOracle want = column_oracle(p, in, *cO, Lv, columns);
     SampledTensor tdK{{}, max_list, bhjk}, tdV{{}, max_list, bhjk};
     tdK.tc.m.tensor = "dK";
     tdV.tc.m.tensor = "dV";
@@ -577,23 +548,20 @@ py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py:
   if (cols && !dO) fail("do is required for the columns' dK, dV (given out and lse)");
   const Problem p0 = problem_of_shapes(q, k, v, layout, mask_json, scale);
   auto need = [&](const Problem& x, bool bwd) {
-    const int64_t Eq = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), tools::bytes_mul(x.N_q, x.d + 1));
-    return sampled_need(x, K, bwd, cols ? tools::bytes_mul(8, Eq) : 0);
+    // Every array is read where it lies; copied: lse in fp64.
+    const int64_t Er = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q);
+    return sampled_need(x, K, bwd, cols ? tools::bytes_mul(8, Er) : 0);
   };
   require_fits(p0, dO.has_value(), need, "without do");
-  In4 Q = py_arrays::in4(q, layout, "q"), Kt = py_arrays::in4(k, layout, "k"), V = py_arrays::in4(v, layout, "v");
-  Problem p = problem_of(Q.view, Kt.view, V.view, mask_json, scale);
+  Problem p = p0;
   p.scale = scale_of(p);
-  std::optional<In4> D;
-  if (dO) {
-    D = py_arrays::in4(*dO, layout, "do");
-    same_dims("do", D->view.dim, Q.view.dim, "q");
-  }
-  std::optional<In4> cO;
+  const Dtype t = parse_dtype(dtype);
+  const StoredInputs in = stored_inputs(q, k, v, dO, layout, t);
+  Stored4 cO;
   Tensor3<double> cL;
   if (cols) {
-    cO = py_arrays::in4(*out, layout, "out");
-    same_dims("out", cO->view.dim, Q.view.dim, "q");
+    cO = stored4(*out, layout, "out");
+    same_dims("out", cO.dim, in.Q.dim, "q");
     cL = py_arrays::to_tensor3(*lse, "lse");
     int64_t rs[3];
     expect_rows(p, rs);
@@ -601,16 +569,14 @@ py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py:
     same_dims("lse", got, rs, "(B, H_q, N_q)", 3);
     check::convert_lse(cL, conv);
   }
-  const Dtype t = parse_dtype(dtype);
   Sample s;
   RowOracle ro;
   ColumnOracle co;
   {
     py::gil_scoped_release unlocked;
-    const Inputs in = inputs_of(Q, Kt, V, D, p, t);
     s = choose_sample(p, K, seed);
     ro = row_oracle(p, in, s.rows, dO.has_value());
-    if (cols) co = column_oracle(p, in, cO->view, view3<const double>(cL.data.data(), cL.B, cL.H, cL.N), s.columns);
+    if (cols) co = column_oracle(p, in, cO, view3<const double>(cL.data.data(), cL.B, cL.H, cL.N), s.columns);
   }
   auto mat = [](const std::vector<double>& x, int64_t n, int64_t d) {
     py::array_t<double> a(std::vector<py::ssize_t>{n, d});

@@ -208,3 +208,102 @@ def test_candidates_read_in_place_any_strides_and_layout(rng):
     r = burstlab.check(t(q), t(k), t(v), out=t(full.O), lse=full.LSE.astype(np.float32), dv=bad, do=t(do),
                        mask="causal", layout="BSHD", check_rows=32)
     assert r.dtype == "fp32" and r["O"].passed and [x.index for x in r["dV"].mismatches] == [(b, h, j, 1)]
+
+
+def _same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _assert_same_sampled(s, ref):
+    for n in ("rows", "O", "LSE", "dQ", "columns", "dK", "dV"):
+        assert _same_bits(getattr(s, n), getattr(ref, n)), n
+    assert set(s.bounds) == set(ref.bounds)
+    for n in s.bounds:
+        assert _same_bits(s.bounds[n], ref.bounds[n]), n
+
+
+def _assert_same_report(r, ref):
+    assert [t.name for t in r.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(r.tensors, ref.tensors):
+        assert (a.max_abs, a.max_rel, a.err_bound, a.wrong, a.checked) == \
+               (b.max_abs, b.max_rel, b.err_bound, b.wrong, b.checked), a.name
+        assert [x.index for x in a.mismatches] == [x.index for x in b.mismatches]
+
+
+@pytest.mark.parametrize("mask", ["causal", "document"])
+def test_bf16_torch_inputs_read_in_place_bit_for_bit(rng, mask):
+    # bf16 tensors in non-contiguous memory (a BSHD buffer seen as BHSD, every other feature) are
+    # read where they lie, widened element by element: the sampled oracle and the report equal,
+    # bit for bit, those of the same values handed over as contiguous fp64 arrays, and match the
+    # full oracle on the sampled rows and columns.
+    torch = require_torch()
+    m = MASKS[mask]
+    B, Hq, Hkv, N, d = 2, 4, 2, 48, 8
+
+    def bf16(x, H):  # (B, H, N, d) values in a (B, N, H, 2d) bf16 buffer: strides (N*H*2d, 2d, H*2d, 2)
+        buf = torch.zeros((B, N, H, 2 * d), dtype=torch.bfloat16)
+        buf[..., ::2] = torch.from_numpy(np.swapaxes(x, 1, 2)).to(torch.bfloat16)
+        t = buf[..., ::2].transpose(1, 2)
+        assert not t.is_contiguous()
+        return t
+
+    q, k, v, do = problem(rng, B, Hq, Hkv, N, d)
+    tq, tk, tv, tdo = bf16(q, Hq), bf16(k, Hkv), bf16(v, Hkv), bf16(do, Hq)
+    f64 = lambda t: np.ascontiguousarray(t.double().numpy())  # the same values, exactly
+    q, k, v, do = f64(tq), f64(tk), f64(tv), f64(tdo)
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    cand = [bf16(full.O, Hq), full.LSE.astype(np.float32), bf16(full.dQ, Hq), bf16(full.dK, Hkv), bf16(full.dV, Hkv)]
+    c64 = [f64(cand[0]), cand[1].astype(np.float64), f64(cand[2]), f64(cand[3]), f64(cand[4])]
+    s = burstlab.oracle(tq, tk, tv, mask=m, do=tdo, check_rows=24, seed=5, out=cand[0], lse=cand[1], dtype="bf16")
+    ref = burstlab.oracle(q, k, v, mask=m, do=do, check_rows=24, seed=5, out=c64[0], lse=c64[1], dtype="bf16")
+    _assert_same_sampled(burstlab.Sampled(*[x.numpy() if hasattr(x, "numpy") else x for x in s[:7]],
+                                          {n: b.numpy() for n, b in s.bounds.items()}), ref)
+    at = lambda x, ix: x[ix[:, 0], ix[:, 1], ix[:, 2]]
+    np.testing.assert_allclose(ref.O, at(full.O, ref.rows), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ref.dQ, at(full.dQ, ref.rows), rtol=1e-11, atol=1e-14)
+    r = burstlab.check(tq, tk, tv, out=cand[0], lse=cand[1], dq=cand[2], dk=cand[3], dv=cand[4], do=tdo, mask=m,
+                       check_rows=24, seed=5)
+    r64 = burstlab.check(q, k, v, out=c64[0], lse=c64[1], dq=c64[2], dk=c64[3], dv=c64[4], do=do, mask=m,
+                         check_rows=24, seed=5, dtype="bf16")
+    assert r.dtype == "bf16" and r.passed, str(r)
+    _assert_same_report(r, r64)
+
+
+def test_fp32_and_fp16_inputs_read_in_place_bit_for_bit(rng):
+    # fp32 inputs with negative strides in BSHD memory, an fp16 candidate: equal, bit for bit, to
+    # the same values as contiguous fp64 (the values the full path converts them to).
+    q, k, v, do = problem(rng)
+    m = MASKS["window"]
+    rev = lambda x: np.ascontiguousarray(np.swapaxes(x, 1, 2)[:, ::-1].astype(np.float32))[:, ::-1]  # BSHD
+    tq, tk, tv, tdo = rev(q), rev(k), rev(v), rev(do)
+    q, k, v, do = (np.ascontiguousarray(np.swapaxes(x, 1, 2), dtype=np.float64) for x in (tq, tk, tv, tdo))
+    full = burstlab.oracle(q, k, v, mask=m, do=do)
+    h = lambda x: np.swapaxes(x, 1, 2).astype(np.float16)  # BSHD fp16, contiguous
+    cand = [h(full.O), full.LSE.astype(np.float32), h(full.dQ), h(full.dK), h(full.dV)]
+    c64 = [np.ascontiguousarray(np.swapaxes(x, 1, 2), dtype=np.float64) if x.ndim == 4 else x.astype(np.float64)
+           for x in cand]
+    s = burstlab.oracle(tq, tk, tv, mask=m, do=tdo, layout="BSHD", check_rows=20, seed=2, out=cand[0], lse=cand[1],
+                        dtype="fp16")
+    ref = burstlab.oracle(q, k, v, mask=m, do=do, check_rows=20, seed=2, out=c64[0], lse=c64[1], dtype="fp16")
+    _assert_same_sampled(s, ref)
+    r = burstlab.check(tq, tk, tv, out=cand[0], lse=cand[1], dq=cand[2], dk=cand[3], dv=cand[4], do=tdo, mask=m,
+                       layout="BSHD", check_rows=20, seed=2)
+    r64 = burstlab.check(q, k, v, out=c64[0], lse=c64[1], dq=c64[2], dk=c64[3], dv=c64[4], do=do, mask=m,
+                         check_rows=20, seed=2, dtype="fp16")
+    assert r.dtype == "fp16" and r.passed, str(r)
+    _assert_same_report(r, r64)
+
+
+def test_the_estimate_counts_no_copy_of_the_inputs(rng, monkeypatch):
+    # The sampled check reads every array in place: 64 MB available suffice for a problem whose
+    # inputs alone would take 4 x 134 MB as fp64 copies; 2 MB do not, and the refusal says what fits.
+    N, H, d = 65536, 2, 128
+    q, k, v, do, out, dq, dk, dv = (rng.standard_normal((1, H, N, d), dtype=np.float32) for _ in range(8))
+    lse = rng.standard_normal((1, H, N)).astype(np.float32)
+    monkeypatch.setenv("BURSTLAB_MEMORY_AVAILABLE", str(64 * 2**20))
+    r = burstlab.check(q, k, v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, do=do, mask="causal", check_rows=4)
+    assert [t.checked for t in r.tensors] == [4 * d, 4, 4 * d, 4 * d, 4 * d]
+    monkeypatch.setenv("BURSTLAB_MEMORY_AVAILABLE", str(2 * 2**20))
+    with pytest.raises(burstlab.NotEnoughMemory, match=r"row-sampled fp64 oracle.*it fits with N_q and N_k up to"):
+        burstlab.check(q, k, v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, do=do, mask="causal", check_rows=4)

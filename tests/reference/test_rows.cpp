@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,91 @@ TEST(SampledCheck, BadPositionsAndShapesAreErrors) {
   EXPECT_THROW(row_oracle(p, in, {{0, 2, 0}}, false), Error);
   const Oracle o = run_oracle(p, in, false);
   EXPECT_THROW(column_oracle(p, in, o.O.view(), o.LSE.view(), {{0, 0, 8}}), Error);
+}
+
+// ---------------------------------------------------------------- inputs where they lie
+// A 4-D tensor's values stored as bf16 bits in a (B, N, H, 2d) buffer (every other feature), or as
+// fp32 with N reversed (negative strides): what a Python caller's tensors look like.
+struct Stored {
+  std::vector<uint16_t> b16;
+  std::vector<float> f32;
+  Stored4 s;
+};
+Stored store(const Tensor4<double>& t, Dtype dtype) {
+  Stored r;
+  const View4<const double> v = t.view();
+  const int64_t B = v.dim[0], H = v.dim[1], N = v.dim[2], d = v.dim[3];
+  r.s.dtype = dtype;
+  for (int a = 0; a < 4; ++a) r.s.dim[a] = v.dim[a];
+  if (dtype == Dtype::BF16) {
+    r.b16.assign(size_t(B * N * H * 2 * d), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < d; ++k) {
+            const float x = static_cast<float>(v(b, h, n, k));  // already a bf16 value: exact
+            uint32_t w;
+            std::memcpy(&w, &x, 4);
+            r.b16[size_t(((b * N + n) * H + h) * 2 * d + 2 * k)] = uint16_t(w >> 16);
+          }
+    r.s.base = reinterpret_cast<const char*>(r.b16.data());
+    const int64_t e[4] = {N * H * 2 * d, 2 * d, H * 2 * d, 2};
+    for (int a = 0; a < 4; ++a) r.s.bytes[a] = 2 * e[a];
+  } else {
+    r.f32.assign(size_t(B * H * N * d), 0.f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < d; ++k) r.f32[size_t(((b * H + h) * N + (N - 1 - n)) * d + k)] = float(v(b, h, n, k));
+    r.s.base = reinterpret_cast<const char*>(r.f32.data() + (N - 1) * d);  // row n at -n rows
+    const int64_t e[4] = {H * N * d, N * d, -d, 1};
+    for (int a = 0; a < 4; ++a) r.s.bytes[a] = 4 * e[a];
+  }
+  return r;
+}
+
+TEST(StoredInputs, StridedBf16AndFp32GiveTheBitsOfFp64Inputs) {
+  for (Dtype dt : {Dtype::BF16, Dtype::F32})
+    for (const char* mask : {"causal", "document:3", "block:8x8@0.5"}) {
+      const Problem p = make_problem(2, 4, 2, 37, 45, 6, mask, 3);
+      const Inputs in = make_inputs(p, Layout::BHSD, dt, 5);  // values representable in dt
+      const Oracle o = run_oracle(p, in, true);
+      const Stored Q = store(in.Q, dt), K = store(in.K, dt), V = store(in.V, dt), dO = store(in.dO, dt);
+      Tensor4<double> O_dt = o.O;  // the run's O as a candidate of dt would hold it
+      for (double& x : O_dt.data) x = dt == Dtype::BF16 ? double(round_to_bf16(float(x))) : double(float(x));
+      const Stored O = store(O_dt, dt);
+      for (const auto& [t, st] : {std::pair{&in.Q, &Q}, {&in.K, &K}, {&in.V, &V}, {&in.dO, &dO}, {&O_dt, &O}}) {
+        const View4<const double> v = as_const(t->view());
+        for (int64_t b = 0; b < v.dim[0]; ++b)
+          for (int64_t h = 0; h < v.dim[1]; ++h)
+            for (int64_t n = 0; n < v.dim[2]; ++n)
+              for (int64_t k = 0; k < v.dim[3]; ++k)
+                ASSERT_EQ(st->s(b, h, n, k), v(b, h, n, k)) << to_string(dt) << " " << b << h << n << k;
+      }
+      const StoredInputs si{dt, Q.s, K.s, V.s, dO.s};
+      const Sample sm = choose_sample(p, 20, 4);
+      const RowOracle a = row_oracle(p, in, sm.rows, true), b = row_oracle(p, si, sm.rows, true);
+      const ColumnOracle c = column_oracle(p, in, as_const(O_dt.view()), o.LSE.view(), sm.columns);
+      const ColumnOracle e = column_oracle(p, si, O.s, o.LSE.view(), sm.columns);
+      auto same = [&](const std::vector<double>& x, const std::vector<double>& y, const char* what) {
+        ASSERT_EQ(x.size(), y.size()) << what;
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(double))) << to_string(dt) << " " << mask
+                                                                                 << " " << what;
+      };
+      same(a.O, b.O, "O");
+      same(a.LSE, b.LSE, "LSE");
+      same(a.dQ, b.dQ, "dQ");
+      same(a.bound_O, b.bound_O, "bound_O");
+      same(a.bound_dQ, b.bound_dQ, "bound_dQ");
+      same(c.dK, e.dK, "dK");
+      same(c.dV, e.dV, "dV");
+      same(c.bound_dK, e.bound_dK, "bound_dK");
+    }
+  const Problem p = make_problem(1, 2, 1, 8, 8, 4, "none", 1);
+  const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
+  const Stored Q = store(in.Q, Dtype::F32);
+  const StoredInputs short_k{Dtype::F32, Q.s, Q.s, Q.s, Q.s};  // K with H_q heads: the wrong shape
+  EXPECT_THROW(row_oracle(p, short_k, {{0, 0, 0}}, false), Error);
 }
 
 }  // namespace
