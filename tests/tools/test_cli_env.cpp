@@ -1,8 +1,9 @@
 // tests/tools/test_cli_env.cpp — `burstlab env`: the one table of environment variables
 // (burstlab/env.hpp) against what the source tree reads. Fails when C++ code calls getenv outside
-// src/env.cpp, when a variable read through env:: or by a script, setup.py, a Python test or a
-// notebook is missing from `burstlab env --json`, or when a row names a reader that does not
-// mention it. BURSTLAB_SOURCE_DIR: the repository (set by CMake).
+// src/env.cpp; when a variable read through env::, by setup.py, a Python test or a notebook
+// (os.environ) or by a shell script (${NAME:-...}, upper case) is missing from
+// `burstlab env --json`; or when a row names a reader that does not mention it.
+// BURSTLAB_SOURCE_DIR: the repository (set by CMake).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -81,7 +82,7 @@ Reads scan_sources() {
   const std::regex getenv_call(R"(\b(secure_)?getenv\s*\()");
   const std::regex env_read(R"(env::(text|flag|integer)\(\s*"([A-Za-z_][A-Za-z0-9_]*)\")");
   const std::regex py_read(R"(os\.(environ\.get\(|environ\[|getenv\()\s*\\?["']([A-Za-z_][A-Za-z0-9_]*))");
-  const std::regex sh_read(R"(\$\{([A-Za-z_][A-Za-z0-9_]*):?[-=+?])");
+  const std::regex sh_read(R"(\$\{([A-Z_][A-Z0-9_]*):?[-=+?])");  // upper case: the environment
   Reads r;
   for (const std::string& rel : source_files()) {
     if (rel == "tests/tools/test_cli_env.cpp") continue;  // its patterns would match themselves
