@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+# The CSV rank 0 prints (scripts/bench-cp reads it by these names).
+CSV_FIELDS = ("impl", "world", "pass", "N", "H", "d", "causal", "best_ms", "median_ms", "max_diff")
+
 
 def timed(fn, warmup, reps):
     for _ in range(warmup):
@@ -98,7 +101,7 @@ def main():
     t = torch.tensor([tg[p][i] for p in ("fwd", "fwd+bwd") for i in (0, 1)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print("impl,world,pass,N,H,d,causal,best_ms,median_ms,max_diff")
+        print(",".join(CSV_FIELDS))
         for i, p in enumerate(("fwd", "fwd+bwd")):
             print(f"sdpa-1gpu,1,{p},{a.seq},{a.heads},{a.d},{int(a.causal)},{t1[p][0]:.3f},{t1[p][1]:.3f},0")
             print(f"torch-cp,{G},{p},{a.seq},{a.heads},{a.d},{int(a.causal)},{t[2 * i]:.3f},{t[2 * i + 1]:.3f},{diff:.3g}")
