@@ -122,3 +122,43 @@ def test_gather_and_judge_fake_shards():
     assert line.startswith("check_torch_cp: FAIL: fake") and "#wrong" in line
     with pytest.raises(ValueError, match="cover 0..63 once"):
         m.assemble(shards_of(cand["out"], pos), [pos[0], pos[0]])
+
+
+def _gather_worker(rank, G, port, N, result):
+    import torch
+    import torch.distributed as dist
+
+    m = example()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=G)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((1, 3, N, 4), generator=g)  # the same global tensor on every rank
+    lse = torch.randn((1, 3, N), generator=g)
+    pos = torch.from_numpy(head_tail(N, G)[rank])
+    out = m.gather_to_rank0([x.index_select(2, pos), lse.index_select(2, pos)], pos)
+    if rank == 0:
+        result.put(bool(torch.equal(out[0], x) and torch.equal(out[1], lse)))
+    else:
+        result.put(out == [None, None])
+    dist.destroy_process_group()
+
+
+def test_gather_to_rank0_over_a_real_process_group():
+    # The gather the script runs after torch's context_parallel, on 2 CPU processes (gloo): shards
+    # of a head-tail split come back to rank 0 in sequence order; the other rank keeps nothing.
+    torch = require_torch()
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_gather_worker, args=(r, 2, port, 32, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert [q.get(timeout=5), q.get(timeout=5)] == [True, True]
