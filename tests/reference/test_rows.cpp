@@ -6,7 +6,9 @@
 //   * the sample: K distinct sorted positions, first and last, empty rows and keys when the mask
 //     has them, deterministic in the seed;
 //   * a naive fp32 candidate (reference<float>) passes both checks (bounds not too tight);
-//   * a dropped block of dK, a perturbed row of O, a shifted LSE on one row are caught.
+//   * a dropped block of dK, a perturbed row of O, a shifted LSE on one row are caught;
+//   * inputs where they lie (Stored4: bf16 words in strided memory, fp32 with negative strides)
+//     give the bits of fp64 Inputs holding the same values.
 #include <gtest/gtest.h>
 
 #include <algorithm>
