@@ -476,7 +476,7 @@ std::vector<Column> dist_columns(int world, const std::string& partition) {
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(a.gathers_kv, world);
+      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint);
       col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any(cd, o, mk, ImplOptions{}); };
       out.push_back(col);
     }
@@ -524,7 +524,8 @@ Command add_conform(CLI::App& app) {
     if (s->world < 1) fail("world (", s->world, ") must be >= 1");
     apply_threads(s->run.threads);
     std::vector<Column> cols;
-    for (const Impl& m : registry()) cols.push_back(impl_column(m));
+    for (const Impl& m : registry())
+      if (m.op == Operator::Attention) cols.push_back(impl_column(m));
     for (Column& col : dist_columns(s->world, s->partition)) cols.push_back(col);
     if (!s->impl.empty()) {
       std::vector<Column> keep;

@@ -94,7 +94,8 @@ Command add_suite_command(CLI::App& app) {
     const std::vector<const Impl*> impls =
         s->run.impl.empty() ? [] {
           std::vector<const Impl*> all;
-          for (const Impl& m : registry()) all.push_back(&m);
+          for (const Impl& m : registry())
+            if (m.op == Operator::Attention) all.push_back(&m);
           return all;
         }()
                             : find_impls(s->run.impl);

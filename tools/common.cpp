@@ -14,9 +14,7 @@
 #include <omp.h>
 
 #include "burstlab/error.hpp"
-#include "case.hpp"  // check/: the inputs' values (spec §1.4)
 #include "resources.hpp"
-#include "rows.hpp"
 
 namespace burstlab::tools {
 
@@ -162,10 +160,13 @@ Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t 
   return p;
 }
 
-Passes parse_pass(const std::string& s) {
-  if (s == "fwd") return {true, false};
-  if (s == "bwd") return {false, true};
-  if (s == "both") return {true, true};
+Passes parse_pass(const std::string& s, Operator op) {
+  const bool lm = op == Operator::LmHeadCe;
+  if (s == "fwd") return {true, false, false};
+  if (s == "bwd") return {false, true, false};
+  if (s == "fused" && lm) return {false, false, true};
+  if (s == "both") return {true, true, lm};
+  if (lm) fail("pass (", s, ") must be fwd, bwd, fused or both (all three) with --op lmhead-ce");
   fail("pass (", s, ") must be fwd, bwd or both");
 }
 
@@ -178,102 +179,6 @@ void apply_threads(int threads) {
   // Eigen's GEMMs follow it too (Eigen::setNbThreads would pin a count for every thread, SimComm
   // ranks included; cpu/cpu.cpp relies on it not being set).
   omp_set_num_threads(threads);
-}
-
-// ---------------------------------------------------------------- checking
-namespace {
-Result row_of(const Case& c, const Impl& impl, const char* pass) {
-  Result r;
-  r.impl = impl.name;
-  r.dtype = c.dtype;
-  r.shape = shape_string(c.p);
-  r.mask = describe(c.p.mask);
-  r.values = to_string(c.values);
-  r.layout = to_string(c.layout);
-  r.pass = pass;
-  r.flops = pass[0] == 'f' ? forward_flops(c.p) : backward_flops(c.p);
-  return r;
-}
-double best_of(const std::function<double()>& run, int repeat) {
-  double best = std::numeric_limits<double>::infinity();
-  for (int k = 0; k < repeat; ++k) best = std::min(best, run());
-  return best;
-}
-}  // namespace
-
-std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impls, int repeat) {
-  repeat = std::max(repeat, 1);
-  // Each step names itself for the message of an allocation failure (resources.hpp); `run` and
-  // `bench` have checked case_need against the memory available before calling this.
-  const int threads = max_threads();
-  const Inputs in = [&] {
-    Allocating step("generating the inputs Q, K, V, dO in fp64", make_need("", inputs_footprint(c.p)).bytes);
-    return make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
-  }();
-  // Before computing: logits that overflow fp64 would make the oracle NaN (spec §1.4).
-  static const char* const names[4] = {"Q", "K", "V", "dO"};
-  check::require_valid_inputs(c.p, in, c.pass.bwd, "", names, "scale (--scale)");
-  // The full oracle, or with check_rows the row-sampled one (spec §9.11): only one is computed.
-  const bool sampled = c.check_rows > 0;
-  Oracle want;
-  SampledOracle sampled_want;
-  if (sampled) {
-    Allocating step("running the row-sampled fp64 oracle", sampled_oracle_need(c.p, c.check_rows, c.pass.bwd, threads).bytes);
-    sampled_want = sampled_oracle(c.p, in, c.check_rows, c.seed, c.pass.bwd);
-  } else {
-    Allocating step("running the fp64 oracle", oracle_need(c.p, c.pass.bwd, threads).bytes);
-    want = run_oracle(c.p, in, c.pass.bwd);
-    check::require_finite_oracle(c.p, want, c.pass.bwd, "the fp64 oracle", "scale (--scale)");
-  }
-  std::vector<Result> out;
-  for (const Impl* impl : impls) {
-    Result fwd = row_of(c, *impl, "fwd"), bwd = row_of(c, *impl, "bwd");
-    Result* current = c.pass.fwd ? &fwd : &bwd;
-    try {
-      Allocating step("running impl " + impl->name + " (" + to_string(c.dtype) + ")",
-                      impl->footprint ? make_need("", impl->footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0);
-      Runner run = impl->prepare(c.p, in, c.opt);
-      Tensor4<double> O;  // the run's forward outputs; the sampled column check reads them
-      Tensor3<double> LSE;
-      if (c.pass.fwd) {
-        fwd.ms = best_of(run.forward, repeat);
-        run.fetch_forward(O, LSE);
-        fwd.tensors = sampled ? check_sampled_forward(sampled_want, c.p, as_const(O.view()), as_const(LSE.view())) : check_forward(want, O, LSE);
-        fwd.all = combine(fwd.tensors.data(), static_cast<int>(fwd.tensors.size()));
-        out.push_back(fwd);
-        if (!(sampled && c.pass.bwd)) {
-          O = Tensor4<double>();
-          LSE = Tensor3<double>();
-        }
-      } else {
-        run.forward();  // the backward needs this implementation's own O and LSE
-        if (sampled) run.fetch_forward(O, LSE);
-      }
-      if (c.pass.bwd) {
-        current = &bwd;
-        bwd.ms = best_of(run.backward, repeat);
-        Tensor4<double> dQ, dK, dV;
-        run.fetch_backward(dQ, dK, dV);
-        bwd.tensors = sampled ? check_sampled_backward(sampled_want, c.p, in, as_const(O.view()), as_const(LSE.view()),
-                                                       as_const(dQ.view()), as_const(dK.view()), as_const(dV.view()))
-                              : check_backward(want, dQ, dK, dV);
-        bwd.all = combine(bwd.tensors.data(), static_cast<int>(bwd.tensors.size()));
-        out.push_back(bwd);
-      }
-    } catch (const std::exception& e) {
-      // A throw while running is a failure of that row (and of the backward, which needs it).
-      const bool oom = dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const std::length_error*>(&e);
-      current->error = oom ? out_of_memory_message(e) : e.what();
-      current->all.err_bound = std::numeric_limits<double>::infinity();
-      out.push_back(*current);
-      if (current == &fwd && c.pass.bwd) {
-        bwd.error = "not run: the forward failed";
-        bwd.all.err_bound = std::numeric_limits<double>::infinity();
-        out.push_back(bwd);
-      }
-    }
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------- tables

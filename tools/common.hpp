@@ -82,17 +82,23 @@ void add_json_flag(CLI::App* app, RunFlags& f);
 // (make_mask, deterministic in seed), then validate() of the whole.
 Problem make_problem(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d,
                      const std::string& mask_spec, uint64_t seed, const double* scale);
+// The passes to check: attention's fwd and bwd; the LM head's fwd, bwd and fused (one call).
 struct Passes {
-  bool fwd = true, bwd = true;
+  bool fwd = true, bwd = true, fused = false;
+  bool backward() const { return bwd || fused; }
 };
-Passes parse_pass(const std::string& s);  // fwd | bwd | both
+// attention: fwd | bwd | both; lmhead-ce: fwd | bwd | fused | both (all three).
+Passes parse_pass(const std::string& s, Operator op = Operator::Attention);
 void apply_threads(int threads);          // >= 0 (0 = leave the default); OpenMP (Eigen follows it)
 int max_threads();
 
 // One checked problem: seeded inputs in `dtype`, the oracle, then each implementation
 // (prepare -> forward -> fetch -> compare; backward likewise).
 struct Case {
-  Problem p;
+  Operator op = Operator::Attention;
+  Problem p;           // attention
+  LmHeadProblem lm;    // lmhead-ce
+  double ignored = 0;  // lmhead-ce: fraction of rows labelled ignore_index (seeded)
   std::string mask_spec;
   Layout layout = Layout::BHSD;
   Dtype dtype = Dtype::F32;
@@ -104,23 +110,27 @@ struct Case {
   // and K columns seeded from `seed`; no N_q x N_k buffer, so huge N can be checked.
   int64_t check_rows = 0;
 };
+// The shape of the case's problem (shape_string of p or lm).
+std::string case_shape(const Case& c);
 // One row: one implementation x one pass.
 struct Result {
   std::string impl;
   Dtype dtype = Dtype::F32;
   std::string shape, mask, values, layout;
-  std::string pass;   // "fwd" | "bwd"
+  std::string pass;   // "fwd" | "bwd" | "fused"
   double ms = 0;      // best of `repeat` runs
   double flops = 0;   // forward_flops / backward_flops (spec §8)
   Metrics all;        // worst over the pass's tensors
-  std::vector<Metrics> tensors;  // O, LSE | dQ, dK, dV
+  std::vector<Metrics> tensors;  // O, LSE | dQ, dK, dV; the LM head: L, LSE | dH, dW | all four
   std::string error;  // set when the implementation threw while running
   bool pass_ok() const { return error.empty() && all.pass(); }
 };
 // Runs every impl (already checked with check_impl) on the case. Oracle once per case.
 // repeat >= 1: best of `repeat` timed runs; the checked outputs are those of these runs
-// (poisoned once before the first, so an element no run writes stays NaN and fails).
+// (poisoned once before the first, so an element no run writes stays NaN and fails). A pass
+// that throws is an ERROR row, and the impl's later passes "not run" (run_case.cpp).
 std::vector<Result> run_case(const Case& c, const std::vector<const Impl*>& impls, int repeat);
+double best_of(const std::function<double()>& run, int repeat);  // the least of `repeat` calls' ms
 
 // The result table, one row per Result (verbose: then one row per tensor too), and its JSON.
 // rate_unit: "GFLOP/s" or "TFLOP/s" (pick_rate_unit chooses from the fastest row).

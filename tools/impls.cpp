@@ -13,15 +13,17 @@
 #ifdef BURSTLAB_HAVE_CUDA
 #include "cuda.hpp"
 #include "cuda_engine.hpp"
+#include "cuda_footprint.hpp"
 #endif
 #include "reference.hpp"
 
 namespace burstlab::tools {
-namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+namespace {
 
 // Host tensors of one run in storage type T. Q, O, dO, dQ (B, H_q, N_q, d) in the inputs' layout;
 // K, V, dK, dV (B, H_kv, N_k, d); LSE (B, H_q, N_q).
@@ -143,6 +145,7 @@ Impl cpu_impl() {
     return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, tiles_of(o))
                                   : cpu_runner<float>(p, in, tiles_of(o));
   };
+  m.engines.footprint = cpu_engine_footprint();
   m.engines.f64 = [](const ImplOptions& o) { return cpu::make_engine<double>(tiles_of(o)); };
   m.engines.f32 = [](const ImplOptions& o) { return cpu::make_engine<float>(tiles_of(o)); };
   return m;
@@ -273,7 +276,16 @@ Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, co
     if (!cuda::gpu_available(&why)) fail("impl cuda needs a CUDA GPU (", why, ")");
     if (p.d > 1024) fail("d (", p.d, ") must be <= 1024 for impl cuda");
   };
-  m.footprint = cuda_host_footprint;
+  // The host's staging and fetched copies, then the device: the runner's tensors and what the
+  // layer allocates for the variants this impl requests.
+  m.footprint = [fwd, bwd](const Problem& p, Dtype dtype, const ImplOptions& o, bool backward, int threads) {
+    std::vector<MemPart> parts = cuda_host_footprint(p, dtype, o, backward, threads);
+    for (const std::vector<MemPart>& more :
+         {cuda::call_arguments(p, dtype, backward),
+          backward ? cuda::backward_workspace(p, dtype, bwd, false) : cuda::forward_workspace(p, dtype, fwd)})
+      parts.insert(parts.end(), more.begin(), more.end());
+    return parts;
+  };
   m.prepare = [fwd, bwd](const Problem& p, const Inputs& in, const ImplOptions&) {
     switch (in.dtype) {
       case Dtype::F64: return cuda_runner<double>(p, in, fwd, bwd);
@@ -287,6 +299,11 @@ Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, co
   m.engines.f32 = [fwd](const ImplOptions&) { return cuda::make_engine<float>(fwd); };
   m.engines.bf16 = [fwd](const ImplOptions&) { return cuda::make_engine<bf16_t>(fwd); };
   m.engines.f16 = [fwd](const ImplOptions&) { return cuda::make_engine<f16_t>(fwd); };
+  m.engines.footprint.what = "cuda engine workspace (" + cuda::to_string(fwd) + ")";
+  m.engines.footprint.device = true;
+  m.engines.footprint.block_call = [fwd](const Problem& p, int64_t rows, Dtype dtype, const ImplOptions&, int) {
+    return cuda::block_call_bytes(p, rows, dtype, fwd, false);
+  };
   m.engines.copy = cuda::transport_copy;
   m.engines.poison = cuda::transport_poison;
   return m;
@@ -307,13 +324,7 @@ Impl cuda_variant_impl(const cuda::VariantInfo& v) {
     base(p, dt, o);
     for (cuda::Pass pass : {cuda::Pass::Forward, cuda::Pass::Backward}) {
       if ((pass == cuda::Pass::Forward ? fwd : bwd) != v.id) continue;
-      cuda::Call c;  // the runner's views are cudaMalloc'ed and contiguous: no view rule to ask
-      c.pass = pass;
-      c.dtype = dt;
-      c.d = p.d;
-      c.N_q = c.n_q = p.N_q;
-      c.N_k = c.n_k = p.N_k;
-      c.block_sparse = has_block(p.mask);
+      const cuda::Call c = cuda::whole_call(p, dt, pass, false);  // the runner's views: cudaMalloc'ed, contiguous
       std::string why;
       if (!cuda::supports(v, c, cuda::compute_capability(), &why)) fail("impl ", name, " cannot run this problem: ", why);
     }
@@ -350,6 +361,7 @@ std::vector<Impl> build_registry() {
   // Every variant by name, so that those auto no longer picks stay exercised.
   for (const cuda::VariantInfo* v : cuda::variants_by_number()) r.push_back(cuda_variant_impl(*v));
 #endif
+  add_lmhead_impls(r);
   return r;
 }
 
@@ -360,10 +372,18 @@ const std::vector<Impl>& registry() {
   return r;
 }
 
-std::string registry_names() {
+std::string registry_names(Operator op) {
   std::string s;
-  for (const Impl& m : registry()) s += (s.empty() ? "" : ", ") + m.name;
+  for (const Impl& m : registry())
+    if (m.op == op) s += (s.empty() ? "" : ", ") + m.name;
   return s;
+}
+
+std::string to_string(Operator op) { return op == Operator::Attention ? "attention" : "lmhead-ce"; }
+Operator parse_operator(const std::string& s) {
+  if (s == "attention") return Operator::Attention;
+  if (s == "lmhead-ce") return Operator::LmHeadCe;
+  fail("op (", s, ") must be attention or lmhead-ce");
 }
 
 std::string dtype_list(const std::vector<Dtype>& ts) {
@@ -388,24 +408,37 @@ std::vector<std::string> split_list(const std::string& list, const char* field, 
   return out;
 }
 
-std::vector<const Impl*> find_impls(const std::string& list) {
+std::vector<const Impl*> find_impls(const std::string& list, Operator op) {
   std::vector<const Impl*> out;
-  for (const std::string& name : split_list(list, "impl", registry_names())) {
+  const std::string known = registry_names(op);
+  for (const std::string& name : split_list(list, "impl", known)) {
     const Impl* found = nullptr;
     for (const Impl& m : registry())
-      if (m.name == name) found = &m;
-    if (!found) fail("impl (", name, ") is not built into this binary; known: ", registry_names());
+      if (m.name == name && m.op == op) found = &m;
+    if (!found && op == Operator::Attention) fail("impl (", name, ") is not built into this binary; known: ", known);
+    if (!found) fail("impl (", name, ") is not an implementation of --op ", to_string(op), "; built here: ", known);
     if (std::find(out.begin(), out.end(), found) == out.end()) out.push_back(found);
   }
   return out;
 }
 
-void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward) {
+namespace {
+void check_dtype(const Impl& impl, Dtype dtype) {
   if (std::find(impl.dtypes.begin(), impl.dtypes.end(), dtype) == impl.dtypes.end())
     fail("impl ", impl.name, " does not run dtype ", to_string(dtype), "; it runs ", dtype_list(impl.dtypes));
+}
+}  // namespace
+
+void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward) {
+  check_dtype(impl, dtype);
   if (backward && !impl.has_backward)
     fail("impl ", impl.name, " has no backward pass; use --pass fwd");
   if (impl.check) impl.check(p, dtype, opt);
+}
+
+void check_impl(const Impl& impl, const LmHeadProblem& p, Dtype dtype) {
+  check_dtype(impl, dtype);
+  if (impl.lmhead.check) impl.lmhead.check(p, dtype);
 }
 
 }  // namespace burstlab::tools

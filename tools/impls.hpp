@@ -1,28 +1,39 @@
-// tools/impls.hpp — the registry of implementations the `burstlab` tool can run and check.
-// An implementation is plain data: a name, the dtypes it runs, and a `prepare` function that
-// takes seeded inputs (harness.hpp) and returns closures that run its forward and backward.
-// A new layer plugs in by adding an entry in impls.cpp (cuda: the BURSTLAB_HAVE_CUDA block);
-// `run`, `suite` and `bench` pick it up without other changes.
+// tools/impls.hpp — the registry of implementations the `burstlab` tool can run and check, for
+// both operators: attention (spec §1-§9) and the fused LM head + cross-entropy (spec §10).
+// An implementation is plain data: a name, its operator, the dtypes it runs, and a `prepare`
+// function that takes seeded inputs and returns closures that run its passes. A new layer plugs
+// in by adding an entry in impls.cpp (the LM head's: impls_lmhead.cpp); `run`, `suite`, `bench`
+// and `conform` pick it up through run_case (common.hpp) without other changes.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "burstlab/engine.hpp"
+#include "burstlab/lmhead.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
+#include "cpu_lmhead.hpp"  // LmHeadTiles
 #include "harness.hpp"
-#include "resources.hpp"  // Footprint
+#include "lmhead_check.hpp"  // LmHeadInputs
+#include "resources.hpp"     // Footprint
 
 namespace burstlab::tools {
 
+// What an implementation computes.
+enum class Operator { Attention, LmHeadCe };
+std::string to_string(Operator op);             // "attention", "lmhead-ce"
+Operator parse_operator(const std::string& s);  // throws Error naming "op"
+
 // Knobs an implementation may honour. 0 = the implementation's default.
 struct ImplOptions {
-  int64_t Br = 0;  // query rows per tile (--br)
+  int64_t Br = 0;  // query rows per tile (--br); the LM head: rows per tile or chunk
   int64_t Bc = 0;  // keys per tile (--bc)
+  int64_t Bv = 0;  // the LM head: vocabulary entries per tile (--bv)
 };
 
 // One prepared run: the implementation has converted the inputs to its dtype, placed them where
@@ -32,12 +43,30 @@ struct ImplOptions {
 //   backward() runs the backward once, from the impl's OWN O and LSE of the last forward()
 //              (spec §9.6: the candidate backward uses its own forward); returns ms.
 //              Empty when the implementation has no backward.
-//   fetch_*()  copy the outputs back as double (exact for every dtype).
+//   fused()    the LM head: forward and backward in one call; returns ms.
+//   fetch_*()  copy the outputs back as double (exact for every dtype): attention's O, LSE and
+//              dQ, dK, dV; the LM head's L, LSE (N) and dH (N, d), dW (V, d).
 struct Runner {
   std::function<double()> forward;
   std::function<double()> backward;
+  std::function<double()> fused;
   std::function<void(Tensor4<double>& O, Tensor3<double>& LSE)> fetch_forward;
   std::function<void(Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV)> fetch_backward;
+  std::function<void(double& L, std::vector<double>& LSE)> fetch_loss;
+  std::function<void(Matrix<double>& dH, Matrix<double>& dW)> fetch_grads;
+  int64_t dW_roundings = 1;              // r_W of (10.21): partial sums of dW rounded to the storage type
+  std::function<int64_t()> device_peak;  // measured device workspace of the last call (a GPU layer)
+};
+
+// The LM head's entry points of an implementation (Impl::op == Operator::LmHeadCe), as Impl's
+// attention ones: check, prepare (g: the incoming gradient dL), the host footprint, and the device
+// bytes a forward or fused call allocates beyond its arguments (empty: a host layer).
+struct LmHeadEntry {
+  std::function<void(const LmHeadProblem& p, Dtype dtype)> check;
+  std::function<Runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const ImplOptions& opt)> prepare;
+  std::function<std::vector<MemPart>(const LmHeadProblem& p, Dtype dtype, const ImplOptions& opt, int threads)>
+      footprint;
+  std::function<int64_t(const LmHeadProblem& p, const ImplOptions& opt, bool backward)> device_bytes;
 };
 
 // The Engine (burstlab/engine.hpp) an implementation provides for the distributed schedules,
@@ -50,6 +79,7 @@ struct EngineMakers {
   std::function<std::unique_ptr<Engine<f16_t>>(const ImplOptions&)> f16;
   std::function<void(void* dst, const void* src, int64_t bytes)> copy;
   std::function<void(void* buf, int64_t bytes)> poison;
+  EngineFootprint footprint;  // what a rank's engine allocates per block call (resources.hpp)
   bool any() const { return f64 || f32 || bf16 || f16; }
   std::vector<Dtype> dtypes() const;
 };
@@ -57,6 +87,7 @@ struct EngineMakers {
 struct Impl {
   std::string name;                 // what --impl takes: "reference", "cpu", ...
   std::string about;                // one line for --help
+  Operator op = Operator::Attention;
   std::vector<Dtype> dtypes;        // storage dtypes it runs
   std::vector<Dtype> suite_dtypes;  // the ones `burstlab suite` covers (subset of dtypes)
   bool has_backward = true;
@@ -65,28 +96,36 @@ struct Impl {
   std::function<void(const Problem& p, Dtype dtype, const ImplOptions& opt)> check;
   // inputs.dtype is one of `dtypes`; p is valid and passed check().
   std::function<Runner(const Problem& p, const Inputs& inputs, const ImplOptions& opt)> prepare;
-  // Host bytes a prepared run holds at its peak (its copies in its dtype, what fetch_* returns,
-  // its workspace on `threads` OpenMP threads), one plain function in resources.cpp per
-  // implementation. `run` and `bench` refuse a problem that does not fit before allocating
+  // The memory a prepared run holds at its peak (its copies in its dtype, what fetch_* returns,
+  // its layer's workspace on `threads` OpenMP threads; a GPU layer's device memory as parts marked
+  // device). `run` and `bench` refuse a problem whose host bytes do not fit before allocating
   // anything (resources.hpp). Empty: counted as nothing.
   Footprint footprint;
   EngineMakers engines;             // `--algo` runs its schedules on these (cpu, cuda)
+  LmHeadEntry lmhead;               // op == LmHeadCe: its entry points (check, prepare, footprint above unused)
 };
 
-// Every implementation built into this binary, in table order.
+// Every implementation built into this binary, of every operator, in table order.
 const std::vector<Impl>& registry();
-std::string registry_names();  // "reference, cpu"
+std::string registry_names(Operator op = Operator::Attention);  // "reference, cpu"
+// The LM head's entries (impls_lmhead.cpp), appended to the registry; the cpu layer's tiles of
+// the knobs (Br, Bv; 0: its defaults).
+void add_lmhead_impls(std::vector<Impl>& r);
+cpu::LmHeadTiles lmhead_tiles(const ImplOptions& opt);
 
 // "a, b,c" -> {"a", "b", "c"}, entries trimmed: the list syntax of --impl and --algo. An empty
 // entry is an Error naming `field`, the list and what it may hold (`known`).
 std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known);
 
-// Looks up a comma-separated list ("reference,cpu"); throws Error naming an unknown entry.
-std::vector<const Impl*> find_impls(const std::string& list);
-// Throws Error unless `impl` runs `dtype` ("impl cpu does not run bf16; it runs fp64, fp32"),
-// then impl.check(p, dtype, opt).
+// Looks up a comma-separated list ("reference,cpu") among the implementations of `op`; throws
+// Error naming an unknown entry.
+std::vector<const Impl*> find_impls(const std::string& list, Operator op = Operator::Attention);
+// Throws Error unless `impl` runs `dtype` ("impl cpu does not run dtype bf16; it runs fp64,
+// fp32"), then impl.check(p, dtype, opt) (the LM head's: impl.lmhead.check(p, dtype)).
 void check_impl(const Impl& impl, const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward);
+void check_impl(const Impl& impl, const LmHeadProblem& p, Dtype dtype);
 
 std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
+double ms_since(std::chrono::steady_clock::time_point t0);  // host clock, milliseconds
 
 }  // namespace burstlab::tools

@@ -1,5 +1,5 @@
 // tools/resources.cpp — see resources.hpp. Shapes: Eq = B H_q N_q d (Q, O, dO, dQ), Ek = B H_kv
-// N_k d (K, V, dK, dV), Er = B H_q N_q (LSE, D), NN = N_q N_k (one S or P of one (b, h)).
+// N_k d (K, V, dK, dV), Er = B H_q N_q (LSE, D).
 #include "resources.hpp"
 
 #include <algorithm>
@@ -14,339 +14,133 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <Eigen/Core>
-
 #include "burstlab/error.hpp"
 #include "burstlab/env.hpp"
 #include "common.hpp"
 #include "cpu.hpp"
+#include "cpu_footprint.hpp"
+#include "reference_footprint.hpp"
 
 namespace burstlab::tools {
 
-// ---------------------------------------------------------------- byte counts
-int64_t bytes_mul(int64_t a, int64_t b) {
-  if (a < 0 || b < 0) fail("byte count (", a, " x ", b, ") must not be negative");
-  int64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? kTooMany : r;
-}
-int64_t bytes_add(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_add_overflow(a, b, &r) ? kTooMany : r;
-}
-
-std::string format_bytes(int64_t bytes) {
-  if (bytes == kTooMany) return "more than 9.2 EB";
-  if (bytes < 1000) return std::to_string(bytes) + " bytes";
-  static const char* units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
-  double x = double(bytes) / 1000.0;
-  int u = 0;
-  while (x >= 999.95 && u < 5) {  // 999.95 would print as "1000.0"
-    x /= 1000.0;
-    ++u;
-  }
-  return format("%.1f %s", x, units[u]);
-}
-
-// ---------------------------------------------------------------- estimates
+// ---------------------------------------------------------------- the tool's runs
 namespace {
 
-int64_t sum(std::initializer_list<int64_t> xs) {
-  int64_t s = 0;
-  for (int64_t x : xs) s = bytes_add(s, x);
-  return s;
-}
-int64_t prod(std::initializer_list<int64_t> xs) {
-  int64_t s = 1;
-  for (int64_t x : xs) s = bytes_mul(s, x);
-  return s;
-}
-int64_t size_of(Dtype t) {
-  switch (t) {
-    case Dtype::F64: return 8;
-    case Dtype::F32: return 4;
-    case Dtype::BF16:
-    case Dtype::F16: return 2;
-  }
-  return 8;
-}
-
-struct Sizes {
-  int64_t Eq, Ek, Er, NN;
-  explicit Sizes(const Problem& p)
-      : Eq(prod({p.B, p.H_q, p.N_q, p.d})),
-        Ek(prod({p.B, p.H_kv, p.N_k, p.d})),
-        Er(prod({p.B, p.H_q, p.N_q})),
-        NN(prod({p.N_q, p.N_k})) {}
-};
-
-// compile_mask (contract.cpp), once per layer call: RowDoc (4 x int64) per query for a document
-// mask, a copy of the block bitmap.
-int64_t compiled_mask_bytes(const Problem& p) {
-  int64_t b = static_cast<int64_t>(p.mask.block_mask.size());
-  if (has_document(p.mask)) b = bytes_add(b, bytes_mul(p.N_q, int64_t(sizeof(RowDoc))));
-  return b;
-}
-MemPart compiled_mask_part(const Problem& p) { return {"compiled mask (per layer call)", compiled_mask_bytes(p)}; }
-
-std::string threads_text(int64_t n) { return n == 1 ? "1 thread" : std::to_string(n) + " threads"; }
-
-// "what, x 2 threads" with bytes = per_thread x threads
-MemPart per_thread(const std::string& what, int64_t per, int64_t threads) {
-  return {what + ", " + format_bytes(per) + " per thread x " + threads_text(threads), bytes_mul(per, threads)};
-}
-
-// Eigen's GEMM packs a kc x mc block of the left operand and a kc x nc block of the right one
-// (gemm_blocking_space; on the heap above 128 KiB), sized by computeProductBlockingSizes from the
-// cache sizes of this machine. The largest over the products of a step: every product there
-// multiplies two of (a, b, c) over the third, either way round.
-template <class T>
-int64_t gemm_packing(int64_t a, int64_t b, int64_t c) {
-  const int64_t dims[3] = {a, b, c};
-  int64_t most = 0;
-  for (int k = 0; k < 3; ++k)
-    for (int m = 0; m < 3; ++m) {
-      if (m == k) continue;
-      Eigen::Index kc = dims[k], mc = dims[m], nc = dims[3 - k - m];
-      Eigen::internal::computeProductBlockingSizes<T, T>(kc, mc, nc, Eigen::Index(1));
-      most = std::max(most, bytes_mul(int64_t(sizeof(T)), bytes_add(bytes_mul(kc, mc), bytes_mul(kc, nc))));
-    }
-  return most;
-}
-int64_t gemm_packing(Dtype t, int64_t a, int64_t b, int64_t c) {
-  return t == Dtype::F64 ? gemm_packing<double>(a, b, c) : gemm_packing<float>(a, b, c);
-}
-MemPart packing_part(Dtype t, int64_t a, int64_t b, int64_t c, int64_t threads) {
-  return {"Eigen GEMM packing buffers x " + threads_text(threads), bytes_mul(gemm_packing(t, a, b, c), threads)};
-}
-// Closures, vector headers, malloc's rounding of many small blocks: a fixed allowance.
-const MemPart kSmall{"small allocations (closures, plans' headers)", 64 * 1024};
-
-// reference<T> forward (reference.cpp), per thread: P = S (N_q, N_k) and Ob (N_q, d).
-int64_t ref_fwd_per_thread(const Problem& p, int64_t s) {
-  return bytes_mul(s, sum({prod({p.N_q, p.N_k}), prod({p.N_q, p.d})}));
-}
-// reference<T> backward, per thread: P and dS (N_q, N_k); dK_acc, dV_acc (N_k, d); dQb (N_q, d); D (N_q).
-int64_t ref_bwd_per_thread(const Problem& p, int64_t s) {
-  return bytes_mul(s, sum({prod({2, p.N_q, p.N_k}), prod({2, p.N_k, p.d}), prod({p.N_q, p.d}), p.N_q}));
-}
-// forward_bounds (tolerance.cpp), per thread: row_facts' P and A (N_q, N_k), LSE and eta (N_q),
-// empty (N_q bytes); o_bound_raw's |V| (N_k, d) and PV (N_q, d).
-int64_t fwd_bounds_per_thread(const Problem& p) {
-  return sum({bytes_mul(8, sum({prod({2, p.N_q, p.N_k}), prod({p.N_k, p.d}), prod({p.N_q, p.d}), prod({2, p.N_q})})),
-              p.N_q});
-}
-// backward_bounds, per thread: P, dP, |dO||V|^T, E, |dS|, W (N_q, N_k) (row_facts' A while P is
-// made: fewer); |K|, |V|, three sums (N_k, d); |Q|, |dO|, |O|, boundO, bq and its two
-// temporaries (N_q, d); LSE, eta (N_q); key_seen (N_k bytes), empty (N_q bytes).
-int64_t bwd_bounds_per_thread(const Problem& p) {
-  return sum({bytes_mul(8, sum({prod({6, p.N_q, p.N_k}), prod({5, p.N_k, p.d}), prod({7, p.N_q, p.d}),
-                                prod({2, p.N_q})})),
-              p.N_k, p.N_q});
-}
-
-// cpu<T> (cpu.cpp): Scratch per OpenMP thread (every thread of the team makes one) and the Plan.
-struct CpuTiles {
-  int64_t Br, Bc;
-};
-CpuTiles cpu_tiles(const Problem& p, const ImplOptions& opt) {
-  const cpu::Tiles def;
-  return {std::min(opt.Br > 0 ? opt.Br : def.Br, p.N_q), std::min(opt.Bc > 0 ? opt.Bc : def.Bc, p.N_k)};
-}
-int64_t cpu_scratch_bytes(const Problem& p, CpuTiles t, int64_t s) {
-  // qs, qbuf, dob (Br, d); kb, vb (Bc, d); s, dp (Br, Bc); acc (max(Br, Bc), d); acc2 (Bc, d);
-  // m, l, L, Dr (Br); vis (Br x Bc bytes); 64 bytes of alignment slack per buffer.
-  const int64_t d = p.d;
-  return sum({bytes_mul(s, sum({prod({3, t.Br, d}), prod({3, t.Bc, d}), prod({2, t.Br, t.Bc}),
-                                prod({std::max(t.Br, t.Bc), d}), prod({4, t.Br})})),
-              prod({t.Br, t.Bc}), 14 * 64});
-}
-int64_t cpu_plan_bytes(const Problem& p, CpuTiles t) {
-  // lo, hi, brow (N_q); kpos, bcol (N_k); six per query tile, two per key tile; int64 each
-  const int64_t n_qt = (p.N_q + t.Br - 1) / t.Br, n_kt = (p.N_k + t.Bc - 1) / t.Bc;
-  return bytes_mul(8, sum({prod({3, p.N_q}), prod({2, p.N_k}), prod({6, n_qt}), prod({2, n_kt})}));
-}
+using Sizes = Elements;
 
 // The copies host_runner (impls.cpp) keeps: Q, K, V, dO converted to T, and O, dQ, dK, dV, LSE.
 MemPart host_copies(const Problem& p, Dtype t) {
   const Sizes z(p);
   return {"its copies of Q, K, V, dO, O, LSE, dQ, dK, dV in " + to_string(t),
-          bytes_mul(size_of(t), sum({bytes_mul(4, z.Eq), bytes_mul(4, z.Ek), z.Er}))};
+          bytes_mul(bytes_of(t), bytes_sum({bytes_mul(4, z.Eq), bytes_mul(4, z.Ek), z.Er}))};
 }
 // What fetch_forward / fetch_backward return in fp64 (run_case keeps one pass's at a time).
 MemPart fetched(const Problem& p, bool backward) {
   const Sizes z(p);
-  const int64_t fwd = bytes_mul(8, sum({z.Eq, z.Er})), bwd = bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}));
+  const int64_t fwd = bytes_mul(8, bytes_add(z.Eq, z.Er)), bwd = bytes_mul(8, bytes_add(z.Eq, bytes_mul(2, z.Ek)));
   return backward && bwd > fwd ? MemPart{"fetched dQ, dK, dV in fp64", bwd} : MemPart{"fetched O, LSE in fp64", fwd};
 }
-
-const MemPart& biggest(const std::vector<MemPart>& ps) {
-  return *std::max_element(ps.begin(), ps.end(), [](const MemPart& a, const MemPart& b) { return a.bytes < b.bytes; });
+cpu::Tiles cpu_tiles(const ImplOptions& opt) {
+  cpu::Tiles t;
+  if (opt.Br > 0) t.Br = opt.Br;
+  if (opt.Bc > 0) t.Bc = opt.Bc;
+  return t;
 }
 
 }  // namespace
 
-MemNeed make_need(std::string step, std::vector<MemPart> parts) {
-  MemNeed n;
-  n.step = std::move(step);
-  parts.erase(std::remove_if(parts.begin(), parts.end(), [](const MemPart& x) { return x.bytes == 0; }), parts.end());
-  std::stable_sort(parts.begin(), parts.end(), [](const MemPart& a, const MemPart& b) { return a.bytes > b.bytes; });
-  for (const MemPart& x : parts) n.bytes = bytes_add(n.bytes, x.bytes);
-  n.parts = std::move(parts);
-  return n;
-}
-const MemNeed& peak_of(const MemNeed& a, const MemNeed& b) { return b.bytes > a.bytes ? b : a; }
-
-int64_t oracle_threads(const Problem& p, int64_t items, int threads) {
-  // reference.cpp / tolerance.cpp worth_threads: parallel only for items > 1 and B H_q N_q N_k d >= 2^16
-  const bool parallel =
-      items > 1 && double(p.B) * double(p.H_q) * double(p.N_q) * double(p.N_k) * double(p.d) >= 65536.0;
-  return parallel ? std::max<int64_t>(1, std::min<int64_t>(threads, items)) : 1;
-}
-
 std::vector<MemPart> inputs_footprint(const Problem& p) {
   const Sizes z(p);
-  const int64_t mask = sum({bytes_mul(4, static_cast<int64_t>(p.mask.q_segment.size())),
-                            bytes_mul(4, static_cast<int64_t>(p.mask.k_segment.size())),
-                            static_cast<int64_t>(p.mask.block_mask.size())});
+  const int64_t mask = bytes_sum({bytes_mul(4, static_cast<int64_t>(p.mask.q_segment.size())),
+                                  bytes_mul(4, static_cast<int64_t>(p.mask.k_segment.size())),
+                                  static_cast<int64_t>(p.mask.block_mask.size())});
   // The Problem (its mask) is copied by the Case, each prepared run and the layer calls: 4 copies.
-  return {{"inputs Q, K, V, dO in fp64", bytes_mul(8, sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek)}))},
+  return {{"inputs Q, K, V, dO in fp64", bytes_mul(8, bytes_add(bytes_mul(2, z.Eq), bytes_mul(2, z.Ek)))},
           {"the mask's segment ids and block bits (4 copies)", bytes_mul(4, mask)}};
 }
 
-std::vector<MemPart> oracle_kept(const Problem& p, bool backward) {
-  const Sizes z(p);
-  std::vector<MemPart> out = {{"the oracle's O, LSE and their §9 bounds in fp64", bytes_mul(16, sum({z.Eq, z.Er}))}};
-  if (backward)
-    out.push_back({"the oracle's dQ, dK, dV and their §9 bounds in fp64",
-                   bytes_mul(16, sum({z.Eq, bytes_mul(2, z.Ek)}))});
-  return out;
-}
-
-MemNeed oracle_need(const Problem& p, bool backward, int threads) {
-  const Sizes z(p);
-  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
-  const MemPart O_LSE{"the oracle's O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
-  const MemPart O_LSE_bounds{"the §9 bounds of O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
-  const MemPart grads{"the oracle's dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))};
-  const MemPart grads_bounds{"the §9 bounds of dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))};
-  const MemPart mask = compiled_mask_part(p);
-  // Eigen parallelizes a product itself when the region around it is serial: count every thread.
-  const MemPart packing = packing_part(Dtype::F64, p.N_q, p.N_k, p.d, std::max(threads, 1));
-  MemNeed n = make_need(
-      "the fp64 oracle's forward (reference<fp64>)",
-      {O_LSE, mask, packing, kSmall,
-       per_thread("reference<fp64> materializes S/P, N_q x N_k fp64 per (b, h)", ref_fwd_per_thread(p, 8), tf)});
-  n = peak_of(n, make_need("the fp64 oracle's §9 forward bounds",
-                           {O_LSE, O_LSE_bounds, mask, packing, kSmall,
-                            per_thread("the §9 forward bounds hold 2 N_q x N_k fp64 per (b, h)",
-                                       fwd_bounds_per_thread(p), tf)}));
-  if (backward) {
-    n = peak_of(n, make_need("the fp64 oracle's backward (reference<fp64>)",
-                             {O_LSE, O_LSE_bounds, grads, mask, packing, kSmall,
-                              per_thread("reference<fp64> backward holds P and dS, 2 N_q x N_k fp64 per (b, kv-head)",
-                                         ref_bwd_per_thread(p, 8), tb)}));
-    n = peak_of(n, make_need("the fp64 oracle's §9 backward bounds",
-                             {O_LSE, O_LSE_bounds, grads, grads_bounds, mask, packing, kSmall,
-                              per_thread("the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head)",
-                                         bwd_bounds_per_thread(p), tb)}));
-  }
-  return n;
-}
-
-std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward,
-                                         int threads) {
-  const int64_t s = size_of(dtype);
-  const std::string t = to_string(dtype);
-  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
-  std::vector<MemPart> live = {
-      fetched(p, false),
-      per_thread("forward S/P, N_q x N_k " + t + " per (b, h)", ref_fwd_per_thread(p, s), tf)};
+std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward, int threads) {
+  std::vector<MemPart> live = {fetched(p, false), reference::forward_workspace(p, dtype, threads)};
   if (backward) {
     live.push_back(fetched(p, true));
-    live.push_back(per_thread("backward P and dS, 2 N_q x N_k " + t + " per (b, kv-head)", ref_bwd_per_thread(p, s), tb));
+    live.push_back(reference::backward_workspace(p, dtype, threads));
   }
-  const MemPart& top = biggest(live);  // one at a time: the forward, its fetch, the backward, its fetch
-  return {host_copies(p, dtype), top, compiled_mask_part(p),
-          packing_part(dtype, p.N_q, p.N_k, p.d, std::max(threads, 1)), kSmall};
+  std::vector<MemPart> parts = {host_copies(p, dtype), largest(live)};  // one at a time: a pass, its fetch, ...
+  for (const MemPart& x : reference::call_overhead(p, dtype, threads)) parts.push_back(x);
+  return parts;
 }
 
-std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
-                                   int threads) {
-  const int64_t s = size_of(dtype);
-  const CpuTiles tl = cpu_tiles(p, opt);
-  const int64_t T = std::max(threads, 1);  // `omp parallel` without `if`: every thread makes its Scratch
-  const int64_t ws = sum({bytes_mul(T, cpu_scratch_bytes(p, tl, s)), cpu_plan_bytes(p, tl), compiled_mask_bytes(p)});
-  const std::string tiles = format("(Br %lld x Bc %lld tiles)", static_cast<long long>(tl.Br), static_cast<long long>(tl.Bc));
-  std::vector<MemPart> live = {fetched(p, false),
-                               {"forward per-thread tiles " + tiles + " x " + threads_text(T) + " and the mask plan", ws}};
+std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+  const cpu::Tiles t = cpu_tiles(opt);
+  std::vector<MemPart> live = {fetched(p, false), cpu::forward_workspace(p, dtype, t, threads)};
   if (backward) {
     live.push_back(fetched(p, true));
-    live.push_back({"backward D and per-thread tiles " + tiles + " x " + threads_text(T),
-                    bytes_add(ws, bytes_mul(s, Sizes(p).Er))});
+    live.push_back(cpu::backward_workspace(p, dtype, t, threads));
   }
-  return {host_copies(p, dtype), biggest(live), packing_part(dtype, tl.Br, tl.Bc, p.d, T), kSmall};
+  return {host_copies(p, dtype), largest(live), cpu::packing(p, dtype, t, threads), small_allocations()};
 }
 
 std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward, int) {
-  const Sizes z(p);
   // cuda_like / cuda_fetch (impls.cpp) stage one tensor at a time in a host vector of T.
-  return {{"host staging of one tensor in " + to_string(dtype), bytes_mul(size_of(dtype), std::max(z.Eq, z.Ek))},
+  const Sizes z(p);
+  return {{"host staging of one tensor in " + to_string(dtype), bytes_mul(bytes_of(dtype), std::max(z.Eq, z.Ek))},
           fetched(p, backward)};
 }
 
-Footprint distributed_footprint(bool gathers_kv, int world) {
-  return [gathers_kv, world](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+EngineFootprint cpu_engine_footprint() {
+  EngineFootprint e;
+  e.what = "cpu engine tiles and GEMM packing";
+  e.block_call = [](const Problem& p, int64_t, Dtype dtype, const ImplOptions& opt, int threads) {
+    // Each rank thread runs the engine, whose OpenMP regions make `threads` Scratches each.
+    return cpu::block_call_bytes(p, dtype, cpu_tiles(opt), threads);
+  };
+  return e;
+}
+
+Footprint distributed_footprint(bool gathers_kv, int world) { return distributed_footprint(gathers_kv, world, cpu_engine_footprint()); }
+
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine) {
+  return [gathers_kv, world, engine](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
     const Sizes z(p);
-    const int64_t s = size_of(dtype), G = std::max(world, 1);
-    const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                     // K, V (dK, dV)
-    const int64_t q = sum({bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er)});  // Q, O (dO, dQ), LSE (D)
+    const int64_t s = bytes_of(dtype), G = std::max(world, 1);
+    const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                                                   // K, V (dK, dV)
+    const int64_t q = bytes_add(bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er));  // Q, O (dO, dQ), LSE (D)
     const int64_t copies = gathers_kv ? G : 2;
-    const int64_t outputs = sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
-    // Each rank thread runs the cpu engine, whose OpenMP regions make `threads` Scratches each.
-    const CpuTiles tl = cpu_tiles(p, opt);
-    const int64_t scratch = bytes_mul(bytes_mul(G, std::max(threads, 1)),
-                                      bytes_add(cpu_scratch_bytes(p, tl, s), gemm_packing(dtype, tl.Br, tl.Bc, p.d)));
+    const int64_t outputs = bytes_sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
+    const std::string where = engine.device ? " on the device" : "";
+    const int64_t rows = (p.N_q + G - 1) / G;  // a rank's query rows
     return std::vector<MemPart>{
-        {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype),
-         bytes_mul(s, sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs}))},
+        {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype) + where,
+         bytes_mul(s, bytes_sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs})), engine.device},
         {"blocks in flight: " + std::to_string(copies) + " copies of K, V" + (backward ? ", dK, dV" : "") +
-             " and 2 of the query-side tensors in " + to_string(dtype),
-         bytes_mul(s, sum({bytes_mul(copies, kv), bytes_mul(2, q)}))},
+             " and 2 of the query-side tensors in " + to_string(dtype) + where,
+         bytes_mul(s, bytes_add(bytes_mul(copies, kv), bytes_mul(2, q))), engine.device},
         {"downloaded and gathered outputs in " + to_string(dtype), bytes_mul(2, bytes_mul(s, outputs))},
         fetched(p, backward),
-        {"cpu engine tiles and GEMM packing on " + std::to_string(G) + " rank threads x " +
-             threads_text(std::max(threads, 1)),
-         scratch},
-        kSmall};
+        {engine.what + " on " + std::to_string(G) + " rank threads x " + threads_text(std::max(threads, 1)),
+         bytes_mul(G, engine.block_call(p, rows, dtype, opt, threads)), engine.device},
+        small_allocations()};
   };
 }
 
-std::vector<MemPart> sampled_oracle_kept(const Problem& p, int64_t K, bool backward) {
-  // RowOracle: O, dQ and their bounds (K, d), LSE and its bound (K); ColumnOracle: dK, dV and
-  // their bounds (K, d); the sample's coordinates (3 int64 per row and column).
-  const int64_t rows = bytes_mul(8, bytes_mul(K, sum({prod({backward ? 4 : 2, p.d}), 2 + 3})));
-  const int64_t cols = backward ? bytes_mul(8, bytes_mul(K, sum({prod({4, p.d}), 3}))) : 0;
-  return {{"the sampled rows' and columns' oracle and §9 bounds in fp64", bytes_add(rows, cols)}};
+namespace {
+MemNeed lmhead_case_need(const Case& c, const std::vector<const Impl*>& impls, int threads) {
+  const bool backward = c.pass.backward();
+  const MemNeed kept = reference::lmhead_oracle_need(c.lm, backward);
+  MemNeed n = peak_of(kept, reference::lmhead_bounds_need(c.lm, backward));
+  for (const Impl* m : impls) {
+    std::vector<MemPart> parts = m->lmhead.footprint(c.lm, c.dtype, c.opt, threads);
+    for (const MemPart& k : kept.parts)
+      if (k.what.find("logits") == std::string::npos && k.what.find("temporaries") == std::string::npos)
+        parts.push_back(k);
+    n = peak_of(n, make_need("running impl " + m->name + " (" + to_string(c.dtype) + ")", parts));
+  }
+  return n;
 }
-
-MemNeed sampled_oracle_need(const Problem& p, int64_t K, bool backward, int threads) {
-  const Sizes z(p);
-  std::vector<MemPart> parts = sampled_oracle_kept(p, K, backward);
-  // choose_sample: row_sees, key_seen (1 byte each), the key cover (int64, N_k + 1), the list of
-  // rows or keys that see nothing (int64, up to N).
-  parts.push_back({"the mask's visibility of every row and key",
-                   sum({p.N_q, p.N_k, bytes_mul(8, p.N_k + 1), bytes_mul(8, std::max(p.N_q, p.N_k))})});
-  parts.push_back(compiled_mask_part(p));
-  // row_oracle: a row's visible keys (int64), S and P (fp64), N_k each, per thread.
-  parts.push_back(per_thread("a sampled row's keys, logits and P, 3 N_k x 8 bytes", bytes_mul(24, p.N_k),
-                             std::max<int64_t>(1, std::min<int64_t>(threads, K))));
-  // column_oracle: D_i and sum |dO_ik||O_ik| of the run, fp64, for at most every q-head.
-  if (backward) parts.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, z.Er)});
-  parts.push_back(kSmall);
-  return make_need("the row-sampled fp64 oracle", parts);
-}
+}  // namespace
 
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads) {
+  if (c.op == Operator::LmHeadCe) return lmhead_case_need(c, impls, threads);
   const Problem& p = c.p;
   const bool sampled = c.check_rows > 0;
   std::vector<MemPart> base = inputs_footprint(p);
@@ -359,7 +153,7 @@ MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int thre
   base.insert(base.end(), kept.begin(), kept.end());
   if (sampled && c.pass.bwd) {
     const Sizes z(p);
-    base.push_back({"the candidate's O, LSE in fp64 for the column check", bytes_mul(8, sum({z.Eq, z.Er}))});
+    base.push_back({"the candidate's O, LSE in fp64 for the column check", bytes_mul(8, bytes_add(z.Eq, z.Er))});
     // column_oracle runs while the impl's run (and its fetched gradients) is still alive.
     base.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, z.Er)});
   }
@@ -380,7 +174,7 @@ namespace {
 // The fp64 outputs of one case: O, LSE (and dQ, dK, dV).
 int64_t outputs_bytes(const Problem& p, bool backward) {
   const Sizes z(p);
-  return bytes_mul(8, sum({z.Eq, z.Er, backward ? bytes_add(z.Eq, bytes_mul(2, z.Ek)) : 0}));
+  return bytes_mul(8, bytes_sum({z.Eq, z.Er, backward ? bytes_add(z.Eq, bytes_mul(2, z.Ek)) : 0}));
 }
 // read_npy (check/npy.cpp) holds a file's bytes next to the fp64 values it parses from them.
 MemPart file_bytes(const Problem& p, int64_t elem_bytes, const std::string& what) {
@@ -390,30 +184,20 @@ MemPart file_bytes(const Problem& p, int64_t elem_bytes, const std::string& what
 // read_case: the inputs (the last one parsed next to its file's bytes).
 MemNeed reading_case(const Problem& p, Dtype dtype) {
   std::vector<MemPart> parts = inputs_footprint(p);
-  parts.push_back(file_bytes(p, size_of(dtype), "input"));
-  parts.push_back(kSmall);
+  parts.push_back(file_bytes(p, bytes_of(dtype), "input"));
+  parts.push_back(small_allocations());
   return make_need("reading the case's inputs", parts);
 }
 // check_candidate (check/case.cpp): forward_bounds, then backward_bounds for the candidate's
 // dtype, over `held`; the bounds are those of oracle_need, their workspaces too.
 MemNeed bounds_need(const Problem& p, bool backward, int threads, const std::vector<MemPart>& held,
                     const std::string& step) {
-  const Sizes z(p);
-  const int64_t tf = oracle_threads(p, bytes_mul(p.B, p.H_q), threads), tb = oracle_threads(p, bytes_mul(p.B, p.H_kv), threads);
-  const MemPart O_LSE_bounds{"the §9 bounds of O, LSE in fp64", bytes_mul(8, sum({z.Eq, z.Er}))};
-  const MemPart common[] = {compiled_mask_part(p), packing_part(Dtype::F64, p.N_q, p.N_k, p.d, std::max(threads, 1)),
-                            kSmall};
   std::vector<MemPart> f = held;
-  f.insert(f.end(), std::begin(common), std::end(common));
-  f.push_back(O_LSE_bounds);
-  f.push_back(per_thread("the §9 forward bounds hold 2 N_q x N_k fp64 per (b, h)", fwd_bounds_per_thread(p), tf));
+  for (const MemPart& x : reference::forward_bounds_parts(p, threads)) f.push_back(x);
   MemNeed n = make_need(step + "'s §9 forward bounds", f);
   if (backward) {
     std::vector<MemPart> b = held;
-    b.insert(b.end(), std::begin(common), std::end(common));
-    b.push_back(O_LSE_bounds);
-    b.push_back({"the §9 bounds of dQ, dK, dV in fp64", bytes_mul(8, sum({z.Eq, bytes_mul(2, z.Ek)}))});
-    b.push_back(per_thread("the §9 backward bounds hold 6 N_q x N_k fp64 per (b, kv-head)", bwd_bounds_per_thread(p), tb));
+    for (const MemPart& x : reference::backward_bounds_parts(p, threads)) b.push_back(x);
     n = peak_of(n, make_need(step + "'s §9 backward bounds", b));
   }
   return n;
@@ -428,7 +212,7 @@ MemNeed computing_expected(const Problem& p, bool backward, int threads) {
   std::vector<MemPart> copy = inputs_footprint(p);
   for (const MemPart& x : oracle_kept(p, backward)) copy.push_back(x);
   copy.push_back({"the expected outputs copied from the oracle's, fp64", outputs_bytes(p, backward)});
-  copy.push_back(kSmall);
+  copy.push_back(small_allocations());
   return peak_of(n, make_need("copying the fp64 oracle's outputs", copy));
 }
 }  // namespace
@@ -439,7 +223,7 @@ MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threa
   std::vector<MemPart> w = inputs_footprint(p);
   w.push_back({"the expected outputs in fp64", outputs_bytes(p, backward)});
   w.push_back(file_bytes(p, 8, "output"));
-  w.push_back(kSmall);
+  w.push_back(small_allocations());
   return peak_of(n, make_need("writing the expected outputs", w));
 }
 
@@ -451,7 +235,7 @@ MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int thread
   held.push_back({"the candidate's outputs in fp64", outputs_bytes(p, backward)});
   std::vector<MemPart> reading = held;
   reading.push_back(file_bytes(p, 8, "output"));
-  reading.push_back(kSmall);
+  reading.push_back(small_allocations());
   return peak_of(peak_of(reading_case(p, dtype), make_need("reading expected/ and the candidate", reading)),
                  bounds_need(p, backward, threads, held, "the check"));
 }
@@ -464,7 +248,7 @@ MemNeed conform_case_need(const Problem& p, Dtype dtype, bool backward, bool exp
     std::vector<MemPart> r = base;
     r.push_back({"the oracle's outputs read from expected/, fp64", outputs_bytes(p, backward)});
     r.push_back(file_bytes(p, 8, "output"));
-    r.push_back(kSmall);
+    r.push_back(small_allocations());
     n = peak_of(n, make_need("reading expected/", r));
   } else {
     n = peak_of(n, computing_expected(p, backward, threads));
@@ -679,7 +463,11 @@ void require_memory(const MemNeed& need, const MemAvailable& available, const st
   if (available.bytes < 0 || need.bytes <= available.bytes) return;
   std::string msg = "not enough memory for " + need.step + ": " + format_bytes(need.bytes) + " needed, " +
                     format_bytes(available.bytes) + " available (" + available.source + ")";
-  if (!need.parts.empty()) msg += "; the largest part: " + need.parts[0].what + " = " + format_bytes(need.parts[0].bytes);
+  for (const MemPart& x : need.parts)  // the largest host part (device memory is not compared here)
+    if (!x.device) {
+      msg += "; the largest part: " + x.what + " = " + format_bytes(x.bytes);
+      break;
+    }
   const std::string what_instead = advice ? advice() : "";
   if (!what_instead.empty()) msg += "; " + what_instead;
   throw Error(msg);

@@ -1,10 +1,10 @@
 // tools/resources.hpp — memory: what a checked run needs, what the machine has, and the refusal
-// (exit 2, before anything big is allocated) when the first exceeds the second. One place for
-// every estimate: the inputs, the fp64 oracle (reference<double> materializes N_q x N_k per
-// (b, h) and thread; its §9 bounds up to six of them), and one plain function per
-// implementation (Impl::footprint in impls.hpp). Each formula cites the allocations it mirrors;
-// tests/tools/test_resources.cpp holds the oracle, reference and cpu formulas against heap peaks
-// measured by memcount.cpp, so a layer that starts allocating more fails a test.
+// (exit 2, before anything big is allocated) when the first exceeds the second. Each layer
+// states what its calls allocate (reference/reference_footprint.hpp: the oracle too,
+// cpu/cpu_footprint.hpp, cuda/cuda_footprint.hpp); this file adds what the tool itself holds
+// (the fp64 inputs, its runners' copies, fetched outputs, case files), composes the steps of each
+// subcommand, and compares the host peak with what is available. tests/tools/test_resources.cpp
+// holds the estimates against heap peaks measured by memcount.cpp.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/footprint.hpp"
+#include "burstlab/lmhead.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
+#include "reference_footprint.hpp"
 
 namespace burstlab::tools {
 
@@ -24,71 +27,56 @@ struct MemAvailable;  // below
 struct Impl;         // impls.hpp
 struct ImplOptions;  // impls.hpp
 
-// ---------------------------------------------------------------- byte counts
-// Counts saturate at kTooMany instead of overflowing int64 (which would be UB): such a problem
-// needs "more than 9.2 EB" and is refused like any other that does not fit.
-constexpr int64_t kTooMany = std::numeric_limits<int64_t>::max();
-int64_t bytes_mul(int64_t a, int64_t b);  // a, b >= 0
-int64_t bytes_add(int64_t a, int64_t b);
-std::string format_bytes(int64_t bytes);  // SI units: "320.0 GB", "512 bytes", "more than 9.2 EB"
+// The words of every estimate (burstlab/footprint.hpp) and the layers' own (reference/, cpu/).
+using burstlab::bytes_add;
+using burstlab::bytes_mul;
+using burstlab::format_bytes;
+using burstlab::kTooMany;
+using burstlab::make_need;
+using burstlab::MemNeed;
+using burstlab::MemPart;
+using burstlab::peak_of;
+using reference::lmhead_oracle_need;
+using reference::oracle_kept;
+using reference::oracle_need;
+using reference::sampled_oracle_kept;
+using reference::sampled_oracle_need;
 
-// ---------------------------------------------------------------- estimates
-// Host buffers that are live together: what they are, and their bytes.
-struct MemPart {
-  std::string what;
-  int64_t bytes = 0;
-};
-// The peak of a run: the step at which it is reached, the parts live then (largest first) and
-// their sum.
-struct MemNeed {
-  std::string step;
-  std::vector<MemPart> parts;
-  int64_t bytes = 0;
-};
-MemNeed make_need(std::string step, std::vector<MemPart> parts);  // sorts the parts, sums them
-const MemNeed& peak_of(const MemNeed& a, const MemNeed& b);       // the larger (a on ties)
-
-// OpenMP threads a region of `items` work items runs on: min(threads, items), or 1 when the
-// layer keeps the region serial (reference.cpp and tolerance.cpp: worth_threads).
-int64_t oracle_threads(const Problem& p, int64_t items, int threads);
-
+// ---------------------------------------------------------------- the tool's runs
 // make_inputs (harness.cpp): Q, K, V, dO in fp64.
 std::vector<MemPart> inputs_footprint(const Problem& p);
-// What run_oracle returns and keeps for the comparisons: O, LSE (and dQ, dK, dV) in fp64 with
-// their §9 bounds.
-std::vector<MemPart> oracle_kept(const Problem& p, bool backward);
-// run_oracle's peak (harness.cpp): reference<double> forward and backward (reference.cpp), then
-// forward_bounds and backward_bounds (tolerance.cpp), each with its per-thread N_q x N_k
-// workspace, on top of what it keeps.
-MemNeed oracle_need(const Problem& p, bool backward, int threads);
-
-// The row-sampled oracle (reference/rows.cpp, spec §9.11) on K rows and K columns: no N_q x N_k
-// buffer; the mask's row and key visibility, D of the run for the sampled columns' q-heads, a
-// row's logits per thread, and what it keeps (K rows and columns with their bounds).
-std::vector<MemPart> sampled_oracle_kept(const Problem& p, int64_t K, bool backward);
-MemNeed sampled_oracle_need(const Problem& p, int64_t K, bool backward, int threads);
-
 // Implementation footprints (Impl::footprint): the run's own copies of the inputs and outputs in
 // its dtype, the fp64 copies fetch_* returns, and its workspace at `threads` OpenMP threads.
 std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                          int threads);
 std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                    int threads);
-// cuda: HOST bytes only (a staging copy per tensor and the fetched fp64 outputs); device memory
-// is not estimated (cudaMalloc failures are reported by the layer).
+// cuda: its host bytes (a staging copy per tensor and the fetched fp64 outputs); impls.cpp adds
+// the device memory the cuda layer says its calls take (cuda/cuda_footprint.hpp).
 std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                          int threads);
 // `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
 // (all of K, V, dK, dV on every rank when gathers_kv, dist::Algorithm's field: allgather and
 // attention2d; two blocks in flight per rank otherwise), the gathered results, and each rank's
-// cpu engine scratch. A bound, not a measured figure.
+// engine workspace, as the engine's layer states it (EngineFootprint; device: the shards and
+// blocks live in device memory). A bound, not a measured figure.
 using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                      bool backward, int threads)>;
-Footprint distributed_footprint(bool gathers_kv, int world);
+struct EngineFootprint {
+  std::string what;     // "cpu engine tiles and GEMM packing"
+  bool device = false;  // the engine's buffers are device memory
+  // Bytes one rank's engine allocates for a block call over `rows` query rows (the most of
+  // forward_block and backward_block), on `threads` OpenMP threads.
+  std::function<int64_t(const Problem& p, int64_t rows, Dtype dtype, const ImplOptions& opt, int threads)> block_call;
+};
+EngineFootprint cpu_engine_footprint();  // cpu/cpu_footprint.hpp's block_call_bytes
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine);
+Footprint distributed_footprint(bool gathers_kv, int world);  // on the cpu engine
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
 // then, one implementation at a time, its footprint next to the inputs and what the oracle keeps
 // (with check_rows and a backward also the candidate's fp64 O, LSE, read by the column check).
+// For the LM head (Case::op): its oracle and bounds, then each impl next to what the oracle keeps.
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads);
 
 // ---------------------------------------------------------------- the case subcommands

@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"run --op lmhead-ce --vocab 10 --ignore-fraction 2", "ignore-fraction (2)"},
                       BadCase{"run --op lmhead-ce --vocab 10 -d 0", "d (0) must be >= 1"},
                       BadCase{"run --op lmhead-ce --vocab 10 --nq 0", "nq (0) must be >= 1"},
-                      BadCase{"run --op lmhead-ce --vocab 10 --dtype bf16", "impl reference does not run bf16"},
+                      BadCase{"run --op lmhead-ce --vocab 10 --dtype bf16", "impl reference does not run dtype bf16"},
                       BadCase{"run --op lmhead-ce --vocab 10 --pass xx", "pass (xx) must be fwd, bwd, fused or both"},
                       BadCase{"run --op lmhead-ce --vocab 10 --values widev", "values (widev) does not apply"},
                       BadCase{"run --op lmhead-ce --vocab 10 --bv -1", "bv (-1) must be >= 1"},

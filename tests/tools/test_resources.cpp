@@ -134,10 +134,10 @@ TEST(Estimate, OverflowIsTooManyNotUndefined) {
 
 TEST(Estimate, ThreadsFollowTheLayers) {
   // reference.cpp and tolerance.cpp: parallel over (b, h) items only when B H_q N_q N_k d >= 2^16
-  EXPECT_EQ(oracle_threads(shape(1, 4, 2, 16, 16, 8), 4, 8), 1);      // 8192 < 2^16: serial
-  EXPECT_EQ(oracle_threads(shape(1, 4, 2, 128, 128, 64), 4, 8), 4);   // min(threads, items)
-  EXPECT_EQ(oracle_threads(shape(1, 4, 2, 128, 128, 64), 2, 8), 2);
-  EXPECT_EQ(oracle_threads(shape(1, 4, 2, 128, 128, 64), 1, 8), 1);   // one item: serial
+  EXPECT_EQ(reference::region_threads(shape(1, 4, 2, 16, 16, 8), 4, 8), 1);      // 8192 < 2^16: serial
+  EXPECT_EQ(reference::region_threads(shape(1, 4, 2, 128, 128, 64), 4, 8), 4);   // min(threads, items)
+  EXPECT_EQ(reference::region_threads(shape(1, 4, 2, 128, 128, 64), 2, 8), 2);
+  EXPECT_EQ(reference::region_threads(shape(1, 4, 2, 128, 128, 64), 1, 8), 1);   // one item: serial
   // cpu: every thread of the team makes its Scratch, however few tasks there are.
   const Problem p = shape(1, 1, 1, 1000, 1000, 64);
   ImplOptions big{512, 512};
