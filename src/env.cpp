@@ -78,7 +78,15 @@ const std::vector<Knob>& knobs() {
       {"FAULT_ALGOS", Kind::Text, "every algorithm", kFaults, "the fault matrix's algorithms (a subset)"},
       {"FAULT_KINDS", Kind::Text, "throw hang", kFaults, "the fault matrix's fault kinds (a subset)"},
       {"FAULT_HANG_TIMEOUT", Kind::Integer, "5", kFaults, "the --timeout of the fault matrix's hang runs (s)"},
-      {"LOCAL_RANK", Kind::Integer, "0", "scripts/bench_cp_torch.py", "set by torchrun: this process's GPU"},
+      {"LOCAL_RANK", Kind::Integer, "0", "scripts/bench_cp_torch.py, examples/check_torch_cp.py",
+       "set by torchrun: this process's GPU"},
+      {"RANK", Kind::Integer, "", "examples/check_torch_cp.py", "set by torchrun: this process's rank (required)"},
+      {"WORLD_SIZE", Kind::Integer, "", "examples/check_torch_cp.py",
+       "set by torchrun: the number of processes (required)"},
+      {"BURSTLAB", Kind::Text, "build/gpu/tools/burstlab", "scripts/bench-cp",
+       "the burstlab executable scripts/bench-cp runs (its --burstlab wins)"},
+      {"NCCL_NVLS_ENABLE", Kind::Flag, "0", "scripts/bench-cp",
+       "read by NCCL; scripts/bench-cp, bench_cp_torch.py and check_torch_cp.py set 0 when unset"},
   };
   return table;
 }
@@ -132,6 +140,7 @@ bool flag(std::string_view name) {
 int64_t integer(std::string_view name) {
   const Knob& k = knob_of_kind(name, Kind::Integer);
   const std::string v = raw(k.name).value_or(k.fallback);
+  if (v.empty()) fail(k.name, " is not set (it has no default)");
   int64_t x = 0;
   if (!parse_integer(v, &x)) fail(k.name, " (", v, ") must be an integer");
   return x;

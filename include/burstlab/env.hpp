@@ -42,8 +42,8 @@ std::optional<std::string> text(std::string_view name);
 // the variable and its value.
 bool flag(std::string_view name);
 
-// An Integer knob: its decimal value, unset or empty: its fallback. Any other text: Error naming
-// the variable and its value.
+// An Integer knob: its decimal value, unset or empty: its fallback (none: Error). Any other text:
+// Error naming the variable and its value.
 int64_t integer(std::string_view name);
 
 // Every Flag and Integer knob read by C++ code (a reader in read_by is a C++ file) that is set:

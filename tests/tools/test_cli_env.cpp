@@ -67,9 +67,13 @@ Lang lang_of(const std::string& rel) {
     if (has_suffix(rel, e)) return Lang::Cpp;
   if (has_suffix(rel, ".py") || has_suffix(rel, ".ipynb")) return Lang::Python;
   const std::string file = fs::path(rel).filename().string();
-  if (has_suffix(rel, ".sh") || rel.rfind(".ci/", 0) == 0 ||
-      (rel.rfind("scripts/", 0) == 0 && file.find('.') == std::string::npos))
-    return Lang::Shell;
+  if (has_suffix(rel, ".sh")) return Lang::Shell;
+  if (rel.rfind(".ci/", 0) == 0 || (rel.rfind("scripts/", 0) == 0 && file.find('.') == std::string::npos)) {
+    std::ifstream in((kRoot / rel).string());  // an executable script: its #! line says which
+    std::string first;
+    std::getline(in, first);
+    return first.find("python") != std::string::npos ? Lang::Python : Lang::Shell;
+  }
   return Lang::Other;
 }
 
