@@ -79,31 +79,6 @@ Footprint distributed_footprint(bool gathers_kv, int world);  // on the cpu engi
 // For the LM head (Case::op): its oracle and bounds, then each impl next to what the oracle keeps.
 MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int threads);
 
-// ---------------------------------------------------------------- the case subcommands
-// (cmd_case.cpp). Each is the peak over the steps of one case; the cases of a suite run one
-// after the other.
-// `oracle`: read_case (the inputs in fp64, one file's bytes while it is parsed), compute_expected
-// (oracle_need, then the copies of its outputs), write_expected (one output file's bytes).
-MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threads);
-// `check`: the inputs, expected/ and the candidate's outputs in fp64, then check_candidate's §9
-// bounds (forward_bounds, backward_bounds: their N_q x N_k fp64 per thread).
-MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int threads);
-// `conform`: the inputs, the expected outputs (computed by the oracle, or read from expected/),
-// then per column its run (Footprint; none for a column without one) and the check of its outputs
-// with the run still alive.
-struct ConformColumn {
-  std::string name;
-  Footprint footprint;
-};
-MemNeed conform_case_need(const Problem& p, Dtype dtype, bool backward, bool expected_on_disk,
-                          const std::vector<ConformColumn>& columns, int threads);
-// What fits instead, for a subcommand whose problem is fixed by a case file: "it fits with
-// --threads 1" (when it does), `other` (a further way, already checked by the caller), and the
-// largest N_q = N_k of the case's B, H_q, H_kv, d that fits. need(p, threads); every suggestion
-// within advice_budget.
-std::string case_advice(const Problem& p, int threads, const MemAvailable& available,
-                        const std::function<MemNeed(const Problem&, int)>& need, const std::string& other = "");
-
 // ---------------------------------------------------------------- what the machine has
 struct MemAvailable {
   int64_t bytes = -1;  // -1: unknown (then nothing is refused)
