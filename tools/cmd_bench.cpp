@@ -28,22 +28,11 @@ constexpr double kFwdVsRef = 1.8, kFwdVsGemm = 0.55, kBwdVsGemm = 0.35;
 constexpr double kOracleSameShapeMax = double(1 << 30);
 constexpr int64_t kReducedN = 1024;
 
-template <class F>
-double best_ms(F&& run, int reps) {
-  double best = std::numeric_limits<double>::infinity();
-  for (int k = 0; k < reps; ++k) best = std::min(best, run());
-  return best;
-}
-
 double sgemm_gflops(int64_t n, int reps) {
   Eigen::MatrixXf A = Eigen::MatrixXf::Random(n, n), Bm = Eigen::MatrixXf::Random(n, n), C(n, n);
-  auto once = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    C.noalias() = A * Bm;
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
+  const std::function<double()> once = timed([&] { C.noalias() = A * Bm; });
   once();  // warm-up
-  const double ms = best_ms(once, reps);
+  const double ms = best_of(once, reps);
   return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e9;
 }
 
@@ -282,17 +271,7 @@ Command add_bench_command(CLI::App& app) {
       const auto part = run_case(cs, impls, 1);
       checked.insert(checked.end(), part.begin(), part.end());
     }
-    bool all_pass = true;
-    for (const Result& x : checked) all_pass = all_pass && x.pass_ok();
-    if (!all_pass) {
-      progress.done();
-      RunFlags rf = r;
-      Json header = {{"command", "bench"}, {"verified", false},
-                     {"error", "an implementation failed its check; no speed is reported"}};
-      if (!r.json) std::printf("verification against the fp64 oracle FAILED: no speed is reported\n");
-      report(checked, rf, false, header);
-      return kExitFail;
-    }
+    if (!verified(checked, r, {{"command", "bench"}}, progress)) return kExitFail;
 
     // ---- time
     std::vector<Row> rows;
@@ -312,7 +291,7 @@ Command add_bench_command(CLI::App& app) {
         for (const Impl* m : impls) {
           Runner run = m->prepare(p, in, opt);
           run.forward();  // warm-up
-          const double fwd_ms = best_ms(run.forward, s->reps);
+          const double fwd_ms = best_of(run.forward, s->reps);
           if (m->name == "cpu" && counting) {
             heap_reset_peak();
             const int64_t base = heap_live();
@@ -328,7 +307,7 @@ Command add_bench_command(CLI::App& app) {
                 static_cast<long long>(p.d), threads, extra / 1024.0, extra / nd, nd / 1024.0, nn / 1024.0));
           }
           run.backward();  // warm-up
-          const double bwd_ms = best_ms(run.backward, s->reps);
+          const double bwd_ms = best_of(run.backward, s->reps);
           const double rates[2] = {forward_flops(p) / (fwd_ms * 1e-3) / 1e9,
                                    backward_flops(p) / (bwd_ms * 1e-3) / 1e9};
           for (int k = 0; k < 2; ++k) {

@@ -219,16 +219,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
     const auto part = run_case(q, impls, 1);
     checked.insert(checked.end(), part.begin(), part.end());
   }
-  bool all_pass = !checked.empty();
-  for (const Result& x : checked) all_pass = all_pass && x.pass_ok();
-  if (!all_pass) {
-    progress.done();
-    Json header = {{"command", "bench"}, {"op", "lmhead-ce"}, {"verified", false},
-                   {"error", "an implementation failed its check; no speed is reported"}};
-    if (!r.json) std::printf("verification against the fp64 oracle FAILED: no speed is reported\n");
-    report(checked, r, false, header);
-    return kExitFail;
-  }
+  if (!verified(checked, r, {{"command", "bench"}, {"op", "lmhead-ce"}}, progress)) return kExitFail;
 
   // ---- time, and count the heap of the timed calls
   struct Row {

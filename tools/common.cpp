@@ -308,6 +308,18 @@ void Progress::done() {
 }  // namespace burstlab::tools
 
 namespace burstlab::tools {
+bool verified(const std::vector<Result>& checked, const RunFlags& f, Json header, Progress& progress) {
+  bool all_pass = !checked.empty();
+  for (const Result& x : checked) all_pass = all_pass && x.pass_ok();
+  if (all_pass) return true;
+  progress.done();
+  header["verified"] = false;
+  header["error"] = "an implementation failed its check; no speed is reported";
+  if (!f.json) std::printf("verification against the fp64 oracle FAILED: no speed is reported\n");
+  report(checked, f, false, header);
+  return false;
+}
+
 int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json header) {
   int passed = 0, failed = 0;
   for (const Result& r : rs) (r.pass_ok() ? passed : failed)++;

@@ -156,6 +156,10 @@ namespace burstlab::tools {
 // merged in) on stdout and returns kExitPass or kExitFail.
 int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json header);
 
+// `bench`'s rule, verify before timing: true when every checked row passed; else prints the rows
+// (the table, or JSON with `header` and verified: false) and that no speed is reported.
+bool verified(const std::vector<Result>& checked, const RunFlags& f, Json header, Progress& progress);
+
 // A subcommand: its CLI11 app and what to do once parsing succeeded. run() returns the exit
 // code; it throws burstlab::Error on bad input, before printing anything.
 struct Command {

@@ -23,6 +23,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+std::function<double()> timed(std::function<void()> call) {
+  return [call] {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    return ms_since(t0);
+  };
+}
+
 namespace {
 
 // Host tensors of one run in storage type T. Q, O, dO, dQ (B, H_q, N_q, d) in the inputs' layout;
@@ -58,19 +66,15 @@ Runner host_runner(const Problem& p, const Inputs& in, Fwd fwd, Bwd bwd) {
   s->LSE = make_tensor3<T>(p.B, p.H_q, p.N_q);
   poison(s->LSE);
   Runner r;
-  r.forward = [s, fwd] {
+  r.forward = timed([s, fwd] {
     const HostState<T>& c = *s;
-    const auto t0 = std::chrono::steady_clock::now();
     fwd(c.p, c.Q.view(), c.K.view(), c.V.view(), s->O.view(), s->LSE.view());
-    return ms_since(t0);
-  };
-  r.backward = [s, bwd] {
+  });
+  r.backward = timed([s, bwd] {
     const HostState<T>& c = *s;
-    const auto t0 = std::chrono::steady_clock::now();
-    bwd(c.p, c.Q.view(), c.K.view(), c.V.view(), c.O.view(), c.dO.view(), c.LSE.view(),
-        s->dQ.view(), s->dK.view(), s->dV.view());
-    return ms_since(t0);
-  };
+    bwd(c.p, c.Q.view(), c.K.view(), c.V.view(), c.O.view(), c.dO.view(), c.LSE.view(), s->dQ.view(), s->dK.view(),
+        s->dV.view());
+  });
   r.fetch_forward = [s](Tensor4<double>& O, Tensor3<double>& LSE) {
     O = to_double(s->O);
     LSE = to_double(s->LSE);

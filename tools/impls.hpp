@@ -127,5 +127,6 @@ void check_impl(const Impl& impl, const LmHeadProblem& p, Dtype dtype);
 
 std::string dtype_list(const std::vector<Dtype>& ts);  // "fp64, fp32"
 double ms_since(std::chrono::steady_clock::time_point t0);  // host clock, milliseconds
+std::function<double()> timed(std::function<void()> call);  // a pass: runs call, returns its ms
 
 }  // namespace burstlab::tools

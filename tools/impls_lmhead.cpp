@@ -84,17 +84,11 @@ template <class T>
 Runner reference_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g) {
   auto s = make_state<T, T>(p, in, g, {});
   Runner r;
-  r.forward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
-    s->L = reference::lmhead_forward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data());
-    return ms_since(t0);
-  };
-  r.backward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
+  r.forward = timed([s] { s->L = reference::lmhead_forward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data()); });
+  r.backward = timed([s] {
     reference::lmhead_backward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data(), static_cast<T>(s->g),
                                   s->dH.view(), s->dW.view());
-    return ms_since(t0);
-  };
+  });
   r.fused = [f = r.forward, b = r.backward] { return f() + b(); };  // the reference has no fused call
   add_fetch(r, s);
   return r;
@@ -104,23 +98,15 @@ template <class T>
 Runner cpu_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, const cpu::LmHeadTiles& tiles) {
   auto s = make_state<T, acc_t<T>>(p, in, g, tiles);
   Runner r;
-  r.forward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
-    s->L = cpu::lmhead_forward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data(), s->tiles);
-    return ms_since(t0);
-  };
-  r.backward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu::lmhead_backward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data(), s->g, s->dH.view(),
-                            s->dW.view(), s->tiles);
-    return ms_since(t0);
-  };
-  r.fused = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
+  r.forward = timed([s] { s->L = cpu::lmhead_forward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data(), s->tiles); });
+  r.backward = timed([s] {
+    cpu::lmhead_backward<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->LSE.data(), s->g, s->dH.view(), s->dW.view(),
+                            s->tiles);
+  });
+  r.fused = timed([s] {
     s->L = cpu::lmhead_fused<T>(s->p, s->H.view(), s->W.view(), s->y.data(), s->g, s->LSE.data(), s->dH.view(),
                                 s->dW.view(), s->tiles);
-    return ms_since(t0);
-  };
+  });
   add_fetch(r, s);
   return r;
 }
@@ -166,22 +152,19 @@ Runner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, con
   auto dH = [s] { return view2<DT>(s->dH.data(), s->p.N, s->p.d); };
   auto dW = [s] { return view2<DT>(s->dW.data(), s->p.V, s->p.d); };
   // Every call starts the pool's high-water mark afresh (nothing of ours is live between calls).
-  auto timed = [s](std::function<void()> call) {
-    return [s, call] {
+  auto pooled = [s](std::function<void()> call) {
+    return timed([s, call] {
       cuda::reset_pool_peak();
-      const auto t0 = std::chrono::steady_clock::now();
       call();
-      const double ms = ms_since(t0);
       s->peak = cuda::pool_peak_bytes();
-      return ms;
-    };
+    });
   };
   Runner r;
-  r.forward = timed([s, H, W] { s->L = cuda::lmhead_forward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->opt); });
-  r.backward = timed([s, H, W, dH, dW] {
+  r.forward = pooled([s, H, W] { s->L = cuda::lmhead_forward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->opt); });
+  r.backward = pooled([s, H, W, dH, dW] {
     cuda::lmhead_backward<DT>(s->p, H(), W(), s->y.data(), s->LSE.data(), s->g, dH(), dW(), s->opt);
   });
-  r.fused = timed([s, H, W, dH, dW] {
+  r.fused = pooled([s, H, W, dH, dW] {
     s->L = cuda::lmhead_fused<DT>(s->p, H(), W(), s->y.data(), s->g, s->LSE.data(), dH(), dW(), s->opt);
   });
   r.device_peak = [s] { return s->peak; };
