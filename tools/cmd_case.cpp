@@ -280,56 +280,41 @@ Command add_check(CLI::App& app) {
     const bool single = dirs.size() == 1 && dirs[0] == s->case_dir;
     int failed = 0, judged = 0;  // judged: tensors compared (or found missing), over all cases
     std::string out;             // printed once every case is judged: bad input prints no partial table
+    // A candidate that skipped the case: every tensor missing.
+    auto skipped = [](const std::string& name, Dtype dtype, std::initializer_list<const char*> tensors) {
+      check::CheckResult r;
+      r.case_name = name;
+      r.dtype = dtype;
+      for (const char* t : tensors) {
+        check::TensorCheck tc;
+        tc.m.tensor = t;
+        tc.missing = true;
+        r.tensors.push_back(tc);
+      }
+      return r;
+    };
     for (const std::string& d : dirs) {
       const std::string cand_dir = single ? s->cand : (fs::path(s->cand) / fs::path(d).filename()).string();
+      const bool lm = check::is_lmhead_case(d);  // spec §10: L, LSE, dH, dW under §10.8; no LSE conventions apply
       check::CheckResult r;
-      if (check::is_lmhead_case(d)) {  // spec §10: L, LSE, dH, dW under §10.8; no LSE conventions apply
+      if (lm) {
         const check::LmHeadCaseData cd = check::read_lmhead_case(d);
         const check::LmHeadExpected e = check::read_lmhead_expected(d, cd.meta);
         if (!fs::is_directory(cand_dir)) {
-          r.case_name = cd.meta.name;
-          r.dtype = cd.meta.dtype;
-          for (const char* t : {"L", "LSE", "dH", "dW"}) {
-            check::TensorCheck tc;
-            tc.m.tensor = t;
-            tc.missing = true;
-            r.tensors.push_back(tc);
-          }
+          r = skipped(cd.meta.name, cd.meta.dtype, {"L", "LSE", "dH", "dW"});
         } else {
           const check::LmHeadCandidate cand = check::read_lmhead_candidate(cand_dir, cd.meta, over.dtype);
           r = check::check_lmhead_candidate(cd, e, cand, cand.dtype, s->max_list, s->dW_roundings);
         }
-        if (!only.empty()) {
-          std::vector<check::TensorCheck> keep;
-          for (const check::TensorCheck& t : r.tensors)
-            if (std::find(only.begin(), only.end(), t.m.tensor) != only.end()) keep.push_back(t);
-          r.tensors = keep;
-        }
-        failed += !r.pass();
-        judged += static_cast<int>(r.tensors.size());
-        if (s->json) out += check::check_json(r) + "\n";
-        else {
-          std::string text = check::format_check(r);
-          const std::string rule = "bound of spec §9 for", lm_rule = "bound of spec §10.8 for";
-          if (const size_t at = text.find(rule); at != std::string::npos) text.replace(at, rule.size(), lm_rule);
-          out += text + (dirs.size() > 1 ? "\n" : "");
-        }
-        continue;
-      }
-      const CaseData cd = check::read_case(d);
-      const check::Expected e = check::read_expected(d, cd.meta);
-      if (!fs::is_directory(cand_dir)) {  // a suite run that skipped a case: every tensor missing
-        r.case_name = cd.meta.name;
-        r.dtype = cd.meta.dtype;
-        for (const char* t : {"O", "LSE", "dQ", "dK", "dV"}) {
-          check::TensorCheck tc;
-          tc.m.tensor = t;
-          tc.missing = true;
-          r.tensors.push_back(tc);
-        }
       } else {
-        const check::Candidate cand = check::read_candidate(cand_dir, cd.meta, over);
-        r = check::check_candidate(cd, e, cand, cand.dtype, s->max_list);
+        const CaseData cd = check::read_case(d);
+        const check::Expected e = check::read_expected(d, cd.meta);
+        if (!fs::is_directory(cand_dir)) {
+          r = skipped(cd.meta.name, cd.meta.dtype, {"O", "LSE", "dQ", "dK", "dV"});
+        } else {
+          const check::Candidate cand = check::read_candidate(cand_dir, cd.meta, over);
+          r = check::check_candidate(cd, e, cand, cand.dtype, s->max_list);
+        }
       }
       if (!only.empty()) {
         std::vector<check::TensorCheck> keep;
@@ -339,8 +324,14 @@ Command add_check(CLI::App& app) {
       }
       failed += !r.pass();
       judged += static_cast<int>(r.tensors.size());
-      if (s->json) out += check::check_json(r) + "\n";
-      else out += check::format_check(r) + (dirs.size() > 1 ? "\n" : "");
+      if (s->json) {
+        out += check::check_json(r) + "\n";
+        continue;
+      }
+      std::string text = check::format_check(r);
+      const std::string rule = "bound of spec §9 for", lm_rule = "bound of spec §10.8 for";
+      if (const size_t at = text.find(rule); lm && at != std::string::npos) text.replace(at, rule.size(), lm_rule);
+      out += text + (dirs.size() > 1 ? "\n" : "");
     }
     std::fputs(out.c_str(), stdout);
     if (!s->json && dirs.size() > 1)
