@@ -202,6 +202,12 @@ const Algorithm& find_algorithm(const std::string& name) {
   fail("algo (", name, ") must be one of ", algorithm_names());
 }
 
+SimOptions sim_options(const AlgoOptions& o) {
+  SimOptions s = o.sim;
+  if (o.gpus_per_node > 0) s.gpus_per_node = o.gpus_per_node;
+  return s;
+}
+
 Plan make_plan(const Problem& p, const AlgoOptions& o) {
   const Algorithm& a = find_algorithm(o.algo);
   if (o.world < 1) fail("world (", o.world, ") must be >= 1");
@@ -209,7 +215,7 @@ Plan make_plan(const Problem& p, const AlgoOptions& o) {
   Plan pl;
   pl.p = p;
   pl.o = o;
-  if (o.gpus_per_node > 0) pl.o.sim.gpus_per_node = o.gpus_per_node;
+  pl.o.sim = sim_options(o);
   pl.qp = make_partition(o.partition, p.N_q, o.world, "N_q");
   pl.kp = make_partition(o.partition, p.N_k, o.world, "N_k");
   pl.mask = compile_mask(p);

@@ -1,7 +1,7 @@
 // distributed/algorithm.hpp — one descriptor per algorithm (spec §7), in one table, like
 // nccl-tests' one descriptor per collective: its name, spec section, requirement check and plan,
 // the per-rank pass for each storage type, its closed-form bytes, its teaching trace and its
-// simulator model. A `Session` (sim_run.hpp), `burstlab run --algo`, `schedule`, `simulate`,
+// simulator model. A `Session` (session.hpp), `burstlab run --algo`, `schedule`, `simulate`,
 // `conform` and the tests all iterate this table; adding an algorithm is adding its file and one
 // entry in algorithm.cpp.
 #pragma once
@@ -119,6 +119,8 @@ const Algorithm& find_algorithm(const std::string& name);  // Error naming "algo
 
 // Partitions, mask and the algorithm's checks and schedules, before anything runs.
 Plan make_plan(const Problem& p, const AlgoOptions& o);
+// The SimWorld options of a run with o (o.sim, its link classes from o.gpus_per_node).
+SimOptions sim_options(const AlgoOptions& o);
 
 template <class T> PassFn<T> pass_of(const Algorithm& a);
 template <> inline PassFn<double> pass_of<double>(const Algorithm& a) { return a.f64; }

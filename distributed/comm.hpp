@@ -123,6 +123,9 @@ class Communicator {
 
   const std::vector<Transfer>& log() const { return log_; }
   void clear_log() { log_.clear(); }
+  // A pass of `phase` begins (the Session calls it): a transport's per-pass statistics of that
+  // phase restart (NcclComm's exposed wait times).
+  virtual void begin_pass(Phase phase) { (void)phase; }
 
  protected:
   // Called by set_context once the new phase and step are set: SimComm and NcclComm fire an

@@ -1,7 +1,8 @@
-// distributed/sim_run.cpp — spec §7.
-#include "sim_run.hpp"
+// distributed/session.cpp — spec §7.
+#include "session.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "burstlab/error.hpp"
@@ -59,6 +60,16 @@ Tensor3<T> gather(const std::vector<Tensor3<T>>& locals, const Partition& part) 
   return out;
 }
 
+std::vector<std::vector<char>> World::allgather(const std::function<std::vector<char>(int)>& mine,
+                                                const std::string& what) {
+  std::vector<std::vector<char>> all(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    if (!holds(r)) fail(describe(), ": allgather (", what, ") of rank ", r, ", which this process does not hold");
+    all[size_t(r)] = mine(r);
+  }
+  return all;
+}
+
 namespace {
 template <class U, class T>
 Buffer<U> upload_all(Engine<T>& e, const std::vector<U>& host) {
@@ -71,59 +82,161 @@ void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
   if (static_cast<int64_t>(host.size()) != b.n) fail("download: buffer of ", b.n, " for ", host.size(), " elements");
   download(e, host.data(), b.data, b.n);
 }
+
+// Rank r's slices of Q, K, V (and dO when `backward`), rounded to T, in engine memory: Q, dO
+// (B, H_q, n_q, d), K, V (B, H_kv, n_k, d).
+template <class T>
+Shard<T> upload_shard(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
+                      View4<const double> dO, const Partition& qp, const Partition& kp, bool backward, int r) {
+  Shard<T> x;
+  x.Q = upload_all(e, slice<T>(Q, qp, r).data);
+  x.K = upload_all(e, slice<T>(K, kp, r).data);
+  x.V = upload_all(e, slice<T>(V, kp, r).data);
+  if (backward) x.dO = upload_all(e, slice<T>(dO, qp, r).data);
+  return x;
+}
+
+// ---- byte images of one rank's outputs and log, for a World of several processes
+template <class U>
+void put(std::vector<char>& b, const std::vector<U>& v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  const char* p = reinterpret_cast<const char*>(&n);
+  b.insert(b.end(), p, p + sizeof n);
+  p = reinterpret_cast<const char*>(v.data());
+  b.insert(b.end(), p, p + n * int64_t(sizeof(U)));
+}
+template <class U>
+std::vector<U> take(const std::vector<char>& b, size_t& at) {
+  int64_t n = 0;
+  if (at + sizeof n > b.size()) fail("a rank's gathered outputs are truncated");
+  std::memcpy(&n, b.data() + at, sizeof n);
+  at += sizeof n;
+  if (n < 0 || at + size_t(n) * sizeof(U) > b.size()) fail("a rank's gathered outputs are truncated");
+  std::vector<U> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), b.data() + at, size_t(n) * sizeof(U));
+  at += size_t(n) * sizeof(U);
+  return v;
+}
+struct LogEntry {  // Transfer without its name
+  int phase, step, src, dst, tag, link, sent, batch;
+  int64_t bytes;
+};
+void put_log(std::vector<char>& b, const std::vector<Transfer>& log) {
+  std::vector<LogEntry> es;
+  std::vector<char> names;
+  for (const Transfer& t : log) {
+    es.push_back({int(t.phase), t.step, t.src, t.dst, t.tag, int(t.link), t.sent ? 1 : 0, t.batch, t.bytes});
+    names.insert(names.end(), t.what.begin(), t.what.end());
+    names.push_back('\0');
+  }
+  put(b, es);
+  put(b, names);
+}
+std::vector<Transfer> take_log(const std::vector<char>& b, size_t& at) {
+  const std::vector<LogEntry> es = take<LogEntry>(b, at);
+  const std::vector<char> names = take<char>(b, at);
+  std::vector<Transfer> log;
+  size_t k = 0;
+  for (const LogEntry& e : es) {
+    Transfer t;
+    t.phase = Phase(e.phase);
+    t.step = e.step;
+    t.src = e.src;
+    t.dst = e.dst;
+    t.tag = e.tag;
+    t.link = Link(e.link);
+    t.sent = e.sent != 0;
+    t.batch = e.batch;
+    t.bytes = e.bytes;
+    for (; k < names.size() && names[k]; ++k) t.what.push_back(names[k]);
+    ++k;
+    log.push_back(std::move(t));
+  }
+  return log;
+}
+// The latest pass of `phase` from a communicator's log into `keep` (other phases kept).
+void keep_phase(std::vector<Transfer>& keep, Communicator& c, Phase phase) {
+  std::vector<Transfer> out;
+  for (const Transfer& t : keep)
+    if (t.phase != phase && t.phase != Phase::Other) out.push_back(t);
+  for (const Transfer& t : c.log())
+    if (t.phase == phase || t.phase == Phase::Other) out.push_back(t);
+  keep = std::move(out);
+  c.clear_log();
+}
 }  // namespace
 
 template <class T>
 Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local)
-    : e_(engine) {
+                    View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine)
+    : w_(&world) {
   validate_views(p, Q, K, V);
   if (o.backward) validate_q_side(p, "dO", dO);
   plan_ = make_plan(p, o);
-  prepared_ = engine.prepare(plan_.mask);
-  for (int r : local)
-    if (r < 0 || r >= o.world) fail("local rank (", r, ") must be in [0, world = ", o.world, ")");
-  shards_ = upload_shards(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, local);
-  logs_.assign(o.world, {});
+  if (world.size() != o.world) fail("world (", o.world, ") must equal the size of ", world.describe());
+  const int G = o.world;
+  e_.assign(G, nullptr);
+  prepared_.assign(G, {});
+  shards_.assign(G, {});
+  logs_.assign(G, {});
+  errors_.assign(G, "");
+  if (world.one_device()) {  // one engine for every rank, made and filled here
+    own_engines_.push_back(make_engine());
+    Engine<T>& e = *own_engines_.back();
+    const PreparedMask m = e.prepare(plan_.mask);
+    for (int r = 0; r < G; ++r) {
+      if (!world.holds(r)) continue;
+      e_[r] = &e;
+      prepared_[r] = m;
+      shards_[r] = upload_shard(e, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, r);
+    }
+    return;
+  }
+  // Each rank makes its engine and uploads its shard on its own thread and device.
+  own_engines_.resize(G);
+  try {
+    world.run([&](Communicator& c) {
+      const int r = c.rank();
+      own_engines_[r] = make_engine();
+      e_[r] = own_engines_[r].get();
+      prepared_[r] = e_[r]->prepare(plan_.mask);
+      shards_[r] = upload_shard(*e_[r], Q, K, V, dO, plan_.qp, plan_.kp, o.backward, r);
+    });
+  } catch (...) {
+    errors_ = world.errors();
+    throw;
+  }
 }
 
 template <class T>
-std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
-                                    View4<const double> V, View4<const double> dO, const Partition& qp,
-                                    const Partition& kp, bool backward, const std::vector<int>& local) {
-  std::vector<Shard<T>> shards(qp.G);
-  for (int r = 0; r < qp.G; ++r) {
-    if (!local.empty() && std::find(local.begin(), local.end(), r) == local.end()) continue;
-    Shard<T>& x = shards[r];
-    x.Q = upload_all(e, slice<T>(Q, qp, r).data);
-    x.K = upload_all(e, slice<T>(K, kp, r).data);
-    x.V = upload_all(e, slice<T>(V, kp, r).data);
-    if (backward) x.dO = upload_all(e, slice<T>(dO, qp, r).data);
-  }
-  return shards;
+Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine) {
+  validate_views(p, Q, K, V);
+  if (o.backward) validate_q_side(p, "dO", dO);
+  plan_ = make_plan(p, o);
+  own_world_ = std::make_unique<SimWorld>(o.world, plan_.o.sim);
+  w_ = own_world_.get();
+  const int G = o.world;
+  const PreparedMask m = engine.prepare(plan_.mask);
+  e_.assign(G, &engine);
+  prepared_.assign(G, m);
+  logs_.assign(G, {});
+  errors_.assign(G, "");
+  for (int r = 0; r < G; ++r) shards_.push_back(upload_shard(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, r));
 }
 
-void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::vector<Transfer>>& logs,
-              std::vector<std::string>& errors, const std::function<void(Communicator&)>& body) {
-  for (auto& log : logs)  // keep only the latest run of each phase
-    log.erase(std::remove_if(log.begin(), log.end(),
-                             [&](const Transfer& t) { return t.phase == phase || t.phase == Phase::Other; }),
-              log.end());
-  SimWorld w(world, sim);
-  struct Keep {  // the per-rank outcome and logs, also when run() throws
-    SimWorld& w;
-    std::vector<std::vector<Transfer>>& logs;
-    std::vector<std::string>& errors;
-    ~Keep() {
-      errors = w.errors();
-      for (size_t r = 0; r < w.logs().size(); ++r) logs[r].insert(logs[r].end(), w.logs()[r].begin(), w.logs()[r].end());
-    }
-  } keep{w, logs, errors};
-  w.run([&](Communicator& comm) {
-    body(comm);
-    comm.set_context(Phase::Other, 0);
-    comm.barrier();  // every rank observes a failure of any other rank
-  });
+template <class T>
+Session<T>::~Session() {
+  if (own_engines_.size() <= 1) return;  // one device: freed here, in member order
+  try {
+    w_->run([&](Communicator& c) {
+      const int r = c.rank();
+      shards_[r] = {};
+      prepared_[r] = {};
+      own_engines_[r].reset();
+    });
+  } catch (...) {  // a failed world: what is left is freed with the process
+  }
 }
 
 template <class T>
@@ -131,14 +244,26 @@ void Session<T>::rank_pass(Phase phase, Communicator& comm) {
   const int r = comm.rank();
   if (comm.size() != plan_.o.world)
     fail("communicator size (", comm.size(), ") must equal the session's world (", plan_.o.world, ")");
-  if (!shards_.at(r).Q.data) fail("rank ", r, "'s shard is not held by this session (local ranks only)");
-  pass_of<T>(find_algorithm(plan_.o.algo))(phase, plan_, comm, e_, prepared_, shards_.at(r));
-  e_.synchronize();  // this rank's engine work is complete before the pass ends
+  if (!e_.at(r)) fail("rank ", r, "'s shard is not held by this session (local ranks only)");
+  pass_of<T>(find_algorithm(plan_.o.algo))(phase, plan_, comm, *e_[r], prepared_[r], shards_.at(r));
+  e_[r]->synchronize();  // this rank's engine work is complete before the pass ends
 }
 
 template <class T>
 void Session<T>::run(Phase phase) {
-  run_pass(plan_.o.world, plan_.o.sim, phase, logs_, errors_, [&](Communicator& comm) { rank_pass(phase, comm); });
+  try {
+    w_->run([&](Communicator& c) {
+      c.begin_pass(phase);
+      rank_pass(phase, c);
+      c.set_context(Phase::Other, 0);
+      c.barrier();  // the pass ends when every rank's has; every rank observes another's failure
+      keep_phase(logs_[c.rank()], c, phase);
+    });
+  } catch (...) {
+    errors_ = w_->errors();
+    throw;
+  }
+  errors_ = w_->errors();
 }
 
 template <class T>
@@ -153,10 +278,15 @@ void Session<T>::load_forward(View4<const double> O, View3<const double> LSE) {
   using A = acc_t<T>;
   validate_q_side(plan_.p, "O", O);
   validate_rows(plan_.p, "LSE", LSE);
-  for (int r = 0; r < plan_.o.world; ++r) {
-    if (!shards_[r].Q.data) continue;  // another process's rank
-    shards_[r].O = upload_all(e_, slice<T>(O, plan_.qp, r).data);
-    shards_[r].LSE = upload_all(e_, slice<A>(LSE, plan_.qp, r).data);
+  auto load = [&](int r) {
+    shards_[r].O = upload_all(*e_[r], slice<T>(O, plan_.qp, r).data);
+    shards_[r].LSE = upload_all(*e_[r], slice<A>(LSE, plan_.qp, r).data);
+  };
+  if (own_engines_.size() <= 1) {
+    for (int r = 0; r < plan_.o.world; ++r)
+      if (e_[r]) load(r);
+  } else {
+    w_->run([&](Communicator& c) { load(c.rank()); });
   }
   have_forward_ = true;
 }
@@ -169,49 +299,85 @@ void Session<T>::backward() {
 }
 
 template <class T>
-void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
-                      DistResult<T>& res) {
-  using A = acc_t<T>;
-  auto down4 = [&](const auto& b, int64_t H, int64_t n) {  // (B, H, n, d) BHSD
-    using U = std::remove_pointer_t<decltype(b.data)>;
-    Tensor4<U> t = make_tensor4<U>(Layout::BHSD, p.B, H, n, p.d);
-    if (b.data) download_all(e, b, t.data);
-    return t;
-  };
-  for (size_t r = 0; r < shards.size(); ++r) {
-    const Shard<T>& x = shards[r];
-    if (!x.Q.data) {  // another process's rank
-      res.O.emplace_back();
-      res.LSE.emplace_back();
-      if (backward) {
-        res.dQ.emplace_back();
-        res.dK.emplace_back();
-        res.dV.emplace_back();
-      }
-      continue;
-    }
-    const int64_t nq = res.qp.local_size(int(r)), nk = res.kp.local_size(int(r));
-    res.O.push_back(down4(x.O, p.H_q, nq));
-    Tensor3<A> L = make_tensor3<A>(p.B, p.H_q, nq);  // (B, H_q, nq)
-    if (x.LSE.data) download_all(e, x.LSE, L.data);
-    res.LSE.push_back(std::move(L));
-    if (backward) {
-      res.dQ.push_back(down4(x.dQ, p.H_q, nq));
-      res.dK.push_back(down4(x.dK, p.H_kv, nk));
-      res.dV.push_back(down4(x.dV, p.H_kv, nk));
-    }
-  }
-}
-
-template <class T>
 DistResult<T> Session<T>::result() const {
+  using A = acc_t<T>;
+  const Problem& p = plan_.p;
+  const bool backward = plan_.o.backward;
+  const int G = plan_.o.world;
   DistResult<T> res;
   res.qp = plan_.qp;
   res.kp = plan_.kp;
   res.fwd = plan_.fwd;
   res.bwd = plan_.bwd;
   res.logs = logs_;
-  download_outputs(e_, plan_.p, shards_, plan_.o.backward, res);
+  auto down4 = [&](Engine<T>& e, const auto& b, int64_t H, int64_t n) {  // (B, H, n, d) BHSD
+    using U = std::remove_pointer_t<decltype(b.data)>;
+    Tensor4<U> t = make_tensor4<U>(Layout::BHSD, p.B, H, n, p.d);
+    if (b.data) download_all(e, b, t.data);
+    return t;
+  };
+  res.O.resize(G);
+  res.LSE.resize(G);
+  if (backward) {
+    res.dQ.resize(G);
+    res.dK.resize(G);
+    res.dV.resize(G);
+  }
+  auto download_rank = [&](int r) {
+    Engine<T>& e = *e_[r];
+    const Shard<T>& x = shards_[r];
+    const int64_t nq = res.qp.local_size(r), nk = res.kp.local_size(r);
+    res.O[r] = down4(e, x.O, p.H_q, nq);
+    res.LSE[r] = make_tensor3<A>(p.B, p.H_q, nq);  // (B, H_q, nq)
+    if (x.LSE.data) download_all(e, x.LSE, res.LSE[r].data);
+    if (backward) {
+      res.dQ[r] = down4(e, x.dQ, p.H_q, nq);
+      res.dK[r] = down4(e, x.dK, p.H_kv, nk);
+      res.dV[r] = down4(e, x.dV, p.H_kv, nk);
+    }
+  };
+  bool all_here = true;
+  for (int r = 0; r < G; ++r) all_here = all_here && w_->holds(r);
+  for (int r = 0; r < G; ++r)
+    if (e_[r]) download_rank(r);
+  if (all_here) return res;
+  // The other processes' ranks: every process sends its ranks' outputs and logs to every other.
+  const std::vector<std::vector<char>> all = w_->allgather(
+      [&](int r) {
+        std::vector<char> b;
+        put(b, res.O[r].data);
+        put(b, res.LSE[r].data);
+        if (backward) {
+          put(b, res.dQ[r].data);
+          put(b, res.dK[r].data);
+          put(b, res.dV[r].data);
+        }
+        put_log(b, logs_[r]);
+        return b;
+      },
+      "the ranks' outputs and logs");
+  for (int k = 0; k < G; ++k) {
+    if (w_->holds(k)) continue;
+    size_t at = 0;
+    const int64_t nq = res.qp.local_size(k), nk = res.kp.local_size(k);
+    auto t4 = [&](auto u, int64_t H, int64_t n) {
+      using U = decltype(u);
+      Tensor4<U> t = make_tensor4<U>(Layout::BHSD, p.B, H, n, p.d);
+      t.data = take<U>(all[k], at);
+      if (t.data.size() != size_t(p.B * H * n * p.d)) fail("rank ", k, "'s gathered outputs have the wrong size");
+      return t;
+    };
+    res.O[k] = t4(T{}, p.H_q, nq);
+    res.LSE[k] = make_tensor3<A>(p.B, p.H_q, nq);
+    res.LSE[k].data = take<A>(all[k], at);
+    if (res.LSE[k].data.size() != size_t(p.B * p.H_q * nq)) fail("rank ", k, "'s gathered LSE has the wrong size");
+    if (backward) {
+      res.dQ[k] = t4(A{}, p.H_q, nq);
+      res.dK[k] = t4(A{}, p.H_kv, nk);
+      res.dV[k] = t4(A{}, p.H_kv, nk);
+    }
+    res.logs[k] = take_log(all[k], at);
+  }
   return res;
 }
 
@@ -239,10 +405,7 @@ DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const d
   template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \
   template Tensor4<T> gather<T>(const std::vector<Tensor4<T>>&, const Partition&);                 \
   template Tensor3<T> gather<T>(const std::vector<Tensor3<T>>&, const Partition&);                 \
-  template void download_outputs<T>(Engine<T>&, const Problem&, const std::vector<Shard<T>>&, bool, DistResult<T>&); \
-  template std::vector<Shard<T>> upload_shards<T>(Engine<T>&, View4<const double>, View4<const double>,          \
-                                                  View4<const double>, View4<const double>, const Partition&,    \
-                                                  const Partition&, bool, const std::vector<int>&);
+
 BURSTLAB_DIST_INST(float)
 BURSTLAB_DIST_INST(double)
 BURSTLAB_DIST_INST(bf16_t)

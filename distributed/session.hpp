@@ -1,11 +1,13 @@
-// distributed/sim_run.hpp — one algorithm of the table (algorithm.hpp) end to end (spec §7):
-// partition the global inputs, run the forward (and backward) pass of every rank, and return
-// every rank's local outputs plus the schedules and transfer logs. The tests, the seam bench and
-// `burstlab run --algo ...` share it. Plus host helpers to slice global tensors by a partition
-// (for the oracle's slice of each rank) and to gather local results back.
+// distributed/session.hpp — one algorithm of the table (algorithm.hpp) end to end on a World
+// (world.hpp; spec §7): partition the global inputs, build each rank's engine and upload its shard,
+// run the forward (and backward) pass of every rank, and return every rank's local outputs plus
+// the schedules and transfer logs. `burstlab run --algo ...` (every transport), the seam bench,
+// the layer and the tests share it. Plus host helpers to slice global tensors by a partition (for
+// the oracle's slice of each rank) and to gather local results back.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "schedule.hpp"
 #include "sim_comm.hpp"
 #include "algorithm.hpp"
+#include "world.hpp"
 
 namespace burstlab::dist {
 
@@ -35,18 +38,30 @@ struct DistResult {
   std::vector<std::vector<Transfer>> logs;  // [rank]
 };
 
-// One algorithm of the table (algorithm.hpp) on one problem, one pass at a time, keeping each
-// rank's shard in engine memory between passes (so a backward uses the forward's own O and LSE,
-// spec §9). forward() and backward() run every rank on a fresh SimWorld (threads; a barrier ends
-// each pass); rank_pass() is one rank's pass on any world, for transports that run a rank per
-// process or per GPU. `local` names the ranks whose shards this session holds (empty: every
-// rank, as SimComm runs them all in one process); such a transport builds one session per rank
-// with local = {rank}, on that rank's engine. The logs keep the latest run of each phase.
+// Makes one rank's engine; called on that rank's thread with its device current.
+template <class T>
+using EngineMaker = std::function<std::unique_ptr<Engine<T>>()>;
+
+// One algorithm of the table on one problem, one pass at a time, keeping each rank's shard in
+// engine memory between passes (so a backward uses the forward's own O and LSE, spec §9). One
+// plan; one engine per device (a World whose ranks share one device shares one engine, which
+// must then be thread-safe: the CPU and CUDA engines are). Every pass runs every held rank
+// through world.run and ends with a barrier; the logs keep the latest pass of each phase.
 template <class T>
 class Session {
  public:
+  // Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when
+  // !o.backward), any layout, in double: each held rank receives its slice rounded to T.
+  // `world` must outlive the session and have o.world ranks.
   Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine, std::vector<int> local = {});
+          View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine);
+  // Every rank on a SimWorld(o.world, o.sim) of the session's own, all on `engine`.
+  Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine);
+  ~Session();  // frees each rank's shard and engine on its own thread
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
   void forward();   // throws Error when a rank failed; see errors()
   void backward();  // after forward() or load_forward(); needs dO and o.backward
   // In place of forward(): the forward's outputs computed earlier, GLOBAL O (B, H_q, N_q, d) and
@@ -54,55 +69,38 @@ class Session {
   // T). A checkpointed layer keeps O and LSE and hands them back here, so the backward that follows
   // never reruns the forward (spec §11.4).
   void load_forward(View4<const double> O, View3<const double> LSE);
-  void rank_pass(Phase phase, Communicator& comm);  // this rank's shard, on comm's world
-  // Downloads the outputs of the ranks held here (and the logs so far); other ranks' tensors stay
-  // empty.
+  // One rank's pass of `phase` on `comm` (what forward() and backward() run on every rank).
+  void rank_pass(Phase phase, Communicator& comm);
+  // Every rank's outputs and logs so far, on every process (a World of several processes
+  // gathers them: a collective).
   DistResult<T> result() const;
   const std::vector<std::string>& errors() const { return errors_; }
   const Plan& plan() const { return plan_; }
   const Partition& qp() const { return plan_.qp; }
   const Partition& kp() const { return plan_.kp; }
+  World& world() const { return *w_; }
 
  private:
   void run(Phase phase);
   Plan plan_;
-  Engine<T>& e_;
-  PreparedMask prepared_;  // plan_.mask in engine memory, once per session
+  std::unique_ptr<World> own_world_;  // the second constructor's
+  World* w_ = nullptr;
+  std::vector<std::unique_ptr<Engine<T>>> own_engines_;  // [rank], or one shared
+  std::vector<Engine<T>*> e_;                            // [rank]; null: another process's
+  std::vector<PreparedMask> prepared_;                   // plan_.mask in each rank's engine memory
   std::vector<std::vector<Transfer>> logs_;
   std::vector<Shard<T>> shards_;
   std::vector<std::string> errors_;
   bool have_forward_ = false;
 };
 
-// A Session's forward, then its backward when o.backward: every rank's outputs. Q (B, H_q, N_q,
-// d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when !o.backward), any
-// layout, in double: each rank receives its slice rounded to T. The engine is shared by the rank
-// threads, so it must be thread-safe (the CPU and CUDA engines are). Throws Error when any rank
-// failed; each rank's error ("" = ok) goes to *rank_errors when given, also when it throws.
+// A Session's forward, then its backward when o.backward, on a SimWorld: every rank's outputs.
+// Throws Error when any rank failed; each rank's error ("" = ok) goes to *rank_errors when
+// given, also when it throws.
 template <class T>
 DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
                           View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors = nullptr);
-
-// Every rank's outputs downloaded from engine memory into `res` (which holds the partitions):
-// O, LSE, and dQ, dK, dV when `backward`. A shard that holds no inputs (a rank of another
-// process) gives empty tensors.
-template <class T>
-void download_outputs(Engine<T>& e, const Problem& p, const std::vector<Shard<T>>& shards, bool backward,
-                      DistResult<T>& res);
-
-// Each rank's slices of Q, K, V (and dO when `backward`),
-// rounded to T, in engine memory: Q, dO (B, H_q, n_q, d), K, V (B, H_kv, n_k, d) per rank; only
-// the ranks in `local` (empty: all) get theirs, the others' shards stay empty.
-template <class T>
-std::vector<Shard<T>> upload_shards(Engine<T>& e, View4<const double> Q, View4<const double> K,
-                                    View4<const double> V, View4<const double> dO, const Partition& qp,
-                                    const Partition& kp, bool backward, const std::vector<int>& local = {});
-// One pass on a fresh SimWorld(world, sim): body(comm) on every rank, then a barrier (every rank
-// observes a failure of any other rank). `logs` keep only the latest run of each phase; `errors`
-// gets every rank's outcome, also when a rank failed and this throws Error.
-void run_pass(int world, const SimOptions& sim, Phase phase, std::vector<std::vector<Transfer>>& logs,
-              std::vector<std::string>& errors, const std::function<void(Communicator&)>& body);
 
 // Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).
 template <class U, class T>

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "comm.hpp"
+#include "world.hpp"
 
 namespace burstlab::dist {
 
@@ -56,20 +57,23 @@ struct SimOptions {
 
 struct SimState;  // shared by the ranks of one world (sim_comm.cpp)
 
-class SimWorld {
+class SimWorld : public World {
  public:
   explicit SimWorld(int G, SimOptions options = {});
-  ~SimWorld();
+  ~SimWorld() override;
   SimWorld(const SimWorld&) = delete;
   SimWorld& operator=(const SimWorld&) = delete;
 
-  int size() const { return G_; }
+  int size() const override { return G_; }
+  bool one_device() const override { return true; }
   const SimOptions& options() const { return options_; }
 
-  // Runs fn(comm) for every rank on its own thread and joins them. When any rank failed, every
-  // rank's outcome is in errors() and run() throws Error naming the first failure.
-  void run(const std::function<void(Communicator&)>& fn);
-  const std::vector<std::string>& errors() const { return errors_; }  // per rank, "" = ok
+  // Runs fn(comm) for every rank on its own thread, over a fresh set of SimComms, and joins
+  // them. When any rank failed, every rank's outcome is in errors() and run() throws Error
+  // naming the first failure.
+  void run(const std::function<void(Communicator&)>& fn) override;
+  const std::vector<std::string>& errors() const override { return errors_; }  // per rank, "" = ok
+  std::string describe() const override { return "SimComm, " + std::to_string(G_) + " ranks"; }
   const std::vector<std::vector<Transfer>>& logs() const { return logs_; }  // per rank
 
  private:

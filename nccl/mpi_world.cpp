@@ -1,6 +1,7 @@
 // nccl/mpi_world.cpp — mpirun bootstrap for NcclComm, and the notices on the side (spec §7.4).
 #include "mpi_world.hpp"
 
+#include <cuda_runtime.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -17,7 +18,7 @@
 
 #include "burstlab/env.hpp"
 #include "burstlab/error.hpp"
-#include "world.hpp"
+#include "thread_world.hpp"
 
 namespace burstlab::nccl {
 
@@ -99,7 +100,21 @@ int mpi_env_size() {
   return 1;
 }
 
+namespace {
+std::shared_ptr<MpiWorld>& the_process_world() {  // one per process, until mpi_finish()
+  static std::shared_ptr<MpiWorld> w;
+  return w;
+}
+}  // namespace
+
+std::shared_ptr<MpiWorld> process_world(const NcclOptions& o, int gpus_per_node) {
+  std::shared_ptr<MpiWorld>& w = the_process_world();
+  if (!w) w = std::make_shared<MpiWorld>(o, gpus_per_node);
+  return w;
+}
+
 void mpi_finish() {
+  the_process_world().reset();  // closes the communicator and sends the leave notice
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
@@ -244,6 +259,7 @@ MpiWorld::MpiWorld(NcclOptions o, int gpus_per_node) : s_(std::make_unique<State
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &s_->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &s_->size);
+  errors_.assign(size_t(s_->size), "");
   State* s = s_.get();
   s->timeout_s = o.timeout_s > 0 ? o.timeout_s : 120.0;
   s->left.assign(size_t(s->size), -1);
@@ -341,6 +357,46 @@ void MpiWorld::fail(const std::string& why) noexcept {
 
 int MpiWorld::rank() const { return s_->rank; }
 int MpiWorld::size() const { return s_->size; }
+
+void MpiWorld::run(const std::function<void(dist::Communicator&)>& fn) {
+  errors_.assign(size_t(s_->size), "");
+  try {
+    if (cudaSetDevice(comm_->device()) != cudaSuccess) burstlab::fail("cudaSetDevice(", comm_->device(), ")");
+    fn(*comm_);
+  } catch (const std::exception& e) {
+    errors_[size_t(s_->rank)] = e.what();
+    fail(e.what());
+    throw;
+  }
+}
+
+std::vector<std::vector<char>> MpiWorld::allgather(const std::function<std::vector<char>(int)>& mine,
+                                                   const std::string& what) {
+  std::vector<char> b;
+  try {
+    b = mine(s_->rank);
+  } catch (const std::exception& e) {
+    fail(e.what());
+    throw;
+  }
+  return allgather(b, what);
+}
+
+std::vector<std::vector<double>> MpiWorld::exposed_ms(Phase phase) {
+  const std::vector<double> mine = exposed_of(*comm_, phase);
+  std::vector<char> b(mine.size() * sizeof(double));
+  if (!b.empty()) std::memcpy(b.data(), mine.data(), b.size());
+  std::vector<std::vector<double>> ms;
+  for (const std::vector<char>& x : allgather(b, "exposed wait times")) {
+    ms.emplace_back(x.size() / sizeof(double));
+    if (!x.empty()) std::memcpy(ms.back().data(), x.data(), ms.back().size() * sizeof(double));
+  }
+  return ms;
+}
+
+std::string MpiWorld::describe() const {
+  return "mpirun, " + std::to_string(s_->size) + " process" + (s_->size > 1 ? "es" : "");
+}
 
 std::vector<std::vector<char>> MpiWorld::allgather(const std::vector<char>& mine, const std::string& what) {
   try {

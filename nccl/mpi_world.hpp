@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "nccl_comm.hpp"
+#include "thread_world.hpp"
 
 namespace burstlab::nccl {
 
@@ -30,33 +31,50 @@ bool launched_by_mpi();
 int mpi_env_rank();
 int mpi_env_size();  // 1 when not launched by it
 
-// Ends MPI for this process, once, if it was started: MPI_Abort when this process failed (a
-// failure anywhere above, also one that kept the MpiWorld from being made), else MPI_Finalize.
+// Ends MPI for this process, once, if it was started: the process world is closed first, then
+// MPI_Abort when this process failed (a failure anywhere above, also one that kept the MpiWorld
+// from being made), else MPI_Finalize.
 void mpi_finish();
 
-class MpiWorld {
+class MpiWorld;
+// This process's MpiWorld, made at the first call (with these options) and kept until
+// mpi_finish(); nothing else may hold it past then.
+std::shared_ptr<MpiWorld> process_world(const NcclOptions& o, int gpus_per_node);
+
+class MpiWorld : public dist::World {
  public:
   // MPI_Init, then the communicator: rank = MPI rank, world = MPI size, device = the node-local
   // rank modulo the devices this process sees; node_of from gpus_per_node, else the host names.
   MpiWorld(NcclOptions o, int gpus_per_node);
-  ~MpiWorld();  // closes the communicator, then sends the leave notice (MPI itself: mpi_finish())
+  ~MpiWorld() override;  // closes the communicator, then sends the leave notice (MPI itself: mpi_finish())
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
 
   int rank() const;
-  int size() const;
+  int size() const override;
+  bool holds(int r) const override { return r == rank(); }
   NcclComm& comm() { return *comm_; }
+  // fn(comm) for this process's rank, on the calling thread (MPI's), its device current; a
+  // failure is told to the others (fail) and rethrown.
+  void run(const std::function<void(dist::Communicator&)>& fn) override;
+  const std::vector<std::string>& errors() const override { return errors_; }
+  std::vector<std::vector<char>> allgather(const std::function<std::vector<char>(int r)>& mine,
+                                           const std::string& what) override;
+  std::vector<std::vector<double>> exposed_ms(Phase phase) override;
+  std::string describe() const override;
   // Every rank's bytes, in rank order (MPI_Iallgather of the sizes, MPI_Iallgatherv), on every
   // rank; `what` names it in messages. Bounded by the timeout; a peer's failure ends it.
   std::vector<std::vector<char>> allgather(const std::vector<char>& mine, const std::string& what);
   // This process failed (`why`): tells the other ranks (once), aborts the communicator, and
   // marks the process for MPI_Abort at mpi_finish(). Never throws.
   void fail(const std::string& why) noexcept;
+  void failed(const std::string& why) noexcept override { fail(why); }
 
  private:
   struct State;
   std::unique_ptr<State> s_;
   std::unique_ptr<NcclComm> comm_;
+  std::vector<std::string> errors_;
   // Aborts the communicator when this rank's posted transfers stall past the timeout while its
   // thread is away from it (blocked in a CUDA call behind NCCL's kernel, which only an abort
   // ends); the main thread then fails as for any abort and tells the others (MPI stays on it).

@@ -139,6 +139,7 @@ class NcclComm : public Communicator {
   };
   const std::vector<Exposed>& exposed() const { return exposed_; }
   void clear_exposed(Phase phase);  // forgets the waits of one phase (a new pass of it)
+  void begin_pass(Phase phase) override { clear_exposed(phase); }
 
   struct Group;  // one ncclGroupStart/End and its completion event (nccl_comm.cpp)
 

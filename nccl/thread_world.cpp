@@ -1,5 +1,5 @@
-// nccl/world.cpp — ranks as threads of one process, one per GPU (spec §7.4).
-#include "world.hpp"
+// nccl/thread_world.cpp — ranks as threads of one process, one per GPU (spec §7.4).
+#include "thread_world.hpp"
 
 #include <cuda_runtime.h>
 
@@ -11,6 +11,9 @@
 #include <thread>
 
 #include "burstlab/error.hpp"
+#ifdef BURSTLAB_HAVE_MPI
+#include "mpi_world.hpp"
+#endif
 
 namespace burstlab::nccl {
 
@@ -138,6 +141,66 @@ std::string stalled(NcclComm& c) {
     return "";
   }
   return st.message;
+}
+
+std::vector<double> exposed_of(const NcclComm& c, Phase phase) {
+  std::vector<double> ms;
+  for (const auto& e : c.exposed())
+    if (e.phase == phase && e.step >= 0) {
+      if (ms.size() <= size_t(e.step)) ms.resize(size_t(e.step) + 1, 0.0);
+      ms[size_t(e.step)] += e.ms;
+    }
+  return ms;
+}
+
+void ThreadWorld::run(const std::function<void(dist::Communicator&)>& fn) {
+  run([&](NcclComm& c) { fn(c); });
+}
+
+std::vector<std::vector<double>> ThreadWorld::exposed_ms(Phase phase) {
+  std::vector<std::vector<double>> ms;
+  for (auto& c : comms_) ms.push_back(exposed_of(*c, phase));
+  return ms;
+}
+
+std::string ThreadWorld::describe() const {
+  return "threads, " + std::to_string(size()) + " GPU" + (size() > 1 ? "s" : "");
+}
+
+Launch launch() {
+  Launch l;
+#ifdef BURSTLAB_HAVE_MPI
+  l.by_mpi = launched_by_mpi();
+  l.rank = mpi_env_rank();
+  l.size = mpi_env_size();
+#endif
+  return l;
+}
+
+std::shared_ptr<dist::World> nccl_world(int G, int gpus_per_node, double timeout_s, const std::string& inject) {
+  NcclOptions o;
+  if (!(timeout_s > 0)) fail("timeout (", timeout_s, ") must be > 0 seconds");
+  o.timeout_s = timeout_s;
+  if (!inject.empty()) o.inject = parse_injection(inject);
+  if (o.inject.rank >= G) fail("inject-failure (", inject, ") names rank ", o.inject.rank, " of a world of ", G);
+  if (launch().by_mpi) {
+#ifdef BURSTLAB_HAVE_MPI
+    std::shared_ptr<MpiWorld> w = process_world(o, gpus_per_node);
+    if (G != w->size())
+      fail("world (", G, ") must equal the number of processes mpirun started (", w->size(), ")");
+    return w;
+#else
+    fail("transport (nccl) under mpirun needs a build with MPI (it was not found at configure time)");
+#endif
+  }
+  o.node_of = nodes_of(G, gpus_per_node, {});
+  return std::make_shared<ThreadWorld>(G, o);
+}
+
+void shutdown() {
+#ifdef BURSTLAB_HAVE_MPI
+  mpi_finish();
+#endif
 }
 
 std::string ThreadWorld::stalled() {

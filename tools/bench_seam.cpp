@@ -21,7 +21,7 @@
 
 #include "algorithm.hpp"
 #include "cuda_engine.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include "lmhead_case.hpp"
 #include "npy.hpp"
 #include "resources.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 
 namespace burstlab::tools {
 namespace {

@@ -8,7 +8,7 @@
 #include "burstlab/error.hpp"
 #include "common.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
-#include "nccl_run.hpp"  // launched_by_mpi, mpi_size
+#include "thread_world.hpp"  // nccl::launch
 #endif
 
 namespace burstlab::tools {
@@ -23,8 +23,8 @@ int grid_ranks(const std::string& grid) {
 int world_of(const DistFlags& f) {
 #ifdef BURSTLAB_HAVE_NCCL
   // Under mpirun the world is the processes it started, unless the flags name one.
-  if (f.transport == Transport::Nccl && launched_by_mpi() && f.nodes == 0 && !f.world_given && f.grid.empty())
-    return mpi_size();
+  if (f.transport == Transport::Nccl && nccl::launch().by_mpi && f.nodes == 0 && !f.world_given && f.grid.empty())
+    return nccl::launch().size;
 #endif
   if (f.nodes == 0 && !f.world_given && !f.grid.empty()) return grid_ranks(f.grid);
   if (f.nodes == 0) return f.world;

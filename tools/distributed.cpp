@@ -1,22 +1,25 @@
 // tools/distributed.cpp — `burstlab run --algo ...` (spec §7): each selected engine wrapped as a
-// distributed implementation whose runner holds a Session on SimComm or hands over to NCCL.
+// distributed implementation whose runner holds one Session on the World --transport names
+// (SimComm, or NCCL as threads or under mpirun).
 #include "distributed.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "algorithm.hpp"
 #include "common.hpp"
 #include "dist_flags.hpp"
 #include "dist_report.hpp"
 #include "gather.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
-#include "nccl_run.hpp"
+#include "thread_world.hpp"  // nccl_world
 #endif
 
 namespace burstlab::tools {
@@ -35,89 +38,90 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 template <class T>
+std::unique_ptr<Engine<T>> make_engine(const EngineMakers& mk, const ImplOptions& opt) {
+  if constexpr (std::is_same_v<T, double>) return mk.f64(opt);
+  else if constexpr (std::is_same_v<T, float>) return mk.f32(opt);
+  else if constexpr (std::is_same_v<T, bf16_t>) return mk.bf16(opt);
+  else return mk.f16(opt);
+}
+
+// The world the ranks talk over, as --transport says.
+std::shared_ptr<dist::World> make_world(const DistFlags& f, const dist::AlgoOptions& o) {
+#ifdef BURSTLAB_HAVE_NCCL
+  if (f.transport == Transport::Nccl) return nccl::nccl_world(o.world, o.gpus_per_node, f.timeout, f.inject);
+#endif
+  return std::make_shared<dist::SimWorld>(o.world, dist::sim_options(o));
+}
+
+// One Session on the transport's World: one plan, one engine per device, every pass timed
+// whole; each fetch gathers every rank's outputs (a collective under mpirun) and keeps the
+// logs and exposed wait times for the bytes table.
+template <class T>
 Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistRun> st,
-                   const DistFlags& f, const std::string& name, std::unique_ptr<Engine<T>> engine,
-                   const EngineMakers& mk) {
+                   const DistFlags& f, const std::string& name, const EngineMakers& mk) {
   struct S {
-    std::unique_ptr<Engine<T>> engine;
+    std::shared_ptr<dist::World> world;  // outlives the session
     std::unique_ptr<dist::Session<T>> session;
     size_t report = 0;
-    void forward() { session->forward(); }
-    void backward() { session->backward(); }
-    dist::DistResult<T> result() const { return session->result(); }
   };
-#ifdef BURSTLAB_HAVE_NCCL
-  if (f.transport == Transport::Nccl) {
-    engine.reset();  // each rank makes its own, on its own GPU
-    auto nd = std::make_shared<NcclDist>(nccl_dist(p, in, opt, options_of(f), mk, {f.timeout, f.inject}));
-    DistReport rep;
-    rep.impl = name;
-    rep.dtype = in.dtype;
-    rep.plan = nd->plan;
-    rep.transport = "NCCL (" + nd->launch + ")";
-    st->reports.push_back(rep);
-    const size_t k = st->reports.size() - 1;
-    Runner r = nd->run;
-    r.fetch_forward = [nd, st, k](Tensor4<double>& O, Tensor3<double>& LSE) {
-      nd->run.fetch_forward(O, LSE);
-      DistReport& x = st->reports[k];
-      x.logs = nd->logs();
-      x.fwd = true;
-      x.exposed_fwd = nd->exposed_ms(dist::Phase::Forward);
-    };
-    r.fetch_backward = [nd, st, k](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
-      nd->run.fetch_backward(dQ, dK, dV);
-      DistReport& x = st->reports[k];
-      x.logs = nd->logs();
-      x.bwd = true;
-      x.exposed_bwd = nd->exposed_ms(dist::Phase::Backward);
-    };
-    return r;
-  }
-#endif
-  (void)opt;
   auto s = std::make_shared<S>();
-  s->engine = std::move(engine);
   dist::AlgoOptions o = options_of(f);
-  o.sim.memory.copy = mk.copy;  // where the engine's buffers live, for the transport
+  o.sim.memory.copy = mk.copy;  // where the engine's buffers live, for SimComm
   o.sim.memory.poison = mk.poison;
+  s->world = make_world(f, o);
   s->session = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
-                                                  *s->engine);
+                                                  *s->world, [&] { return make_engine<T>(mk, opt); });
   DistReport rep;
   rep.impl = name;
   rep.dtype = in.dtype;
   rep.plan = s->session->plan();
+  if (f.transport == Transport::Nccl) rep.transport = "NCCL (" + s->world->describe() + ")";
   st->reports.push_back(rep);
   s->report = st->reports.size() - 1;
-  auto keep_logs = [s, st](bool fwd, bool bwd) {
-    DistReport& r = st->reports[s->report];
-    r.logs = s->result().logs;
-    r.fwd = r.fwd || fwd;
-    r.bwd = r.bwd || bwd;
+  // A failure while fetching (after the passes) still tells the other processes.
+  auto fetch = [s, st](dist::Phase phase, const std::function<void(const dist::DistResult<T>&)>& take) {
+    try {
+      const dist::DistResult<T> res = s->session->result();
+      take(res);
+      DistReport& r = st->reports[s->report];
+      r.logs = res.logs;
+      if (phase == dist::Phase::Forward) {
+        r.fwd = true;
+        r.exposed_fwd = s->world->exposed_ms(phase);
+      } else {
+        r.bwd = true;
+        r.exposed_bwd = s->world->exposed_ms(phase);
+      }
+    } catch (const std::exception& e) {
+      s->world->failed(e.what());
+      throw;
+    }
   };
   Runner r;
   r.forward = [s] {
     const auto t0 = std::chrono::steady_clock::now();
-    s->forward();
+    s->session->forward();
     return ms_since(t0);
   };
   r.backward = [s] {
     const auto t0 = std::chrono::steady_clock::now();
-    s->backward();
+    s->session->backward();
     return ms_since(t0);
   };
-  r.fetch_forward = [s, keep_logs](Tensor4<double>& O, Tensor3<double>& LSE) {
-    GatheredOutputs g = gather_outputs(s->result(), true, false);
-    O = std::move(g.O);
-    LSE = std::move(g.LSE);
-    keep_logs(true, false);
+  r.fetch_forward = [fetch](Tensor4<double>& O, Tensor3<double>& LSE) {
+    fetch(dist::Phase::Forward, [&](const dist::DistResult<T>& res) {
+      GatheredOutputs g = gather_outputs(res, true, false);
+      O = std::move(g.O);
+      LSE = std::move(g.LSE);
+    });
   };
-  r.fetch_backward = [s, keep_logs](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
-    GatheredOutputs g = gather_outputs(s->result(), false, true);
-    dQ = std::move(g.dQ);
-    dK = std::move(g.dK);
-    dV = std::move(g.dV);
-    keep_logs(false, true);
+  r.fetch_backward = [fetch](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
+    fetch(dist::Phase::Backward, [&](const dist::DistResult<T>& res) {
+      GatheredOutputs g = gather_outputs(res, false, true);
+      dQ = std::move(g.dQ);
+      dK = std::move(g.dK);
+      dV = std::move(g.dV);
+    });
   };
   return r;
 }
@@ -139,13 +143,9 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
-    switch (in.dtype) {
-      case Dtype::F64: return dist_runner<double>(p, in, opt, st, f, name, mk.f64(opt), mk);
-      case Dtype::F32: return dist_runner<float>(p, in, opt, st, f, name, mk.f32(opt), mk);
-      case Dtype::BF16: return dist_runner<bf16_t>(p, in, opt, st, f, name, mk.bf16(opt), mk);
-      case Dtype::F16: break;
-    }
-    return dist_runner<f16_t>(p, in, opt, st, f, name, mk.f16(opt), mk);
+    return dispatch_dtype(in.dtype, [&](auto tag) {
+      return dist_runner<typename decltype(tag)::type>(p, in, opt, st, f, name, mk);
+    });
   };
   return m;
 }

@@ -1,6 +1,6 @@
 // tools/distributed.hpp — the distributed/ part of `burstlab run` (spec §7):
 // `burstlab run --algo ring|burst --world G --partition ...`. `run` (cmd_run.cpp) calls down into
-// these three; they call down into the Session (distributed/) or nccl_run.hpp, never back up.
+// these three; they call down into the Session and its World (distributed/, nccl/), never back up.
 #pragma once
 
 #include <memory>

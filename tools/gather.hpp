@@ -4,7 +4,7 @@
 #pragma once
 
 #include "burstlab/tensor.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 
 namespace burstlab::tools {
 

@@ -1,7 +1,7 @@
 // tools/layer_dist.cpp — spec §11.4.
 #include "layer_dist.hpp"
 
-#include "sim_run.hpp"
+#include "session.hpp"
 
 namespace burstlab::tools {
 

@@ -23,7 +23,7 @@
 #include "cmd_simulate.hpp"
 #include "resources.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
-#include "nccl_run.hpp"  // mpirun: tables from rank 0 only; MPI_Finalize at the end
+#include "thread_world.hpp"  // nccl::launch, nccl::shutdown: under mpirun, tables from rank 0 only
 #endif
 
 using namespace burstlab::tools;
@@ -54,10 +54,11 @@ int main(int argc, char** argv) {
 #ifdef BURSTLAB_HAVE_NCCL
   // Under mpirun every process runs the same command; rank 0 alone prints (errors go to stderr
   // from every rank, each naming its rank).
-  if (launched_by_mpi() && mpi_rank() != 0 && !std::freopen("/dev/null", "w", stdout))
-    std::fprintf(stderr, "burstlab: rank %d could not silence its stdout\n", mpi_rank());
-  struct Shutdown {
-    ~Shutdown() { nccl_shutdown(); }
+  const burstlab::nccl::Launch launch = burstlab::nccl::launch();
+  if (launch.by_mpi && launch.rank != 0 && !std::freopen("/dev/null", "w", stdout))
+    std::fprintf(stderr, "burstlab: rank %d could not silence its stdout\n", launch.rank);
+  struct Shutdown {  // MPI_Finalize (or MPI_Abort after a failure) last
+    ~Shutdown() { burstlab::nccl::shutdown(); }
   } shutdown;
 #endif
   // A malformed BURSTLAB_* value is bad input before anything runs (burstlab/env.hpp).

@@ -17,7 +17,7 @@
 #include "cuda_engine.hpp"
 #include "gpu_skip.hpp"
 #include "harness.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 #include "testutil.hpp"
 
 namespace burstlab {

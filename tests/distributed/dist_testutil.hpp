@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "harness.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 #include "testutil.hpp"
 #include "tolerance.hpp"
 

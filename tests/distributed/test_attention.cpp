@@ -17,7 +17,7 @@
 #include "harness.hpp"
 #include "partition.hpp"
 #include "schedule.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 #include "testutil.hpp"
 #include "tolerance.hpp"
 

@@ -13,7 +13,7 @@
 #include "checkpointing.hpp"
 #include "cpu_engine.hpp"
 #include "harness.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 #include "testutil.hpp"
 
 namespace burstlab::dist {

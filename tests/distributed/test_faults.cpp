@@ -20,7 +20,7 @@
 #include "burstlab/error.hpp"
 #include "cpu_engine.hpp"
 #include "dist_testutil.hpp"
-#include "sim_run.hpp"
+#include "session.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;

@@ -27,7 +27,7 @@
 #include "gpu_skip.hpp"
 #include "nccl_comm.hpp"
 #include "ranks.hpp"
-#include "world.hpp"
+#include "thread_world.hpp"
 
 namespace burstlab::nccl {
 namespace {
