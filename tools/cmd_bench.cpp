@@ -261,6 +261,11 @@ Command add_bench_command(CLI::App& app) {
         out += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
       return out.empty() ? "use fewer heads or a smaller batch (--hq, --hkv, -B) or -d" : out;
     });
+    for (size_t k = 0; k < problems.size(); ++k) {  // a GPU layer's device memory, on the timed shapes
+      Case timed = cases[k];
+      timed.p = problems[k];
+      require_device_memory(timed, impls, all_threads);
+    }
 
     // ---- verify before timing (all threads, the same tiles as timed)
     apply_threads(all_threads);

@@ -163,6 +163,7 @@ Command add_run_command(CLI::App& app) {
     const int threads = max_threads();
     const MemAvailable avail = memory_available();
     require_memory(case_need(cs, impls, threads), avail, [&] { return run_advice(cs, impls, threads, avail); });
+    require_device_memory(cs, impls, threads);
 
     const std::vector<Result> rs = run_case(cs, impls, s->repeat);
     Json header = Json::object();

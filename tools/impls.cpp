@@ -303,6 +303,16 @@ Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, co
   m.engines.f32 = [fwd](const ImplOptions&) { return cuda::make_engine<float>(fwd); };
   m.engines.bf16 = [fwd](const ImplOptions&) { return cuda::make_engine<bf16_t>(fwd); };
   m.engines.f16 = [fwd](const ImplOptions&) { return cuda::make_engine<f16_t>(fwd); };
+  m.device_memory = [] {
+    size_t free = 0, total = 0;
+    int device = 0;
+    BURSTLAB_CUDA_CHECK(cudaGetDevice(&device));
+    BURSTLAB_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    MemAvailable a;
+    a.bytes = static_cast<int64_t>(free);
+    a.source = "cudaMemGetInfo: free on device " + std::to_string(device) + " of " + format_bytes(static_cast<int64_t>(total));
+    return a;
+  };
   m.engines.footprint.what = "cuda engine workspace (" + cuda::to_string(fwd) + ")";
   m.engines.footprint.device = true;
   m.engines.footprint.block_call = [fwd](const Problem& p, int64_t rows, Dtype dtype, const ImplOptions&, int) {

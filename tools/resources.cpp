@@ -335,18 +335,37 @@ MemAvailable memory_available() {
 }
 
 // ---------------------------------------------------------------- the refusal
-void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice) {
-  if (available.bytes < 0 || need.bytes <= available.bytes) return;
-  std::string msg = "not enough memory for " + need.step + ": " + format_bytes(need.bytes) + " needed, " +
-                    format_bytes(available.bytes) + " available (" + available.source + ")";
-  for (const MemPart& x : need.parts)  // the largest host part (device memory is not compared here)
-    if (!x.device) {
+namespace {
+// Throws the refusal when the host (device = false) or the device bytes of need exceed available.
+void refuse_beyond(const MemNeed& need, const MemAvailable& available, bool device,
+                   const std::function<std::string()>& advice) {
+  const int64_t bytes = device ? need.device_bytes : need.bytes;
+  if (available.bytes < 0 || bytes <= available.bytes) return;
+  std::string msg = std::string("not enough ") + (device ? "device " : "") + "memory for " + need.step + ": " +
+                    format_bytes(bytes) + " needed, " + format_bytes(available.bytes) + " available (" +
+                    available.source + ")";
+  for (const MemPart& x : need.parts)  // the largest part of that memory
+    if (x.device == device) {
       msg += "; the largest part: " + x.what + " = " + format_bytes(x.bytes);
       break;
     }
   const std::string what_instead = advice ? advice() : "";
   if (!what_instead.empty()) msg += "; " + what_instead;
   throw Error(msg);
+}
+}  // namespace
+
+void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice) {
+  refuse_beyond(need, available, false, advice);
+}
+
+void require_device_memory(const Case& c, const std::vector<const Impl*>& impls, int threads) {
+  for (const Impl* m : impls) {
+    if (!m->device_memory || !m->footprint || c.op != Operator::Attention) continue;
+    const MemNeed n = make_need("impl " + m->name + " (" + to_string(c.dtype) + ")",
+                                m->footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads));
+    if (n.device_bytes > 0) refuse_beyond(n, m->device_memory(), true, {});
+  }
 }
 
 int64_t advice_budget(const MemAvailable& available) { return available.bytes - available.bytes / 10; }

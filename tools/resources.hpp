@@ -108,6 +108,10 @@ int64_t parse_statm_size(const std::string& statm, int64_t page_bytes);
 // <step>: <need> needed, <available> available (<source>); the largest part: <part>; <advice>".
 // advice() is called only then; it says what to do instead, with flags the subcommand has.
 void require_memory(const MemNeed& need, const MemAvailable& available, const std::function<std::string()>& advice);
+// The same for the device memory of each implementation that has some (Impl::device_memory: what
+// its GPU has free), from the device parts of its footprint: "not enough device memory for impl
+// cuda (bf16): <need> needed, <free> available (cudaMemGetInfo ...); the largest part: ...".
+void require_device_memory(const Case& c, const std::vector<const Impl*>& impls, int threads);
 // What a suggestion ("it fits with ...") may need at most: 90% of what is available now. The
 // run it suggests starts later, when MemAvailable has moved; a suggestion at 100% left none of
 // that headroom and could itself be refused.

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "burstlab/error.hpp"
 #include "common.hpp"
 #include "cuda_footprint.hpp"
 #include "resources.hpp"
@@ -70,6 +71,43 @@ TEST(CudaFootprint, DistributedRunOnTheCudaEngineIsDeviceMemoryNotCpuTiles) {
   const MemNeed c = make_need("", cpu(p, Dtype::F32, small, true, 2)), d = make_need("", cpu(p, Dtype::F32, large, true, 2));
   EXPECT_EQ(c.device_bytes, 0);
   EXPECT_LT(c.bytes, d.bytes);
+}
+
+// A GPU implementation whose device parts exceed what its device has free is refused (exit 2) by
+// its device memory, naming the largest device part; the host parts play no part in that.
+TEST(CudaFootprint, DeviceMemoryIsRefusedByTheDeviceParts) {
+  Impl m;
+  m.name = "gpu";
+  m.footprint = [](const Problem& p, Dtype dtype, const ImplOptions& o, bool backward, int threads) {
+    std::vector<MemPart> parts = cuda_host_footprint(p, dtype, o, backward, threads);
+    for (const std::vector<MemPart>& more : {cuda::call_arguments(p, dtype, backward),
+                                             cuda::backward_workspace(p, dtype, cuda::Variant::V5, false)})
+      parts.insert(parts.end(), more.begin(), more.end());
+    return parts;
+  };
+  int64_t free_bytes = 0;
+  m.device_memory = [&free_bytes] {
+    MemAvailable a;
+    a.bytes = free_bytes;
+    a.source = "the test's device";
+    return a;
+  };
+  Case c;
+  c.p = shape(1, 8, 8, 4096, 64);
+  c.dtype = Dtype::BF16;
+  const MemNeed n = make_need("", m.footprint(c.p, c.dtype, c.opt, true, 1));
+  free_bytes = n.device_bytes;
+  EXPECT_NO_THROW(require_device_memory(c, {&m}, 1));
+  free_bytes = n.device_bytes - 1;
+  try {
+    require_device_memory(c, {&m}, 1);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("not enough device memory for impl gpu (bf16): " + format_bytes(n.device_bytes) + " needed"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("the largest part: Q, O, dO, dQ in bf16 on the device"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace
