@@ -1,7 +1,7 @@
 // distributed/world.hpp — where a Session's ranks run (spec §7.4): every pass of every schedule
 // goes through one World, whatever the transport.
 //   SimWorld           G ranks as threads of this process over SimComm (sim_comm.hpp);
-//   nccl::ThreadWorld  a thread per GPU of this process over NcclComm (nccl/world.hpp);
+//   nccl::ThreadWorld  a thread per GPU of this process over NcclComm (nccl/thread_world.hpp);
 //   nccl::MpiWorld     one process per GPU under mpirun, this process holding one rank
 //                      (nccl/mpi_world.hpp).
 // The Session (session.hpp) builds each rank's engine, uploads its shard, runs its passes and

@@ -1,5 +1,5 @@
 // nccl/ranks.hpp — the ranks of one process as threads, under a watchdog (spec §7.4, "NCCL").
-// No CUDA or NCCL here: ThreadWorld (world.hpp) passes its communicators' abort and stall checks
+// No CUDA or NCCL here: ThreadWorld (thread_world.hpp) passes its communicators' abort and stall checks
 // as hooks, and tests drive it with plain threads on any machine.
 //
 // Why a watchdog outside the ranks: a rank's own watchdog (NcclComm::poll) bounds only the waits

@@ -1,6 +1,5 @@
 // tools/gather.hpp — a distributed run's outputs, from the ranks' shards into the global layout.
-// Both transports' runners (distributed.cpp for SimComm, nccl_run.cpp for NCCL) hand `run` what
-// this returns.
+// distributed.cpp's runner (every transport) hands `run` what this returns.
 #pragma once
 
 #include "burstlab/tensor.hpp"
