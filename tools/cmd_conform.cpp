@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "algorithm.hpp"  // the schedules of spec §7: algorithms()
+#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "case.hpp"
 #include "cmd_case.hpp"
@@ -102,13 +103,10 @@ RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> eng
 
 // A Session of options o with the engine of `mk` for the case's dtype.
 RunFn dist_prepare_any(const CaseData& cd, const dist::AlgoOptions& o, const EngineMakers& mk, const ImplOptions& io) {
-  switch (cd.meta.dtype) {
-    case Dtype::F64: return dist_prepare<double, dist::Session<double>>(cd, o, mk.f64(io), mk);
-    case Dtype::F32: return dist_prepare<float, dist::Session<float>>(cd, o, mk.f32(io), mk);
-    case Dtype::BF16: return dist_prepare<bf16_t, dist::Session<bf16_t>>(cd, o, mk.bf16(io), mk);
-    case Dtype::F16: break;
-  }
-  return dist_prepare<f16_t, dist::Session<f16_t>>(cd, o, mk.f16(io), mk);
+  return dispatch_dtype(cd.meta.dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    return dist_prepare<T, dist::Session<T>>(cd, o, mk.make<T>(io), mk);
+  });
 }
 
 // Every algorithm of the table (distributed/algorithm.hpp), on the engine of each implementation

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "burstlab/env.hpp"
 #include "cpu.hpp"
@@ -291,13 +292,7 @@ Impl cuda_impl(const std::string& name, cuda::Variant fwd, cuda::Variant bwd, co
     return parts;
   };
   m.prepare = [fwd, bwd](const Problem& p, const Inputs& in, const ImplOptions&) {
-    switch (in.dtype) {
-      case Dtype::F64: return cuda_runner<double>(p, in, fwd, bwd);
-      case Dtype::F32: return cuda_runner<float>(p, in, fwd, bwd);
-      case Dtype::BF16: return cuda_runner<bf16_t>(p, in, fwd, bwd);
-      case Dtype::F16: break;
-    }
-    return cuda_runner<f16_t>(p, in, fwd, bwd);
+    return dispatch_dtype(in.dtype, [&](auto t) { return cuda_runner<typename decltype(t)::type>(p, in, fwd, bwd); });
   };
   m.engines.f64 = [fwd](const ImplOptions&) { return cuda::make_engine<double>(fwd); };
   m.engines.f32 = [fwd](const ImplOptions&) { return cuda::make_engine<float>(fwd); };

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "burstlab/engine.hpp"
@@ -81,6 +82,13 @@ struct EngineMakers {
   std::function<void(void* buf, int64_t bytes)> poison;
   EngineFootprint footprint;  // what a rank's engine allocates per block call (resources.hpp)
   bool any() const { return f64 || f32 || bf16 || f16; }
+  template <class T>
+  std::unique_ptr<Engine<T>> make(const ImplOptions& o) const {  // the maker of T, called
+    if constexpr (std::is_same_v<T, double>) return f64(o);
+    else if constexpr (std::is_same_v<T, float>) return f32(o);
+    else if constexpr (std::is_same_v<T, bf16_t>) return bf16(o);
+    else return f16(o);
+  }
   std::vector<Dtype> dtypes() const;
 };
 

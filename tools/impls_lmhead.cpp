@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 
+#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "cpu_lmhead.hpp"
 #ifdef BURSTLAB_HAVE_CUDA
@@ -225,14 +226,7 @@ void add_lmhead_impls(std::vector<Impl>& v) {
   cpu.about = "tiled over rows and vocabulary, online log-sum-exp, no N x V buffer (cpu/cpu_lmhead.cpp)";
   cpu.dtypes = {Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16};
   cpu.lmhead.prepare = [](const LmHeadProblem& p, const LmHeadInputs& in, double g, const ImplOptions& k) {
-    const cpu::LmHeadTiles tiles = lmhead_tiles(k);
-    switch (in.dtype) {
-      case Dtype::F64: return cpu_runner<double>(p, in, g, tiles);
-      case Dtype::F32: return cpu_runner<float>(p, in, g, tiles);
-      case Dtype::BF16: return cpu_runner<bf16_t>(p, in, g, tiles);
-      case Dtype::F16: return cpu_runner<f16_t>(p, in, g, tiles);
-    }
-    fail("dtype (", to_string(in.dtype), ") is not run by impl cpu");
+    return dispatch_dtype(in.dtype, [&](auto t) { return cpu_runner<typename decltype(t)::type>(p, in, g, lmhead_tiles(k)); });
   };
   cpu.lmhead.footprint = [](const LmHeadProblem& p, Dtype t, const ImplOptions& k, int threads) {
     std::vector<MemPart> parts = io_parts(p, t, t == Dtype::F64 ? 8 : 4);
