@@ -5,6 +5,7 @@
 
 #include "algorithm.hpp"
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 
 namespace burstlab::dist {
 
@@ -16,14 +17,7 @@ const std::vector<ModelShape>& model_presets() {
   return m;
 }
 
-ModelShape model_preset(const std::string& name) {
-  std::string names;
-  for (const ModelShape& m : model_presets()) {
-    if (m.name == name) return m;
-    names += (names.empty() ? "" : ", ") + m.name;
-  }
-  fail("model (", name, ") must be one of ", names);
-}
+ModelShape model_preset(const std::string& name) { return find_named(model_presets(), name, "model"); }
 
 void validate(const ModelShape& m) {
   if (m.layers < 1) fail("layers (", m.layers, ") must be >= 1");
@@ -43,12 +37,9 @@ double layer_linear_flops_per_token(const ModelShape& m) {  // eq. (11.12)
 double head_flops_per_token(const ModelShape& m) { return 2.0 * double(m.D) * double(m.vocab); }
 
 std::string to_string(Strategy s) {
-  switch (s) {
-    case Strategy::Full: return "full";
-    case Strategy::Selective: return "selective++";
-    case Strategy::Sequence: return "sequence";
-  }
-  return "?";
+  static constexpr Named<Strategy> names[] = {
+      {Strategy::Full, "full"}, {Strategy::Selective, "selective++"}, {Strategy::Sequence, "sequence"}};
+  return name_of(s, names);
 }
 
 namespace {

@@ -5,16 +5,14 @@
 #include <cstring>
 
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 
 namespace burstlab::dist {
 
 std::string to_string(Phase p) {
-  switch (p) {
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Other: return "other";
-  }
-  return "?";
+  static constexpr Named<Phase> names[] = {
+      {Phase::Forward, "forward"}, {Phase::Backward, "backward"}, {Phase::Other, "other"}};
+  return name_of(p, names);
 }
 std::string to_string(Link l) { return l == Link::Intra ? "intra" : "inter"; }
 

@@ -4,24 +4,16 @@
 #include <algorithm>
 
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 
 namespace burstlab::dist {
 
-std::string to_string(PartitionKind k) {
-  switch (k) {
-    case PartitionKind::Contiguous: return "contiguous";
-    case PartitionKind::Zigzag: return "zigzag";
-    case PartitionKind::Striped: return "striped";
-  }
-  return "?";
-}
+constexpr Named<PartitionKind> kPartitionNames[] = {
+    {PartitionKind::Contiguous, "contiguous"}, {PartitionKind::Zigzag, "zigzag"}, {PartitionKind::Striped, "striped"}};
 
-PartitionKind parse_partition(const std::string& s) {
-  if (s == "contiguous") return PartitionKind::Contiguous;
-  if (s == "zigzag") return PartitionKind::Zigzag;
-  if (s == "striped") return PartitionKind::Striped;
-  fail("partition (", s, ") must be one of contiguous, zigzag, striped");
-}
+std::string to_string(PartitionKind k) { return name_of(k, kPartitionNames); }
+
+PartitionKind parse_partition(const std::string& s) { return parse_named(s, kPartitionNames, "partition"); }
 
 int64_t Partition::max_local_size() const {
   int64_t m = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 
 namespace burstlab::dist {
 
@@ -34,14 +35,7 @@ const std::vector<Cluster>& cluster_presets() {
   return presets;
 }
 
-Cluster cluster_preset(const std::string& name) {
-  std::string names;
-  for (const Cluster& c : cluster_presets()) {
-    if (c.name == name) return c;
-    names += (names.empty() ? "" : ", ") + c.name;
-  }
-  fail("preset (", name, ") must be one of ", names);
-}
+Cluster cluster_preset(const std::string& name) { return find_named(cluster_presets(), name, "preset"); }
 
 double flops_per_pair(Phase phase, int64_t d) { return (phase == Phase::Backward ? 10.0 : 4.0) * double(d); }
 double flops_rate(const Cluster& c, Phase phase) {

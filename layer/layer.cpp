@@ -22,6 +22,7 @@
 
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
+#include "burstlab/names.hpp"
 #include "reference.hpp"
 
 namespace burstlab::layer {
@@ -82,21 +83,12 @@ Weights<T> make_weights(const Shape& s, uint64_t seed) {
   return Weights<T>{w(s.D, qd, 1), w(s.D, kd, 2), w(s.D, kd, 3), w(qd, s.D, 4), w(s.D, s.F, 5), w(s.F, s.D, 6)};
 }
 
-std::string to_string(Placement x) {
-  switch (x) {
-    case Placement::None: return "none";
-    case Placement::Layer: return "layer";
-    case Placement::Remat: return "remat";
-    case Placement::Sequence: return "sequence";
-  }
-  return "?";
-}
+constexpr Named<Placement> kPlacementNames[] = {
+    {Placement::None, "none"}, {Placement::Layer, "layer"}, {Placement::Remat, "remat"}, {Placement::Sequence, "sequence"}};
 
-Placement parse_placement(const std::string& s) {
-  for (Placement x : {Placement::None, Placement::Layer, Placement::Remat, Placement::Sequence})
-    if (to_string(x) == s) return x;
-  fail("placement (", s, ") must be one of none, layer, remat, sequence");
-}
+std::string to_string(Placement x) { return name_of(x, kPlacementNames); }
+
+Placement parse_placement(const std::string& s) { return parse_named(s, kPlacementNames, "placement"); }
 
 void validate(const Shape& s, const Checkpointing& c, int64_t row_quantum) {
   validate(s);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 #include "reference.hpp"
 
 namespace burstlab {
@@ -86,22 +87,11 @@ std::vector<int32_t> segments_from_cuts(const std::vector<int64_t>& c, int64_t N
 
 }  // namespace
 
-std::string to_string(Values v) {
-  switch (v) {
-    case Values::Normal: return "normal";
-    case Values::Large: return "large";
-    case Values::Ties: return "ties";
-    case Values::WideV: return "widev";
-  }
-  return "?";
-}
-Values parse_values(const std::string& s) {
-  if (s == "normal") return Values::Normal;
-  if (s == "large") return Values::Large;
-  if (s == "ties") return Values::Ties;
-  if (s == "widev") return Values::WideV;
-  fail("values (", s, ") must be one of normal, large, ties, widev");
-}
+constexpr Named<Values> kValuesNames[] = {
+    {Values::Normal, "normal"}, {Values::Large, "large"}, {Values::Ties, "ties"}, {Values::WideV, "widev"}};
+
+std::string to_string(Values v) { return name_of(v, kValuesNames); }
+Values parse_values(const std::string& s) { return parse_named(s, kValuesNames, "values"); }
 
 // Value modes (spec §9.5):
 //   Normal  Q, K, V, dO ~ N(0, 1).

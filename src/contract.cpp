@@ -7,6 +7,7 @@
 
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
+#include "burstlab/names.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/storage.hpp"
@@ -22,13 +23,9 @@ Layout parse_layout(const std::string& s) {
 }
 
 std::string to_string(Dtype t) {
-  switch (t) {
-    case Dtype::F64: return "fp64";
-    case Dtype::F32: return "fp32";
-    case Dtype::BF16: return "bf16";
-    case Dtype::F16: return "fp16";
-  }
-  return "?";
+  static constexpr Named<Dtype> names[] = {
+      {Dtype::F64, "fp64"}, {Dtype::F32, "fp32"}, {Dtype::BF16, "bf16"}, {Dtype::F16, "fp16"}};
+  return name_of(t, names);
 }
 Dtype parse_dtype(const std::string& s) {
   if (s == "fp64" || s == "f64" || s == "double") return Dtype::F64;
