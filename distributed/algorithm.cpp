@@ -3,6 +3,7 @@
 
 #include "baselines.hpp"
 #include "burstlab/error.hpp"
+#include "burstlab/names.hpp"
 #include "double_ring.hpp"
 #include "traces.hpp"
 
@@ -58,33 +59,26 @@ Prediction double_ring_model(const Plan& pl, Phase ph, const Cluster& c, int64_t
   return simulate_schedule(schedule_of(pl, ph), pl.p, pl.qp, pl.kp, c, eb, spec);
 }
 
-// ---- Ulysses (§7.7) and all-gather CP (§7.8)
+// ---- Ulysses (§7.7) and all-gather CP (§7.8): two collective schedules with the same
+// arguments everywhere, so one set of entries serves both (U: Ulysses).
 void prepare_ulysses(Plan& pl) { check_ulysses(pl.p, pl.o.world); }
-template <class T>
-void ulysses_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) ulysses_forward(c, e, pl.p, m, pl.qp, pl.kp, x);
-  else ulysses_backward(c, e, pl.p, m, pl.qp, pl.kp, x);
-}
-int64_t ulysses_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
-  return ulysses_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
-}
-Trace ulysses_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return collective_trace(pl, w, f, b, true); }
-Prediction ulysses_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
-  return simulate_ulysses(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb);
-}
 void prepare_nothing(Plan&) {}
-template <class T>
-void allgather_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) allgather_forward(c, e, pl.p, m, pl.qp, pl.kp, x);
-  else allgather_backward(c, e, pl.p, m, pl.qp, pl.kp, x);
-}
-int64_t allgather_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
-  return allgather_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);
-}
-Trace allgather_trace(const Plan& pl, ElemBytes w, bool f, bool b) { return collective_trace(pl, w, f, b, false); }
-Prediction allgather_model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
-  return simulate_allgather(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb);
-}
+template <bool U>
+struct Collective {
+  template <class T>
+  static void pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
+    const auto run = fwd(ph) ? (U ? &ulysses_forward<T> : &allgather_forward<T>)
+                             : (U ? &ulysses_backward<T> : &allgather_backward<T>);
+    run(c, e, pl.p, m, pl.qp, pl.kp, x);
+  }
+  static int64_t closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
+    return (U ? &ulysses_bytes : &allgather_bytes)(ph, pl.p, pl.qp, pl.kp, r, sent, w);
+  }
+  static Trace trace(const Plan& pl, ElemBytes w, bool f, bool b) { return collective_trace(pl, w, f, b, U); }
+  static Prediction model(const Plan& pl, Phase ph, const Cluster& c, int64_t eb, bool) {  // collective (7.20)
+    return (U ? &simulate_ulysses : &simulate_allgather)(ph, pl.p, pl.mask, pl.qp, pl.kp, c, eb);
+  }
+};
 
 // ---- Attention2D (§7.11) and its overlapped variant (§7.13)
 void prepare_attention2d(Plan& pl) {
@@ -178,10 +172,12 @@ const std::vector<Algorithm>& algorithms() {
        prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed, attention2d_o_trace, nullptr,
        PartitionKind::Striped, false, nullptr, true, false, false, Drawing::None, false},
       {"ulysses", "§7.7", "DeepSpeed-Ulysses: all-to-all sequence -> heads and back",
-       prepare_ulysses, BURSTLAB_PASSES(ulysses_pass), ulysses_closed, ulysses_trace, ulysses_model, {}, false, nullptr,
+       prepare_ulysses, BURSTLAB_PASSES(Collective<true>::pass), Collective<true>::closed, Collective<true>::trace,
+       Collective<true>::model, {}, false, nullptr,
        false, false, false, Drawing::None, false},
       {"allgather", "§7.8", "all-gather CP (Megatron-CP): gather K, V; reduce-scatter dK, dV",
-       prepare_nothing, BURSTLAB_PASSES(allgather_pass), allgather_closed, allgather_trace, allgather_model, {}, false,
+       prepare_nothing, BURSTLAB_PASSES(Collective<false>::pass), Collective<false>::closed, Collective<false>::trace,
+       Collective<false>::model, {}, false,
        nullptr, false, false, false, Drawing::None, true},
       {"usp", "§7.14", "head-context hybrid (LoongTrain USP): Ulysses in groups of u ranks, a ring across groups",
        prepare_usp, BURSTLAB_PASSES(usp_pass), usp_closed, usp_trace, usp_model, {}, false, nullptr, false, true, false,
@@ -196,11 +192,7 @@ std::string algorithm_names() {
   return s;
 }
 
-const Algorithm& find_algorithm(const std::string& name) {
-  for (const Algorithm& a : algorithms())
-    if (name == a.name) return a;
-  fail("algo (", name, ") must be one of ", algorithm_names());
-}
+const Algorithm& find_algorithm(const std::string& name) { return find_named(algorithms(), name, "algo"); }
 
 SimOptions sim_options(const AlgoOptions& o) {
   SimOptions s = o.sim;

@@ -36,6 +36,8 @@ Positions rank_positions(const Partition& part, int r) {
   return Positions{part.positions[r][0], part.local_size(r), part.positions[r].data()};
 }
 
+enum class Dir { ToHeads, ToSeq };
+
 // The collectives of one rank, on elements of any type U (T inputs, A statistics and gradients).
 template <class T>
 struct Ctx {
@@ -44,55 +46,56 @@ struct Ctx {
   const Problem& p;
   int G, r;
 
-  Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, int G_, int r_) : c(c_), e(e_), p(p_), G(G_), r(r_) {}
+  // Sizes the rank's outputs of the phase (prepare_forward, prepare_backward).
+  Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, Phase phase, const Partition& qp, const Partition& kp,
+      Shard<T>& x)
+      : c(c_), e(e_), p(p_), G(c_.size()), r(c_.rank()) {
+    if (phase == Phase::Forward) prepare_forward(e, p, qp, kp, r, x);
+    else prepare_backward(e, p, qp, kp, r, x);
+  }
 
-  // All-to-all sequence -> heads (spec §7.7): src (B, H, n_r, w) home rows of every head;
-  // dst (B, H/G, N, w): every rank's rows (rank order) of head group r.
+  // One row block per peer and (b, h) of H heads, w wide: piece_of(s, b, h) says where the
+  // block for (or from) peer s lies, the rank's own block is copied, every other block is one
+  // receive and one send. Peers in the order r, r+1, ...: the same per pair on both sides.
   template <class U>
-  void seq_to_heads(const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
-                    std::vector<RequestPtr>& reqs) {
-    const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
-    const std::vector<int64_t> off = offsets(part);
+  struct Piece {
+    const U* from;
+    int64_t n_from;  // rows sent to peer s
+    U* to;
+    int64_t n_to;    // rows received from peer s
+  };
+  template <class U, class PieceOf>
+  void each_peer(int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, PieceOf piece_of) {
+    const int64_t eb = sizeof(U);
     c.batch([&] {  // every peer's send and receive: one group
       for (int k = 0; k < G; ++k) {
-        const int s = (r + k) % G;  // peer order r, r+1, ...: the same per pair on both sides
-        const int64_t n_s = part.local_size(s);
+        const int s = (r + k) % G;
         for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < Hg; ++h) {
-            const U* from = src + at(b, s * Hg + h, 0, H, n_r, w);
-            U* to = dst + at(b, h, off[s], Hg, N, w);
+          for (int64_t h = 0; h < H; ++h) {
+            const Piece<U> x = piece_of(s, b, h);
             if (s == r) {
-              copy(e, to, from, n_r * w);
+              copy(e, x.to, x.from, x.n_to * w);
               continue;
             }
-            reqs.push_back(c.irecv(to, n_s * w * int64_t(sizeof(U)), s, tag, what));
-            reqs.push_back(c.isend(from, n_r * w * int64_t(sizeof(U)), s, tag, what));
+            reqs.push_back(c.irecv(x.to, x.n_to * w * eb, s, tag, what));
+            reqs.push_back(c.isend(x.from, x.n_from * w * eb, s, tag, what));
           }
       }
     });
   }
-  // The inverse: src (B, H/G, N, w) head group r -> dst (B, H, n_r, w) home rows.
+  // All-to-all between sequence and heads (spec §7.7). ToHeads: src (B, H, n_r, w) home rows of
+  // every head -> dst (B, H/G, N, w) every rank's rows (rank order) of head group r; ToSeq: the
+  // inverse, src (B, H/G, N, w) -> dst (B, H, n_r, w).
   template <class U>
-  void heads_to_seq(const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag, const char* what,
-                    std::vector<RequestPtr>& reqs) {
+  void all_to_all(Dir dir, const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag,
+                  const char* what, std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    c.batch([&] {  // every peer's send and receive: one group
-      for (int k = 0; k < G; ++k) {
-        const int s = (r + k) % G;
-        const int64_t n_s = part.local_size(s);
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < Hg; ++h) {
-            const U* from = src + at(b, h, off[s], Hg, N, w);
-            U* to = dst + at(b, s * Hg + h, 0, H, n_r, w);
-            if (s == r) {
-              copy(e, to, from, n_r * w);
-              continue;
-            }
-            reqs.push_back(c.irecv(to, n_r * w * int64_t(sizeof(U)), s, tag, what));
-            reqs.push_back(c.isend(from, n_s * w * int64_t(sizeof(U)), s, tag, what));
-          }
-      }
+    each_peer<U>(Hg, w, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      const int64_t home = at(b, s * Hg + h, 0, H, n_r, w), group = at(b, h, off[s], Hg, N, w);
+      const int64_t n_s = part.local_size(s);
+      return dir == Dir::ToHeads ? Piece<U>{src + home, n_r, dst + group, n_s}
+                                 : Piece<U>{src + group, n_s, dst + home, n_r};
     });
   }
   // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
@@ -101,22 +104,8 @@ struct Ctx {
                    std::vector<RequestPtr>& reqs) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    c.batch([&] {  // every peer's send and receive: one group
-      for (int k = 0; k < G; ++k) {
-        const int s = (r + k) % G;
-        const int64_t n_s = part.local_size(s);
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            const U* from = src + at(b, h, 0, H, n_r, d);
-            U* to = dst + at(b, h, off[s], H, N, d);
-            if (s == r) {
-              copy(e, to, from, n_r * d);
-              continue;
-            }
-            reqs.push_back(c.irecv(to, n_s * d * int64_t(sizeof(U)), s, tag, what));
-            reqs.push_back(c.isend(from, n_r * d * int64_t(sizeof(U)), s, tag, what));
-          }
-      }
+    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      return Piece<U>{src + at(b, h, 0, H, n_r, d), n_r, dst + at(b, h, off[s], H, N, d), part.local_size(s)};
     });
   }
   // Reduce-scatter of rows with a sum: src (B, H, N, d) partials of every row; rank r receives
@@ -128,22 +117,9 @@ struct Ctx {
     const std::vector<int64_t> off = offsets(part);
     Buffer<U> stage = alloc<U>(e, G * piece);
     std::vector<RequestPtr> reqs;
-    c.batch([&] {
-      for (int k = 0; k < G; ++k) {
-        const int s = (r + k) % G;
-        const int64_t n_s = part.local_size(s);
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            const U* from = src + at(b, h, off[s], H, N, d);
-            U* to = stage.data + s * piece + at(b, h, 0, H, n_r, d);
-            if (s == r) {
-              copy(e, to, src + at(b, h, off[r], H, N, d), n_r * d);
-              continue;
-            }
-            reqs.push_back(c.irecv(to, n_r * d * int64_t(sizeof(U)), s, tag, what));
-            reqs.push_back(c.isend(from, n_s * d * int64_t(sizeof(U)), s, tag, what));
-          }
-      }
+    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      const int64_t n_s = part.local_size(s);
+      return Piece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
     });
     wait_all(reqs);
     e.synchronize();
@@ -176,11 +152,10 @@ void check_ulysses(const Problem& p, int G) {
 template <class T>
 void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                      const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_ulysses(p, G);
-  Ctx<T> c(comm, e, p, G, r);
+  check_ulysses(p, comm.size());
+  Ctx<T> c(comm, e, p, Phase::Forward, qp, kp, x);
+  const int G = c.G;
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
-  prepare_forward(e, p, qp, kp, r, x);
   // Head-sharded tensors over the whole sequence, rows in rank order of the partition.
   using A = acc_t<T>;
   Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d), Vh = alloc<T>(e, B * Hkvg * Nk * d);
@@ -188,9 +163,9 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const P
   Buffer<A> Lh = alloc<A>(e, B * Hg * Nq);
   std::vector<RequestPtr> reqs;  // after the buffers: destroyed (cancelled) first
   comm.set_context(Phase::Forward, 0);
-  c.seq_to_heads(x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
-  c.seq_to_heads(x.K.data, Kh.data, p.H_kv, d, kp, 2, "K", reqs);
-  c.seq_to_heads(x.V.data, Vh.data, p.H_kv, d, kp, 3, "V", reqs);
+  c.all_to_all(Dir::ToHeads, x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
+  c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 2, "K", reqs);
+  c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 3, "V", reqs);
   wait_all(reqs);
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
   e.forward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
@@ -198,33 +173,32 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const P
                   bhsd<T>(Oh.data, B, Hg, Nq, d), view3<A>(Lh.data, B, Hg, Nq), false);  // §6.1 over all keys
   e.synchronize();
   comm.set_context(Phase::Forward, 1);
-  c.heads_to_seq(Oh.data, x.O.data, p.H_q, d, qp, 4, "O", reqs);
-  c.heads_to_seq(Lh.data, x.LSE.data, p.H_q, 1, qp, 5, "LSE", reqs);
+  c.all_to_all(Dir::ToSeq, Oh.data, x.O.data, p.H_q, d, qp, 4, "O", reqs);
+  c.all_to_all(Dir::ToSeq, Lh.data, x.LSE.data, p.H_q, 1, qp, 5, "LSE", reqs);
   wait_all(reqs);
 }
 
 template <class T>
 void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                       const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  check_ulysses(p, G);
-  Ctx<T> c(comm, e, p, G, r);
-  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
-  prepare_backward(e, p, qp, kp, r, x);
+  check_ulysses(p, comm.size());
+  Ctx<T> c(comm, e, p, Phase::Backward, qp, kp, x);
   using A = acc_t<T>;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
+  const int G = c.G;
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
   Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), dOh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d),
             Vh = alloc<T>(e, B * Hkvg * Nk * d);
   Buffer<A> Lh = alloc<A>(e, B * Hg * Nq), Dh = alloc<A>(e, B * Hg * Nq);
   Buffer<A> dQh = alloc<A>(e, B * Hg * Nq * d), dKh = alloc<A>(e, B * Hkvg * Nk * d), dVh = alloc<A>(e, B * Hkvg * Nk * d);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
-  c.seq_to_heads(x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
-  c.seq_to_heads(x.dO.data, dOh.data, p.H_q, d, qp, 2, "dO", reqs);
-  c.seq_to_heads(x.LSE.data, Lh.data, p.H_q, 1, qp, 3, "LSE", reqs);
-  c.seq_to_heads(D.data, Dh.data, p.H_q, 1, qp, 4, "D", reqs);
-  c.seq_to_heads(x.K.data, Kh.data, p.H_kv, d, kp, 5, "K", reqs);
-  c.seq_to_heads(x.V.data, Vh.data, p.H_kv, d, kp, 6, "V", reqs);
+  c.all_to_all(Dir::ToHeads, x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
+  c.all_to_all(Dir::ToHeads, x.dO.data, dOh.data, p.H_q, d, qp, 2, "dO", reqs);
+  c.all_to_all(Dir::ToHeads, x.LSE.data, Lh.data, p.H_q, 1, qp, 3, "LSE", reqs);
+  c.all_to_all(Dir::ToHeads, D.data, Dh.data, p.H_q, 1, qp, 4, "D", reqs);
+  c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 5, "K", reqs);
+  c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 6, "V", reqs);
   wait_all(reqs);
   fill(e, dQh.data, dQh.n, 0.0);
   fill(e, dKh.data, dKh.n, 0.0);
@@ -237,19 +211,18 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
                    bhsd<A>(dKh.data, B, Hkvg, Nk, d), bhsd<A>(dVh.data, B, Hkvg, Nk, d));  // §6.2
   e.synchronize();
   comm.set_context(Phase::Backward, 1);
-  c.heads_to_seq(dQh.data, x.dQ.data, p.H_q, d, qp, 7, "dQ", reqs);
-  c.heads_to_seq(dKh.data, x.dK.data, p.H_kv, d, kp, 8, "dK", reqs);
-  c.heads_to_seq(dVh.data, x.dV.data, p.H_kv, d, kp, 9, "dV", reqs);
+  c.all_to_all(Dir::ToSeq, dQh.data, x.dQ.data, p.H_q, d, qp, 7, "dQ", reqs);
+  c.all_to_all(Dir::ToSeq, dKh.data, x.dK.data, p.H_kv, d, kp, 8, "dK", reqs);
+  c.all_to_all(Dir::ToSeq, dVh.data, x.dV.data, p.H_kv, d, kp, 9, "dV", reqs);
   wait_all(reqs);
 }
 
 template <class T>
 void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                        const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  Ctx<T> c(comm, e, p, G, r);
+  Ctx<T> c(comm, e, p, Phase::Forward, qp, kp, x);
+  const int r = c.r;
   const int64_t B = p.B, d = p.d, Hkv = p.H_kv, Nk = p.N_k;
-  prepare_forward(e, p, qp, kp, r, x);
   Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);  // (B, H_kv, N_k, d)
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
@@ -266,11 +239,10 @@ void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
 template <class T>
 void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                         const Partition& kp, Shard<T>& x) {
-  const int G = comm.size(), r = comm.rank();
-  Ctx<T> c(comm, e, p, G, r);
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, Nk = p.N_k;
-  prepare_backward(e, p, qp, kp, r, x);
+  Ctx<T> c(comm, e, p, Phase::Backward, qp, kp, x);
   using A = acc_t<T>;
+  const int r = c.r;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, Nk = p.N_k;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1)
   Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);
   Buffer<A> dKa = alloc<A>(e, B * Hkv * Nk * d), dVa = alloc<A>(e, B * Hkv * Nk * d);  // partials of every key
