@@ -7,7 +7,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "burstlab/dispatch.hpp"
@@ -37,14 +36,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-template <class T>
-std::unique_ptr<Engine<T>> make_engine(const EngineMakers& mk, const ImplOptions& opt) {
-  if constexpr (std::is_same_v<T, double>) return mk.f64(opt);
-  else if constexpr (std::is_same_v<T, float>) return mk.f32(opt);
-  else if constexpr (std::is_same_v<T, bf16_t>) return mk.bf16(opt);
-  else return mk.f16(opt);
-}
-
 // The world the ranks talk over, as --transport says.
 std::shared_ptr<dist::World> make_world(const DistFlags& f, const dist::AlgoOptions& o) {
 #ifdef BURSTLAB_HAVE_NCCL
@@ -70,7 +61,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   o.sim.memory.poison = mk.poison;
   s->world = make_world(f, o);
   s->session = std::make_unique<dist::Session<T>>(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o,
-                                                  *s->world, [&] { return make_engine<T>(mk, opt); });
+                                                  *s->world, [&] { return mk.make<T>(opt); });
   DistReport rep;
   rep.impl = name;
   rep.dtype = in.dtype;
@@ -139,7 +130,8 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     if (base.check) base.check(p, dtype, opt);
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
-  m.footprint = distributed_footprint(dist::find_algorithm(options_of(f).algo).gathers_kv, world_of(f));  // resources.hpp
+  m.footprint = distributed_footprint(dist::find_algorithm(options_of(f).algo).gathers_kv, world_of(f),
+                                      base.engines.footprint);  // resources.hpp
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {

@@ -97,7 +97,6 @@ EngineFootprint cpu_engine_footprint() {
   return e;
 }
 
-Footprint distributed_footprint(bool gathers_kv, int world) { return distributed_footprint(gathers_kv, world, cpu_engine_footprint()); }
 
 Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine) {
   return [gathers_kv, world, engine](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {

@@ -71,7 +71,6 @@ struct EngineFootprint {
 };
 EngineFootprint cpu_engine_footprint();  // cpu/cpu_footprint.hpp's block_call_bytes
 Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine);
-Footprint distributed_footprint(bool gathers_kv, int world);  // on the cpu engine
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
 // then, one implementation at a time, its footprint next to the inputs and what the oracle keeps

@@ -67,7 +67,7 @@ TEST(CudaFootprint, DistributedRunOnTheCudaEngineIsDeviceMemoryNotCpuTiles) {
   EXPECT_EQ(a.device_bytes - v1.device_bytes, 4 * 4LL * 1 * 4 * 256 * 64);
   EXPECT_EQ(a.bytes, v1.bytes);  // the host holds the gathered outputs either way
   // On the cpu engine every part is host memory, and the tiles count.
-  const Footprint cpu = distributed_footprint(false, 4);
+  const Footprint cpu = distributed_footprint(false, 4, cpu_engine_footprint());
   const MemNeed c = make_need("", cpu(p, Dtype::F32, small, true, 2)), d = make_need("", cpu(p, Dtype::F32, large, true, 2));
   EXPECT_EQ(c.device_bytes, 0);
   EXPECT_LT(c.bytes, d.bytes);

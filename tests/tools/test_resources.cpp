@@ -129,7 +129,7 @@ TEST(Estimate, OverflowIsTooManyNotUndefined) {
   EXPECT_EQ(make_need("", inputs_footprint(q)).bytes, kTooMany);
   EXPECT_EQ(oracle_need(q, true, 2).bytes, kTooMany);
   EXPECT_EQ(make_need("", cpu_footprint(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
-  EXPECT_EQ(make_need("", distributed_footprint(/*gathers_kv=*/false, 4)(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
+  EXPECT_EQ(make_need("", distributed_footprint(/*gathers_kv=*/false, 4, cpu_engine_footprint())(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
 }
 
 TEST(Estimate, ThreadsFollowTheLayers) {
