@@ -417,6 +417,8 @@ std::vector<std::string> split_list(const std::string& list, const char* field, 
   return out;
 }
 
+const Impl* plugin_impl(const std::string& name);  // plugin:PATH.so (impls_plugin.cpp), else nullptr
+
 std::vector<const Impl*> find_impls(const std::string& list, Operator op) {
   std::vector<const Impl*> out;
   const std::string known = registry_names(op);
@@ -424,6 +426,7 @@ std::vector<const Impl*> find_impls(const std::string& list, Operator op) {
     const Impl* found = nullptr;
     for (const Impl& m : registry())
       if (m.name == name && m.op == op) found = &m;
+    if (!found && op == Operator::Attention) found = plugin_impl(name);
     if (!found && op == Operator::Attention) fail("impl (", name, ") is not built into this binary; known: ", known);
     if (!found) fail("impl (", name, ") is not an implementation of --op ", to_string(op), "; built here: ", known);
     if (std::find(out.begin(), out.end(), found) == out.end()) out.push_back(found);
