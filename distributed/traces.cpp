@@ -38,6 +38,38 @@ std::string rows_of(const Partition& part, int r) {
   return s + " (" + std::to_string(part.local_size(r)) + " rows)";
 }
 std::string heads(int64_t lo, int64_t n) { return "[" + std::to_string(lo) + "," + std::to_string(lo + n) + ")"; }
+std::string no_note(int) { return std::string(); }
+
+// Visible pairs of rank q_rank's queries against the keys of shard k_shard (one (b, h)).
+int64_t block_pairs(const Plan& pl, int q_rank, int k_shard) {
+  const MaskParams m = pl.mask.params();
+  const Partition &qp = pl.qp, &kp = pl.kp;
+  int64_t n = 0;
+  for (int qc : qp.rank_chunks[q_rank])
+    for (int kc : kp.rank_chunks[k_shard]) n += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
+  return n;
+}
+
+// The lines of one exchange inside groups of u ranks (u = G: one group): per rank r, what it
+// sends each other member s = (r / u) u + j, elems(r, s) elements of `scale` bytes, note(j)
+// after the size; adds the elements to sent[r] and recv[s].
+template <class Elems, class Note>
+void exchange_lines(std::string& out, int u, int64_t scale, std::vector<int64_t>& sent, std::vector<int64_t>& recv,
+                    Elems elems, Note note) {
+  const int G = static_cast<int>(sent.size());
+  for (int r = 0; r < G; ++r) {
+    appendf(out, "  rank %d:", r);
+    for (int j = 0; j < u; ++j) {
+      const int s = r / u * u + j;
+      if (s == r) continue;
+      const int64_t e = elems(r, s);
+      sent[r] += e;
+      recv[s] += e;
+      appendf(out, " -> %d %lld B%s;", s, static_cast<long long>(e * scale), note(j).c_str());
+    }
+    appendf(out, "\n");
+  }
+}
 
 
 }  // namespace
@@ -106,7 +138,6 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
   const MaskParams m = md.params();
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
   bool ok = true;
-  auto cell = [&](int64_t elems) { return std::to_string(elems * eb) + " B"; };
   // Rank r's visible pairs of its queries against all keys (one (b, h)).
   auto pairs_of = [&](int r) {
     int64_t n = 0;
@@ -118,6 +149,7 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
     if ((ph == Phase::Forward && !fwd) || (ph == Phase::Backward && !bwd)) continue;
     const bool bw = ph == Phase::Backward;
     std::vector<int64_t> sent(G, 0), recv(G, 0);  // elements per rank
+    auto to_peers = [&](auto elems, auto note) { exchange_lines(out, G, eb, sent, recv, elems, note); };
     appendf(out, "\n%s %s: G=%d, N_q=%lld, N_k=%lld, %lld-byte elements (collectives: every rank, every peer, at once)\n",
                 algo.c_str(), to_string(ph).c_str(), G, static_cast<long long>(p.N_q),
                 static_cast<long long>(p.N_k), static_cast<long long>(eb));
@@ -132,18 +164,8 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
         appendf(out, "  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
       appendf(out, "collective 1: all-to-all sequence -> heads of %s,K,V (rank r sends peer s its rows of head group s)\n",
                   qname);
-      for (int r = 0; r < G; ++r) {
-        appendf(out, "  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv);
-          sent[r] += e;
-          recv[s] += e;
-          appendf(out, " -> %d %s (q heads %s, kv heads %s);", s, cell(e).c_str(), heads(s * Hg, Hg).c_str(),
-                      heads(s * Hkvg, Hkvg).c_str());
-        }
-        appendf(out, "\n");
-      }
+      to_peers([&](int r, int) { return B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv); },
+               [&](int s) { return " (q heads " + heads(s * Hg, Hg) + ", kv heads " + heads(s * Hkvg, Hkvg) + ")"; });
       appendf(out, "after: rank r holds all N_q=%lld q rows of q heads [r Hg, (r+1) Hg) and all N_k=%lld kv rows of kv "
                   "heads [r Hkvg, (r+1) Hkvg) (Hg=%lld, Hkvg=%lld), shards end to end in rank order\n",
                   static_cast<long long>(p.N_q), static_cast<long long>(p.N_k), static_cast<long long>(Hg),
@@ -157,18 +179,12 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
       appendf(out, "collective 2: all-to-all heads -> sequence of %s (rank r sends peer s the rows of shard s of head "
                   "group r)\n",
                   back);
-      for (int r = 0; r < G; ++r) {
-        appendf(out, "  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
-                               : B * Hg * qp.local_size(s) * (d + 1);
-          sent[r] += e;
-          recv[s] += e;
-          appendf(out, " -> %d %s;", s, cell(e).c_str());
-        }
-        appendf(out, "\n");
-      }
+      to_peers(
+          [&](int, int s) {
+            return bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
+                      : B * Hg * qp.local_size(s) * (d + 1);
+          },
+          no_note);
       appendf(out, "after: rank r holds %s of its own sequence rows of every head (no reduction: one producer per "
                   "row)\n",
                   back);
@@ -179,17 +195,7 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
         appendf(out, "  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
       appendf(out, "collective 1: all-gather K,V%s (rank r sends its kv rows to every peer)\n",
                   bw ? " (again: nothing is kept between passes)" : "");
-      for (int r = 0; r < G; ++r) {
-        appendf(out, "  rank %d:", r);
-        for (int s = 0; s < G; ++s) {
-          if (s == r) continue;
-          const int64_t e = B * kp.local_size(r) * wkv;
-          sent[r] += e;
-          recv[s] += e;
-          appendf(out, " -> %d %s;", s, cell(e).c_str());
-        }
-        appendf(out, "\n");
-      }
+      to_peers([&](int r, int) { return B * kp.local_size(r) * wkv; }, no_note);
       appendf(out, "after: every rank holds all N_k=%lld kv rows (shards end to end in rank order)\n",
                   static_cast<long long>(p.N_k));
       for (int r = 0; r < G; ++r)
@@ -199,17 +205,7 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
       if (bw) {
         appendf(out, "collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s sums "
                     "them in rank order 0..G-1)\n");
-        for (int r = 0; r < G; ++r) {
-          appendf(out, "  rank %d:", r);
-          for (int s = 0; s < G; ++s) {
-            if (s == r) continue;
-            const int64_t e = B * kp.local_size(s) * wkv;
-            sent[r] += e;
-            recv[s] += e;
-            appendf(out, " -> %d %s;", s, cell(e).c_str());
-          }
-          appendf(out, "\n");
-        }
+        to_peers([&](int, int s) { return B * kp.local_size(s) * wkv; }, no_note);
         appendf(out, "after: rank r holds dQ of its q rows and the summed dK, dV of its kv rows\n");
       }
     }
@@ -233,18 +229,11 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
 Trace distflash_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
   const Problem& p = pl.p;
   const Partition &qp = pl.qp, &kp = pl.kp;
-  const MaskData& md = pl.mask;
   const int64_t eb = w.t;
   std::string out;
   const int P = qp.G;
   const FlashSchedule& fs = pl.flash;
-  const MaskParams m = md.params();
-  auto pairs = [&](int a, int b) {  // rank a's queries x rank b's keys (one (b, h))
-    int64_t n = 0;
-    for (int qc : qp.rank_chunks[a])
-      for (int kc : kp.rank_chunks[b]) n += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
-    return n;
-  };
+  auto pairs = [&](int a, int b) { return block_pairs(pl, a, b); };  // rank a's queries x rank b's keys
   appendf(out, "\ndistflash: P=%d, contiguous, %zu steps; idle fraction (eq. 7.24, over P^2 worker-steps) = %.4f\n", P,
               fs.steps.empty() ? size_t(0) : fs.steps[0].size(), distflash_idle_fraction(fs));
   const size_t T = fs.steps.empty() ? 0 : fs.steps[0].size();
@@ -291,18 +280,12 @@ Trace attention2d_o_steps(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
   const Problem& p = pl.p;
   const Partition &qp = pl.qp, &kp = pl.kp;
   const Grid& g = pl.grid;
-  const MaskParams m = pl.mask.params();
   const int P = qp.G, pr = g.p_r, pc = g.p_c;
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, t = w.t, a = w.a;
   auto md = [](int x, int n) { return ((x % n) + n) % n; };
   auto nq = [&](int rank) { return qp.local_size(rank); };   // striped: rank x holds query shard x
   auto nk = [&](int shard) { return kp.local_size(shard); };
-  auto pairs = [&](int q_rank, int k_shard) {  // visible pairs of one (b, h)
-    int64_t n = 0;
-    for (int qc : qp.rank_chunks[q_rank])
-      for (int kc : kp.rank_chunks[k_shard]) n += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
-    return n;
-  };
+  auto pairs = [&](int q_rank, int k_shard) { return block_pairs(pl, q_rank, k_shard); };
   auto col_pairs = [&](int q_rank, int j) {  // against the K, V gathered in column j
     int64_t n = 0;
     for (int ii = 0; ii < pr; ++ii) n += pairs(q_rank, g.row_major(g.rank(ii, j)));
@@ -476,12 +459,10 @@ Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool ov
   if (overlap) return attention2d_o_steps(pl, w, fwd, bwd);
   const Problem& p = pl.p;
   const Partition &qp = pl.qp, &kp = pl.kp;
-  const MaskData& md = pl.mask;
   const int64_t eb = w.t;
   std::string out;
-  const int P = qp.G;
   const Grid& g = pl.grid;
-  const MaskParams m = md.params();
+  const int P = g.size();  // the world, checked by the plan (check_attention2d)
   appendf(out, "\nattention2d: grid %d x %d (rank p = i + j p_r is row i, column j), striped inputs\n", g.p_r, g.p_c);
   for (int r = 0; r < P; ++r) {
     const int i = g.row(r), j = g.col(r);
@@ -490,11 +471,7 @@ Trace attention2d_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool ov
     for (int jj = 0; jj < g.p_c; ++jj) qfrom += (qfrom.empty() ? "" : ",") + std::to_string(g.rank(i, jj));
     for (int ii = 0; ii < g.p_r; ++ii) kvfrom += (kvfrom.empty() ? "" : ",") + std::to_string(g.rank(ii, j));
     for (int jj = 0; jj < g.p_c; ++jj)
-      for (int ii = 0; ii < g.p_r; ++ii) {
-        const int q_owner = g.rank(i, jj), kv_shard = g.row_major(g.rank(ii, j));
-        for (int qc : qp.rank_chunks[q_owner])
-          for (int kc : kp.rank_chunks[kv_shard]) pairs += visible_in(m, qp.chunks[qc], kp.chunks[kc]);
-      }
+      for (int ii = 0; ii < g.p_r; ++ii) pairs += block_pairs(pl, g.rank(i, jj), g.row_major(g.rank(ii, j)));
     appendf(out, "  rank %d (row %d, col %d): K,V transposed to shard %d; gathers Q of row {%s} (tokens = %d mod %d), "
                 "K,V of column {%s} (tokens = %d mod %d); computes 1 block (%lld pairs); reduce-scatters (O, LSE) "
                 "in its row with the merge (4.5)\n",
@@ -545,19 +522,10 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
               rows_of(kp, r).c_str());
     appendf(out, "all-to-all 1, inside each group: sequence -> heads of %s,K,V (rank r sends member j its rows of "
             "head block j)\n", bw ? "Q,dO,LSE,D" : "Q");
-    for (int r = 0; r < G; ++r) {
-      appendf(out, "  rank %d:", r);
-      for (int j = 0; j < u; ++j) {
-        const int s = r / u * u + j;
-        if (s == r) continue;
-        const int64_t e = B * (Hu * qp.local_size(r) * in_q + Hkvu * kp.local_size(r) * in_kv);
-        sent[r] += e;
-        recv[s] += e;
-        appendf(out, " -> %d %lld B (q heads %s, kv heads %s);", s, static_cast<long long>(e), heads(j * Hu, Hu).c_str(),
-                heads(j * Hkvu, Hkvu).c_str());
-      }
-      appendf(out, "\n");
-    }
+    exchange_lines(
+        out, u, 1, sent, recv,
+        [&](int r, int) { return B * (Hu * qp.local_size(r) * in_q + Hkvu * kp.local_size(r) * in_kv); },
+        [&](int j) { return " (q heads " + heads(j * Hu, Hu) + ", kv heads " + heads(j * Hkvu, Hkvu) + ")"; });
     appendf(out, "after: member i of group g holds the group's rows (its members' shards end to end) of q heads "
             "[i Hu, (i+1) Hu) and kv heads [i Hkvu, (i+1) Hkvu) (Hu=%lld, Hkvu=%lld)\n",
             static_cast<long long>(Hu), static_cast<long long>(Hkvu));
@@ -573,18 +541,9 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
     }
     appendf(out, "all-to-all 2, inside each group: heads -> sequence of %s (rank r sends member j the rows of j's "
             "shard of head block i)\n", bw ? "dQ,dK,dV" : "O,LSE");
-    for (int r = 0; r < G; ++r) {
-      appendf(out, "  rank %d:", r);
-      for (int j = 0; j < u; ++j) {
-        const int s = r / u * u + j;
-        if (s == r) continue;
-        const int64_t e = B * (Hu * qp.local_size(s) * out_q + Hkvu * kp.local_size(s) * out_kv);
-        sent[r] += e;
-        recv[s] += e;
-        appendf(out, " -> %d %lld B;", s, static_cast<long long>(e));
-      }
-      appendf(out, "\n");
-    }
+    exchange_lines(
+        out, u, 1, sent, recv,
+        [&](int, int s) { return B * (Hu * qp.local_size(s) * out_q + Hkvu * kp.local_size(s) * out_kv); }, no_note);
     appendf(out, "after: rank r holds %s of its own sequence rows of every head\n", bw ? "dQ, dK, dV" : "O, LSE");
     appendf(out, "bytes per rank (spec 7.27):\n");
     for (int r = 0; r < G; ++r) {
