@@ -110,12 +110,14 @@ RunFn dist_prepare_any(const CaseData& cd, const dist::AlgoOptions& o, const Eng
 }
 
 // Every algorithm of the table (distributed/algorithm.hpp), on the engine of each implementation
-// that conform treats as a layer (cpu, and cuda when built). attention2d runs on the cyclic
-// partition it needs, distflash on the contiguous one, usp with groups of 2 (when 2 divides G).
-std::vector<Column> dist_columns(int world, const std::string& partition) {
+// in `engines` (the layers cpu and cuda, and the engine plug-ins --impl names). attention2d runs on
+// the cyclic partition it needs, distflash on the contiguous one, usp with groups of 2 (when 2
+// divides G).
+std::vector<Column> dist_columns(int world, const std::string& partition, const std::vector<const Impl*>& engines) {
   std::vector<Column> out;
-  for (const Impl& m : registry()) {
-    if (!m.engines.any() || (m.name != "cpu" && m.name != "cuda")) continue;
+  for (const Impl* mp : engines) {
+    const Impl& m = *mp;
+    if (!m.engines.any()) continue;
     const EngineMakers mk = m.engines;
     for (const dist::Algorithm& a : dist::algorithms()) {
       const std::string name = a.name;
@@ -137,7 +139,12 @@ std::vector<Column> dist_columns(int world, const std::string& partition) {
       }
       col.dtypes = mk.dtypes();
       col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint);
-      col.prepare = [o, mk](const CaseData& cd) { return dist_prepare_any(cd, o, mk, ImplOptions{}); };
+      // A plug-in's refusals of the whole problem (plugin.h's supports) make the cell n/a, as alone.
+      const bool plugin = m.name.rfind("plugin:", 0) == 0;
+      col.prepare = [o, mk, plugin, mp](const CaseData& cd) {
+        if (plugin && mp->check) mp->check(cd.meta.p, cd.meta.dtype, ImplOptions{});
+        return dist_prepare_any(cd, o, mk, ImplOptions{});
+      };
       out.push_back(col);
     }
   }
@@ -184,9 +191,24 @@ Command add_conform(CLI::App& app) {
     if (s->world < 1) fail("world (", s->world, ") must be >= 1");
     apply_threads(s->run.threads);
     std::vector<Column> cols;
-    for (const Impl& m : registry())
+    std::vector<const Impl*> engines;
+    for (const Impl& m : registry()) {
       if (m.op == Operator::Attention) cols.push_back(impl_column(m));
-    for (Column& col : dist_columns(s->world, s->partition)) cols.push_back(col);
+      if (m.name == "cpu" || m.name == "cuda") engines.push_back(&m);
+    }
+    // An engine plug-in (plugin:PATH.so) is a column only when --impl names it, with its engine
+    // under every algorithm: plugin:X keeps "plugin:X" and every "<algo>/plugin:X G=...".
+    const auto is_plugin = [](const std::string& one) { return one.rfind("plugin:", 0) == 0; };
+    for (size_t at = 0; at < s->impl.size();) {
+      const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
+      const std::string one = s->impl.substr(at, comma - at);
+      at = comma + 1;
+      if (!is_plugin(one)) continue;
+      const Impl* m = find_impls(one).at(0);
+      cols.push_back(impl_column(*m));
+      engines.push_back(m);
+    }
+    for (Column& col : dist_columns(s->world, s->partition, engines)) cols.push_back(col);
     if (!s->impl.empty()) {
       std::vector<Column> keep;
       std::string names;
@@ -197,11 +219,14 @@ Command add_conform(CLI::App& app) {
         const std::string one = s->impl.substr(at, comma - at);
         at = comma + 1;
         if (one.empty()) continue;
-        auto it = std::find_if(cols.begin(), cols.end(),
-                               [&](const Column& col) { return col.name == one || col.name.rfind(one + "/", 0) == 0; });
+        const auto named = [&](const Column& col) {
+          return col.name == one || col.name.rfind(one + "/", 0) == 0 ||
+                 (is_plugin(one) && col.name.find("/" + one + " G=") != std::string::npos);
+        };
+        auto it = std::find_if(cols.begin(), cols.end(), named);
         if (it == cols.end()) fail("impl (", one, ") is not a column; columns: ", names);
         for (; it != cols.end(); ++it)
-          if (it->name == one || it->name.rfind(one + "/", 0) == 0) keep.push_back(*it);
+          if (named(*it)) keep.push_back(*it);
       }
       cols = keep;
     }

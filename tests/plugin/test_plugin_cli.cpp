@@ -1,9 +1,9 @@
 // tests/plugin/test_plugin_cli.cpp — `burstlab ... --impl plugin:PATH.so` end to end with the test
-// plug-ins of this folder: the plug-in alone and under ring, burst, ulysses and attention2d on
-// SimComm passes against the fp64 oracle (run, suite); a problem it declines up front is bad input
-// (exit 2, its reason, no table); a block it declines mid-run is an ERROR row naming the reason
-// (exit 1); a missing file, a library without the entry point and a wrong ABI version are exit 2
-// naming the path.
+// plug-ins of this folder: the plug-in alone and under the schedules on SimComm passes against the
+// fp64 oracle (run: ring, burst, ulysses, attention2d; suite; conform: every algorithm); a problem
+// it declines up front is bad input (exit 2, its reason, no table) or an n/a cell; a block it
+// declines mid-run is an ERROR row naming the reason (exit 1); a missing file, a library without
+// the entry point and a wrong ABI version are exit 2 naming the path.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -55,6 +55,21 @@ TEST(PluginCli, Suite) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex("\n([1-9][0-9]+) passed, 0 failed"))) << o.out;
 }
 
+// conform: the plug-in's own column and its engine under every algorithm of the table.
+TEST(PluginCli, ConformEveryAlgorithm) {
+  Output o = run_burstlab("conform --world 4 --impl " + kPlugin);
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  for (const char* algo : {"ring", "burst", "double-ring", "distflash", "attention2d", "attention2d-o", "ulysses",
+                           "allgather", "usp"})
+    EXPECT_NE(o.out.find(std::string(algo) + "/" + kPlugin + " G=4"), std::string::npos) << algo << "\n" << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("\n([1-9][0-9]+) passed, 0 failed"))) << o.out;
+  // a declined problem is an n/a cell with the reason, in every column of the plug-in
+  o = run_burstlab(std::string("conform --world 2 --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_DOCUMENT);
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, std::regex("\nn/a \\S+ .*declined the forward of this problem: document masks")), 10) << o.out;
+  EXPECT_EQ(o.out.find(" FAIL"), std::string::npos) << o.out;  // no cell failed
+}
+
 TEST(PluginCli, DeclinedProblemIsBadInput) {
   const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_DOCUMENT +
                                 " --mask document:3 --nq 64 --nk 64");
@@ -88,7 +103,7 @@ TEST(PluginCli, LoadFailuresNameThePath) {
   for (const Bad& b : {Bad{"/nonexistent/libx.so", "plugin (/nonexistent/libx.so) cannot be loaded: "},
                        Bad{BURSTLAB_TEST_PLUGIN_NO_ENTRY, ") does not export burstlab_plugin_v1"},
                        Bad{BURSTLAB_TEST_PLUGIN_ABI99, ") was built for plug-in ABI version 99; this burstlab loads version 1"}}) {
-    for (const char* cmd : {"run", "suite", "bench"}) {
+    for (const char* cmd : {"run", "suite", "bench", "conform"}) {
       const Output o = run_burstlab(std::string(cmd) + " --impl plugin:" + b.path);
       EXPECT_EQ(o.rc, 2) << cmd << " " << b.path << "\n" << o.out << o.err;
       EXPECT_EQ(o.out, "") << cmd << " " << b.path;
