@@ -1,5 +1,5 @@
 // tests/plugin/test_plugin_engine.cpp — the plug-in adapter (plugin/plugin_engine.hpp) over the
-// test plug-in built from the CPU engine (cpu_plugin.cpp): every block call, the merge, D and the
+// test plug-in built from the CPU engine (engine_plugin.cpp): every block call, the merge, D and the
 // memory calls bitwise equal to the CPU engine's; whole sessions under every algorithm bitwise
 // equal; loading refuses a missing file, a library without the entry point and a wrong ABI version
 // by path; a declined call is an Error naming the plug-in, the entry and the reason.
