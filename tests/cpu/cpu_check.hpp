@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,13 @@ struct Case {
   cpu::Tiles tiles{};
   std::string mask_spec = "none";
 };
+
+// A case of a sweep with its gtest parameter name.
+struct NamedCase {
+  Case c;
+  std::string name;
+};
+inline void PrintTo(const NamedCase& s, std::ostream* os) { *os << s.name; }
 
 inline std::string describe(const Case& c) {
   return shape_string(c.p) + " mask=" + c.mask_spec + " (" + burstlab::describe(c.p.mask) + ") " +

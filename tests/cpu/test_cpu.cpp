@@ -21,21 +21,15 @@ namespace burstlab {
 namespace {
 
 using cputest::Case;
+using cputest::NamedCase;
 using testutil::all_pass;
 using testutil::make_problem;
+using testutil::param_name;
 
 Case make_case(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d,
                const std::string& mask, Dtype dtype, cpu::Tiles tiles = {},
                Layout layout = Layout::BHSD, Values values = Values::Normal, uint64_t seed = 1) {
-  Case c;
-  c.p = make_problem(B, H_q, H_kv, N_q, N_k, d, mask, seed + 100);
-  c.mask_spec = mask;
-  c.dtype = dtype;
-  c.tiles = tiles;
-  c.layout = layout;
-  c.values = values;
-  c.seed = seed;
-  return c;
+  return Case{make_problem(B, H_q, H_kv, N_q, N_k, d, mask, seed + 100), layout, dtype, values, seed, tiles, mask};
 }
 
 // Every mask kind of make_mask and conjunctions (fully masked rows come from empty documents and
@@ -48,13 +42,8 @@ const std::vector<std::string> kMasks = {
 
 // ---------------------------------------------------------------- forward + backward sweeps
 
-struct SweepParam {
-  Case c;
-  std::string name;
-};
-void PrintTo(const SweepParam& s, std::ostream* os) { *os << s.name; }
 
-class Sweep : public ::testing::TestWithParam<SweepParam> {};
+class Sweep : public ::testing::TestWithParam<NamedCase> {};
 
 TEST_P(Sweep, ForwardBackwardMatchOracle) {
   const Case& c = GetParam().c;
@@ -66,15 +55,10 @@ TEST_P(Sweep, ForwardBackwardMatchOracle) {
   RecordProperty("max_rel", std::to_string(max_rel));
 }
 
-std::string clean(std::string s) {
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
 
 // Every mask kind, both precisions, N_q != N_k both ways, GQA.
-std::vector<SweepParam> mask_cases() {
-  std::vector<SweepParam> out;
+std::vector<NamedCase> mask_cases() {
+  std::vector<NamedCase> out;
   int k = 0;
   for (const std::string& m : kMasks)
     for (Dtype dt : {Dtype::F64, Dtype::F32})
@@ -83,15 +67,14 @@ std::vector<SweepParam> mask_cases() {
         const cpu::Tiles t = dir == 0 ? cpu::Tiles{16, 32} : cpu::Tiles{7, 64};
         Case c = make_case(2, 4, 2, nq, nk, 16, m, dt, t, dir ? Layout::BSHD : Layout::BHSD,
                            Values::Normal, 11 + k++);
-        out.push_back({c, clean(m) + "_" + to_string(dt) + (dir ? "_q203_k113" : "_q113_k203")});
+        out.push_back({c, param_name(m) + "_" + to_string(dt) + (dir ? "_q203_k113" : "_q113_k203")});
       }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Masks, Sweep, ::testing::ValuesIn(mask_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Masks, Sweep, ::testing::ValuesIn(mask_cases()), testutil::ByName());
 
 // Shapes: ragged lengths (1, 113, 203, 1023), d in {1, 3, 64, 128}, MHA / GQA / MQA, layouts.
-std::vector<SweepParam> shape_cases() {
+std::vector<NamedCase> shape_cases() {
   struct S { int64_t B, Hq, Hkv, Nq, Nk, d; const char* mask; };
   const S shapes[] = {
       {1, 1, 1, 1, 1, 1, "none"},       {1, 2, 1, 1, 203, 3, "causal"},
@@ -100,7 +83,7 @@ std::vector<SweepParam> shape_cases() {
       {1, 2, 1, 1023, 203, 64, "causal"}, {1, 1, 1, 203, 1023, 64, "window:100,0"},
       {1, 2, 2, 1023, 1023, 64, "none"},  {1, 1, 1, 1023, 1023, 128, "causal"},
       {2, 4, 1, 113, 203, 1, "document:3"}, {1, 6, 3, 203, 203, 3, "block:32x32@0.5"}};
-  std::vector<SweepParam> out;
+  std::vector<NamedCase> out;
   int k = 0;
   for (const S& s : shapes)
     for (Dtype dt : {Dtype::F64, Dtype::F32}) {
@@ -110,37 +93,35 @@ std::vector<SweepParam> shape_cases() {
       out.push_back({c, "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" +
                             std::to_string(s.Hkv) + "_Nq" + std::to_string(s.Nq) + "_Nk" +
                             std::to_string(s.Nk) + "_d" + std::to_string(s.d) + "_" +
-                            clean(s.mask) + "_" + to_string(dt) + "_" + to_string(L)});
+                            param_name(s.mask) + "_" + to_string(dt) + "_" + to_string(L)});
       ++k;
     }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, Sweep, ::testing::ValuesIn(shape_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Shapes, Sweep, ::testing::ValuesIn(shape_cases()), testutil::ByName());
 
 // Adversarial values (logits 1e3+, ties, V spanning 1e-6..1e6) on masks with empty rows.
-std::vector<SweepParam> value_cases() {
-  std::vector<SweepParam> out;
+std::vector<NamedCase> value_cases() {
+  std::vector<NamedCase> out;
   int k = 0;
   for (Values v : {Values::Large, Values::Ties, Values::WideV})
     for (const char* m : {"none", "causal", "document:4+block:16x16@0.7"})
       for (Dtype dt : {Dtype::F64, Dtype::F32}) {
         Case c = make_case(1, 4, 2, 113, 203, 32, m, dt, cpu::Tiles{32, 16},
                            (k % 2) ? Layout::BSHD : Layout::BHSD, v, 300 + k);
-        out.push_back({c, to_string(v) + "_" + clean(m) + "_" + to_string(dt)});
+        out.push_back({c, to_string(v) + "_" + param_name(m) + "_" + to_string(dt)});
         ++k;
       }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Values, Sweep, ::testing::ValuesIn(value_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Values, Sweep, ::testing::ValuesIn(value_cases()), testutil::ByName());
 
 // Tile sizes 1, 7, 64 and larger than N; non-square tiles; a block mask whose tiles straddle
 // the cpu tiles.
-std::vector<SweepParam> tile_cases() {
+std::vector<NamedCase> tile_cases() {
   const cpu::Tiles tiles[] = {{1, 1}, {1, 64}, {64, 1}, {7, 7}, {7, 64}, {64, 7},
                               {64, 64}, {128, 128}, {300, 300}, {2000, 17}};
-  std::vector<SweepParam> out;
+  std::vector<NamedCase> out;
   int k = 0;
   for (const cpu::Tiles& t : tiles)
     for (Dtype dt : {Dtype::F64, Dtype::F32}) {
@@ -151,8 +132,7 @@ std::vector<SweepParam> tile_cases() {
     }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Tiles, Sweep, ::testing::ValuesIn(tile_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Tiles, Sweep, ::testing::ValuesIn(tile_cases()), testutil::ByName());
 
 // ---------------------------------------------------------------- empty rows, exactly
 
@@ -340,12 +320,11 @@ std::vector<BlockParam> block_cases() {
     for (const S& s : splits)
       for (Dtype dt : {Dtype::F64, Dtype::F32})
         out.push_back({m, s.q, s.k, s.nq, s.nk, dt,
-                       clean(m) + "_q" + to_string(s.q) + std::to_string(s.nq) + "_k" +
+                       param_name(m) + "_q" + to_string(s.q) + std::to_string(s.nq) + "_k" +
                            to_string(s.k) + std::to_string(s.nk) + "_" + to_string(dt)});
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Splits, Blocks, ::testing::ValuesIn(block_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Splits, Blocks, ::testing::ValuesIn(block_cases()), testutil::ByName());
 
 // fp64: the merged blocks and the whole forward agree to ~1e-13 relative where finite.
 // Why 1e-13: both sum the same <= N_k = 131 terms per row in different orders (tiles, zigzag /

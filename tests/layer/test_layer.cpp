@@ -127,10 +127,8 @@ struct FdCase {
   int64_t B, H_q, H_kv, N, d, D, F;
 };
 std::string case_name(const ::testing::TestParamInfo<FdCase>& info) {
-  std::string m = info.param.mask;
-  for (char& c : m)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return m + "_Hq" + std::to_string(info.param.H_q) + "_Hkv" + std::to_string(info.param.H_kv);
+  return testutil::param_name(info.param.mask) + "_Hq" + std::to_string(info.param.H_q) + "_Hkv" +
+         std::to_string(info.param.H_kv);
 }
 class LayerFiniteDiff : public ::testing::TestWithParam<FdCase> {};
 

@@ -177,29 +177,22 @@ void assert_pass(const std::vector<Metrics>& ms) {
 
 // ---------------------------------------------------------------- cpu vs the oracle
 
-RC_GTEST_PROP(CpuProperty, MatchesOracleFp64, ()) {
+// A generated spec run by the CPU engine in dtype dt, forward and backward, against the oracle.
+void cpu_matches_oracle(Dtype dt) {
   const Spec s = *gen_spec();
   cputest::Case c;
   c.p = problem_of(s);
   c.layout = layout_of(s);
-  c.dtype = Dtype::F64;
+  c.dtype = dt;
   c.values = static_cast<Values>(s.values);
   c.seed = static_cast<uint64_t>(s.seed);
   c.tiles = tiles_of(s);
   assert_pass(cputest::run_case(c, true));
 }
 
-RC_GTEST_PROP(CpuProperty, MatchesOracleFp32, ()) {
-  const Spec s = *gen_spec();
-  cputest::Case c;
-  c.p = problem_of(s);
-  c.layout = layout_of(s);
-  c.dtype = Dtype::F32;
-  c.values = static_cast<Values>(s.values);
-  c.seed = static_cast<uint64_t>(s.seed);
-  c.tiles = tiles_of(s);
-  assert_pass(cputest::run_case(c, true));
-}
+RC_GTEST_PROP(CpuProperty, MatchesOracleFp64, ()) { cpu_matches_oracle(Dtype::F64); }
+
+RC_GTEST_PROP(CpuProperty, MatchesOracleFp32, ()) { cpu_matches_oracle(Dtype::F32); }
 
 // ---------------------------------------------------------------- blocks and the merge
 

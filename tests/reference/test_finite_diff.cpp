@@ -90,11 +90,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"none", 2, 4, 2, 6, 7, 3}, Case{"window:1,2+document:2", 1, 4, 2, 9, 8, 3},
                       Case{"causal", 1, 4, 1, 5, 6, 3}),
     [](const ::testing::TestParamInfo<Case>& info) {
-      std::string n = std::to_string(info.index) + "_" + info.param.mask + "_Hq" +
-                      std::to_string(info.param.H_q) + "_Hkv" + std::to_string(info.param.H_kv);
-      for (char& ch : n)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n;
+      return testutil::param_name(std::to_string(info.index) + "_" + info.param.mask + "_Hq" +
+                                  std::to_string(info.param.H_q) + "_Hkv" + std::to_string(info.param.H_kv));
     });
 
 // dLSE_i / dQ_ik = scale sum_j P_ij K_jk = scale * (forward with V := K)_ik.

@@ -137,12 +137,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{1, 1, 1, 1, 1, 1, "none", Layout::BHSD}),
     [](const ::testing::TestParamInfo<Shape>& info) {
       const Shape& s = info.param;
-      std::string n = "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.H_q) + "_Hkv" + std::to_string(s.H_kv) +
-                      "_Nq" + std::to_string(s.N_q) + "_Nk" + std::to_string(s.N_k) + "_d" + std::to_string(s.d) +
-                      "_" + s.mask + "_" + to_string(s.layout);
-      for (char& ch : n)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n;
+      return testutil::param_name("B" + std::to_string(s.B) + "_Hq" + std::to_string(s.H_q) + "_Hkv" +
+                                  std::to_string(s.H_kv) + "_Nq" + std::to_string(s.N_q) + "_Nk" +
+                                  std::to_string(s.N_k) + "_d" + std::to_string(s.d) + "_" + s.mask + "_" +
+                                  to_string(s.layout));
     });
 
 // ---------------------------------------------------------------- the sample

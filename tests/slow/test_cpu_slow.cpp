@@ -14,36 +14,20 @@ namespace burstlab {
 namespace {
 
 using cputest::Case;
+using cputest::NamedCase;
+using testutil::param_name;
 
-struct Param {
-  Case c;
-  std::string name;
-};
-void PrintTo(const Param& s, std::ostream* os) { *os << s.name; }
-class SlowSweep : public ::testing::TestWithParam<Param> {};
+class SlowSweep : public ::testing::TestWithParam<NamedCase> {};
 
 TEST_P(SlowSweep, ForwardBackwardMatchOracle) {
   const Case& c = GetParam().c;
   EXPECT_TRUE(testutil::all_pass(cputest::run_case(c, true), cputest::describe(c)));
 }
 
-std::string clean(std::string s) {
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
 
 Case make(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d,
           const std::string& mask, Dtype dt, cpu::Tiles t, Layout L, Values v, uint64_t seed) {
-  Case c;
-  c.p = testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, seed + 7);
-  c.mask_spec = mask;
-  c.dtype = dt;
-  c.tiles = t;
-  c.layout = L;
-  c.values = v;
-  c.seed = seed;
-  return c;
+  return Case{testutil::make_problem(B, Hq, Hkv, Nq, Nk, d, mask, seed + 7), L, dt, v, seed, t, mask};
 }
 
 const char* kMasks[] = {"none", "causal", "window:31,7", "window:-1,0", "window:64,-1",
@@ -52,12 +36,12 @@ const char* kMasks[] = {"none", "causal", "window:31,7", "window:-1,0", "window:
                         "causal+document:5+block:24x24@0.8"};
 
 // Masks x shapes x dtypes x layouts (tiles rotate through the list).
-std::vector<Param> big_cases() {
+std::vector<NamedCase> big_cases() {
   struct S { int64_t B, Hq, Hkv, Nq, Nk, d; };
   const S shapes[] = {{1, 4, 2, 1023, 1023, 64}, {1, 2, 1, 1023, 203, 128}, {2, 3, 3, 203, 1023, 3},
                       {1, 4, 1, 113, 1023, 1},   {2, 2, 2, 1, 1023, 64},    {1, 2, 2, 1023, 1, 128}};
   const cpu::Tiles tiles[] = {{64, 64}, {7, 7}, {128, 128}, {1, 64}, {2000, 2000}, {64, 7}};
-  std::vector<Param> out;
+  std::vector<NamedCase> out;
   uint64_t k = 0;
   for (const char* m : kMasks)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; ++si)
@@ -66,31 +50,29 @@ std::vector<Param> big_cases() {
         const Layout L = (k % 2) ? Layout::BSHD : Layout::BHSD;
         const cpu::Tiles t = tiles[k % (sizeof tiles / sizeof tiles[0])];
         out.push_back({make(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, m, dt, t, L, Values::Normal, 1000 + k),
-                       clean(m) + "_shape" + std::to_string(si) + "_" + to_string(dt) + "_" +
+                       param_name(m) + "_shape" + std::to_string(si) + "_" + to_string(dt) + "_" +
                            to_string(L) + "_Br" + std::to_string(t.Br) + "_Bc" + std::to_string(t.Bc)});
         ++k;
       }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Big, SlowSweep, ::testing::ValuesIn(big_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Big, SlowSweep, ::testing::ValuesIn(big_cases()), testutil::ByName());
 
 // Value modes x masks x dtypes at a medium size, tile 1 included.
-std::vector<Param> value_cases() {
-  std::vector<Param> out;
+std::vector<NamedCase> value_cases() {
+  std::vector<NamedCase> out;
   uint64_t k = 0;
   for (Values v : {Values::Normal, Values::Large, Values::Ties, Values::WideV})
     for (const char* m : kMasks)
       for (Dtype dt : {Dtype::F64, Dtype::F32}) {
         const cpu::Tiles t = (k % 3 == 0) ? cpu::Tiles{1, 1} : (k % 3 == 1) ? cpu::Tiles{7, 64} : cpu::Tiles{128, 128};
         out.push_back({make(1, 4, 2, 203, 113, 64, m, dt, t, (k % 2) ? Layout::BSHD : Layout::BHSD, v, 5000 + k),
-                       to_string(v) + "_" + clean(m) + "_" + to_string(dt) + "_Br" + std::to_string(t.Br)});
+                       to_string(v) + "_" + param_name(m) + "_" + to_string(dt) + "_Br" + std::to_string(t.Br)});
         ++k;
       }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(ValuesByMask, SlowSweep, ::testing::ValuesIn(value_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(ValuesByMask, SlowSweep, ::testing::ValuesIn(value_cases()), testutil::ByName());
 
 // Blocks at N = 1023: striped and zigzag positions, forward_block + merge and backward_block sums.
 struct BlockParam {
@@ -129,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockParam{"window:100,0+block:32x32@0.7", cputest::Split::Zigzag, 3},
                       BlockParam{"none", cputest::Split::Random, 5}),
     [](const auto& info) {
-      return clean(info.param.mask) + "_" + cputest::to_string(info.param.split) + std::to_string(info.param.parts);
+      return param_name(info.param.mask) + "_" + cputest::to_string(info.param.split) +
+             std::to_string(info.param.parts);
     });
 
 }  // namespace

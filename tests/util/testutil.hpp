@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -32,6 +33,21 @@ void expect_pass(const std::vector<Metrics>& ms, const std::string& context = ""
 
 // The worst err/bound over ms (for printing typical values).
 double worst_err_bound(const std::vector<Metrics>& ms);
+
+// s with every character gtest refuses in a parameterized test's name (all but [A-Za-z0-9]) as '_'.
+inline std::string param_name(std::string s) {
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+// The test name of a parameter that carries its own (a `name` member), for INSTANTIATE_TEST_SUITE_P.
+struct ByName {
+  template <class P>
+  std::string operator()(const ::testing::TestParamInfo<P>& info) const {
+    return info.param.name;
+  }
+};
 
 // Concatenation helper: cat(a, b) = a followed by b.
 std::vector<Metrics> cat(std::vector<Metrics> a, const std::vector<Metrics>& b);
