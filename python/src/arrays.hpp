@@ -31,6 +31,10 @@ inline std::string shape_str(const py::array& a) {
 
 inline const char* axes_of(Layout layout) { return layout == Layout::BSHD ? "(B, N, H, d)" : "(B, H, N, d)"; }
 
+// A dtype's size in bytes, read through Python: pybind11 before 2.12 reads it from NumPy 1's C
+// struct layout, which NumPy 2 changed (garbage there, and Debian 12 ships pybind11 2.10).
+inline int64_t itemsize_of(const py::dtype& t) { return t.attr("itemsize").cast<int64_t>(); }
+
 // The element type of a floating-point array (native byte order); anything else is an Error
 // naming the argument.
 inline Dtype dtype_of_array(const py::array& a, const char* name) {
@@ -38,14 +42,16 @@ inline Dtype dtype_of_array(const py::array& a, const char* name) {
   const std::string text = py::str(static_cast<const py::handle&>(t));
   const std::string order = py::str(t.attr("byteorder"));
   if (order == ">") fail(name, " is big-endian (dtype ", text, "): native byte order expected");
-  if (t.kind() == 'f') {
-    if (t.itemsize() == 8) return Dtype::F64;
-    if (t.itemsize() == 4) return Dtype::F32;
-    if (t.itemsize() == 2) return Dtype::F16;
+  const std::string kind = py::str(t.attr("kind"));  // through Python, as itemsize_of
+  const int64_t size = itemsize_of(t);
+  if (kind == "f") {
+    if (size == 8) return Dtype::F64;
+    if (size == 4) return Dtype::F32;
+    if (size == 2) return Dtype::F16;
   }
   // NumPy has no bfloat16: the package hands bf16 tensors over as their uint16 bits (same memory,
   // same strides) and refuses integer arrays from its callers, so uint16 here means bf16.
-  if (t.kind() == 'u' && t.itemsize() == 2) return Dtype::BF16;
+  if (kind == "u" && size == 2) return Dtype::BF16;
   fail(name, " has dtype ", text, ": float64, float32, float16 or bfloat16 (as uint16 bits) expected");
 }
 
@@ -86,7 +92,7 @@ inline In4 in4(const py::array& a, Layout layout, const char* name) {
   int64_t dim[4];
   logical_dims(a, layout, name, dim);
   const bool bshd = layout == Layout::BSHD;
-  const int64_t item = a.itemsize();
+  const int64_t item = itemsize_of(a.dtype());
   const int64_t bytes[4] = {a.strides(0), a.strides(bshd ? 2 : 1), a.strides(bshd ? 1 : 2), a.strides(3)};
   bool in_place = r.dtype == Dtype::F64 && reinterpret_cast<uintptr_t>(a.data()) % alignof(double) == 0;
   for (int k = 0; k < 4; ++k) in_place = in_place && bytes[k] >= 0 && bytes[k] % item == 0;
