@@ -14,20 +14,12 @@
 #include "burstlab/error.hpp"
 #include "burstlab/names.hpp"
 #include "reference.hpp"
+#include "streams.hpp"
 
 namespace burstlab {
 namespace {
 
-// splitmix64: decorrelates (seed, stream) pairs before they seed mt19937_64.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-std::mt19937_64 stream(uint64_t seed, uint64_t id) {
-  return std::mt19937_64(splitmix64(splitmix64(seed) ^ (0xD1B54A32D192ED03ull * (id + 1))));
-}
+using reference::stream;
 enum StreamId : uint64_t { kQ = 1, kK = 2, kV = 3, kdO = 4, kDocQ = 11, kDocK = 12, kBlock = 21 };
 
 // Fills t in LOGICAL order (b, h, n, k), so BSHD and BHSD inputs of one seed hold the same values.

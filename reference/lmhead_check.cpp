@@ -9,34 +9,24 @@
 #include <random>
 
 #include "burstlab/error.hpp"
+#include "eigen_views.hpp"
 #include "reference_lmhead.hpp"
+#include "streams.hpp"
 
 namespace burstlab {
 namespace {
 
-using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using DynStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-using ConstMapD = Eigen::Map<const MatD, 0, DynStride>;
+using MatD = reference::eigen::Mat<double>;
+using ConstMapD = reference::eigen::ConstMap<double>;
+using reference::eigen::map;
+using reference::stream;
 
 constexpr double kSafety = kRuleSafety;
 // Rows per chunk of the bounds: four (chunk, V) fp64 matrices live at once (256 rows, V = 128K:
 // 1 GiB); small enough to leave room for the oracle's own (N, V) logits.
 constexpr int64_t kChunk = 256;
 
-ConstMapD map(const View2<const double>& v) {
-  return ConstMapD(v.data, v.dim[0], v.dim[1], DynStride(v.stride[0], v.stride[1]));
-}
-
-// As reference/harness.cpp: each tensor draws from its own stream, seeded through splitmix64.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-std::mt19937_64 stream(uint64_t seed, uint64_t id) {
-  return std::mt19937_64(splitmix64(splitmix64(seed) ^ (0xD1B54A32D192ED03ull * (id + 1))));
-}
+// Streams of their own (reference/streams.hpp), apart from the attention harness's ids.
 enum StreamId : uint64_t { kH = 101, kW = 102, kY = 103 };
 
 template <class Draw>

@@ -14,24 +14,16 @@
 #include <limits>
 
 #include "burstlab/mask.hpp"
+#include "eigen_views.hpp"
 #include "burstlab/parallel.hpp"
 #include "burstlab/problem.hpp"
 
 namespace burstlab::reference {
 namespace {
 
-template <class T>
-using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using DynStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-template <class T>
-using ConstMap = Eigen::Map<const Mat<T>, 0, DynStride>;
-
-// The (N, d) slice of a 4-D view at (b, h) as a row-major matrix: rows step stride[2], columns
-// stride[3]. No copy.
-template <class T>
-ConstMap<T> slice(const View4<const T>& v, int64_t b, int64_t h) {
-  return ConstMap<T>(v.row(b, h, 0), v.dim[2], v.dim[3], DynStride(v.stride[2], v.stride[3]));
-}
+using eigen::ConstMap;
+using eigen::Mat;
+using eigen::slice;
 
 // Writes an (N, d) matrix into the view's (b, h) slice, element by element (outputs overwritten).
 template <class T>

@@ -8,20 +8,14 @@
 #include <cmath>
 #include <limits>
 
+#include "eigen_views.hpp"
+
 
 namespace burstlab::reference {
 namespace {
 
-template <class T>
-using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using DynStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-template <class T>
-using ConstMap = Eigen::Map<const Mat<T>, 0, DynStride>;
-
-template <class T>
-ConstMap<T> map(const View2<const T>& v) {
-  return ConstMap<T>(v.data, v.dim[0], v.dim[1], DynStride(v.stride[0], v.stride[1]));
-}
+using eigen::map;
+using eigen::Mat;
 template <class T>
 void store(const View2<T>& v, const Mat<T>& m) {
   for (int64_t r = 0; r < m.rows(); ++r)

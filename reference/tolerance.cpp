@@ -23,24 +23,21 @@
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
 #include "burstlab/parallel.hpp"
+#include "eigen_views.hpp"
 
 namespace burstlab {
 namespace {
 
-using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatD = reference::eigen::Mat<double>;
 using VecD = Eigen::VectorXd;
-using DynStride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-using ConstMapD = Eigen::Map<const MatD, 0, DynStride>;
+using ConstMapD = reference::eigen::ConstMap<double>;
+using reference::eigen::slice;
 
 constexpr double kSafety = kRuleSafety;  // see the header comment: first-order bounds, doubled
 
 // OpenMP only when there is enough work (see reference.cpp).
 bool worth_threads(const Problem& p, int64_t items) {
   return items > 1 && double(p.B) * double(p.H_q) * double(p.N_q) * double(p.N_k) * double(p.d) >= 65536.0;
-}
-
-ConstMapD slice(const View4<const double>& v, int64_t b, int64_t h) {
-  return ConstMapD(v.row(b, h, 0), v.dim[2], v.dim[3], DynStride(v.stride[2], v.stride[3]));
 }
 
 using Precision = RuleConstants;  // §9.1
@@ -324,39 +321,40 @@ BackwardBounds backward_bounds(const Problem& p, Dtype dtype, View4<const double
   return out;
 }
 
-template <class T>
-Metrics compare(const char* name, View4<const T> got, View4<const double> want,
-                View4<const double> bound) {
-  check_dims<4>(name, got.dim, want.dim, "oracle");
-  check_dims<4>(name, bound.dim, want.dim, "oracle");
+// Element idx of a 3-D or 4-D view.
+template <int N, class V>
+auto element(const V& v, const int64_t* idx) {
+  if constexpr (N == 4) return v(idx[0], idx[1], idx[2], idx[3]);
+  else return v(idx[0], idx[1], idx[2]);
+}
+
+// Every element of got against want and bound, in row-major order (the first failure reported is
+// the first in that order).
+template <int N, class Got, class Want>
+Metrics compare_all(const char* name, const Got& got, const Want& want, const Want& bound) {
+  check_dims<N>(name, got.dim, want.dim, "oracle");
+  check_dims<N>(name, bound.dim, want.dim, "oracle");
   if (!got.data) fail(name, " (null) must point to data");
   Metrics m;
   m.tensor = name;
-  int64_t idx[4];
-  for (idx[0] = 0; idx[0] < want.dim[0]; ++idx[0])
-    for (idx[1] = 0; idx[1] < want.dim[1]; ++idx[1])
-      for (idx[2] = 0; idx[2] < want.dim[2]; ++idx[2])
-        for (idx[3] = 0; idx[3] < want.dim[3]; ++idx[3])
-          compare_element(m, static_cast<double>(got(idx[0], idx[1], idx[2], idx[3])),
-                      want(idx[0], idx[1], idx[2], idx[3]), bound(idx[0], idx[1], idx[2], idx[3]), idx, 4);
+  int64_t total = 1, idx[N] = {};
+  for (int a = 0; a < N; ++a) total *= want.dim[a];
+  for (int64_t n = 0; n < total; ++n) {
+    compare_element(m, static_cast<double>(element<N>(got, idx)), element<N>(want, idx), element<N>(bound, idx),
+                    idx, N);
+    for (int a = N - 1; a >= 0 && ++idx[a] == want.dim[a]; --a) idx[a] = 0;  // the next index, last fastest
+  }
   return m;
 }
 
 template <class T>
-Metrics compare(const char* name, View3<const T> got, View3<const double> want,
-                View3<const double> bound) {
-  check_dims<3>(name, got.dim, want.dim, "oracle");
-  check_dims<3>(name, bound.dim, want.dim, "oracle");
-  if (!got.data) fail(name, " (null) must point to data");
-  Metrics m;
-  m.tensor = name;
-  int64_t idx[3];
-  for (idx[0] = 0; idx[0] < want.dim[0]; ++idx[0])
-    for (idx[1] = 0; idx[1] < want.dim[1]; ++idx[1])
-      for (idx[2] = 0; idx[2] < want.dim[2]; ++idx[2])
-        compare_element(m, static_cast<double>(got(idx[0], idx[1], idx[2])), want(idx[0], idx[1], idx[2]),
-                    bound(idx[0], idx[1], idx[2]), idx, 3);
-  return m;
+Metrics compare(const char* name, View4<const T> got, View4<const double> want, View4<const double> bound) {
+  return compare_all<4>(name, got, want, bound);
+}
+
+template <class T>
+Metrics compare(const char* name, View3<const T> got, View3<const double> want, View3<const double> bound) {
+  return compare_all<3>(name, got, want, bound);
 }
 
 Metrics combine(const Metrics* ms, int n, const char* name) {
