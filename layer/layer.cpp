@@ -225,33 +225,30 @@ namespace {
 // team's start and barrier per call, and far more on a loaded machine. Bits do not depend on it.
 inline bool worth_threads(int64_t m, int64_t k, int64_t n) { return double(m) * double(k) * double(n) >= 1 << 20; }
 
-// C (m, n) = A (m, k) B (k, n). Row i of C by one thread, c_ij summed over k in order.
+// C (rows, n), row r = sum over s = 0, 1, ... of A[r a_r + s a_s] B[s, :], in that order, by one
+// thread: the product and the weight-gradient product below, with A read straight or transposed.
 template <class T>
-void matmul(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_threads(m, k, n))
-  for (int64_t i = 0; i < m; ++i) {
-    T* c = C + i * n;
+void sum_scaled_rows(const T* A, int64_t a_r, int64_t a_s, const T* B, T* C, int64_t rows, int64_t inner, int64_t n) {
+#pragma omp parallel for schedule(static) if (worth_threads(rows, inner, n))
+  for (int64_t r = 0; r < rows; ++r) {
+    T* c = C + r * n;
     for (int64_t j = 0; j < n; ++j) c[j] = T(0);
-    for (int64_t t = 0; t < k; ++t) {
-      const T a = A[i * k + t];
-      const T* b = B + t * n;
+    for (int64_t s = 0; s < inner; ++s) {
+      const T a = A[r * a_r + s * a_s];
+      const T* b = B + s * n;
       for (int64_t j = 0; j < n; ++j) c[j] += a * b[j];
     }
   }
 }
+// C (m, n) = A (m, k) B (k, n). Row i of C by one thread, c_ij summed over k in order.
+template <class T>
+void matmul(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
+  sum_scaled_rows(A, k, 1, B, C, m, k, n);
+}
 // C (k, n) = A^T B with A (m, k), B (m, n): a weight gradient, summed over the m tokens in order.
 template <class T>
 void matmul_tn(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
-#pragma omp parallel for schedule(static) if (worth_threads(m, k, n))
-  for (int64_t t = 0; t < k; ++t) {
-    T* c = C + t * n;
-    for (int64_t j = 0; j < n; ++j) c[j] = T(0);
-    for (int64_t i = 0; i < m; ++i) {
-      const T a = A[i * k + t];
-      const T* b = B + i * n;
-      for (int64_t j = 0; j < n; ++j) c[j] += a * b[j];
-    }
-  }
+  sum_scaled_rows(A, 1, k, B, C, k, m, n);
 }
 // C (m, k) = A B^T with A (m, n), B (k, n): a gradient through a weight.
 template <class T>
@@ -265,6 +262,38 @@ void matmul_nt(const T* A, const T* B, T* C, int64_t m, int64_t k, int64_t n) {
       for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
       C[i * k + t] = s;
     }
+}
+
+// Rows of the kept segments (sequence placement).
+int64_t kept_rows(const Checkpointing& c) {
+  int64_t n = 0;
+  for (size_t k = 0; k < c.keep.size(); ++k)
+    if (c.keep[k]) n += c.bounds[k + 1] - c.bounds[k];
+  return n;
+}
+
+// The kept segments' rows between the full activations A (B, N, H_q d), LSE (B, H_q, N) and the
+// saved ones, kept_A (B, n_keep, H_q d), kept_LSE (B, H_q, n_keep): Save copies full -> saved,
+// otherwise saved -> full.
+template <bool Save, class Full, class Kept>
+void copy_kept(const Checkpointing& c, int64_t B, int64_t N, int64_t H, int64_t qd, Full& A, Full& LSE, Kept& kept_A,
+               Kept& kept_LSE) {
+  const int64_t n_keep = kept_rows(c);
+  auto copy = [](auto full, auto kept, int64_t n) {
+    if constexpr (Save) std::copy_n(full, n, kept);
+    else std::copy_n(kept, n, full);
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t r = 0;
+    for (size_t k = 0; k < c.keep.size(); ++k) {
+      if (!c.keep[k]) continue;
+      const int64_t i0 = c.bounds[k], n = c.bounds[k + 1] - i0;
+      copy(A.begin() + (b * N + i0) * qd, kept_A.begin() + (b * n_keep + r) * qd, n * qd);
+      for (int64_t h = 0; h < H; ++h)
+        copy(LSE.begin() + (b * H + h) * N + i0, kept_LSE.begin() + (b * H + h) * n_keep + r, n);
+      r += n;
+    }
+  }
 }
 
 template <class T>
@@ -366,22 +395,10 @@ std::vector<T> forward(const Shape& s, const Weights<T>& w, const std::vector<T>
       break;
     case Placement::Sequence: {  // the kept segments' rows, in order
       const int64_t B = s.p.B, N = s.p.N_q, H = s.p.H_q, qd = H * s.p.d;
-      int64_t n_keep = 0;
-      for (size_t k = 0; k < ckpt.keep.size(); ++k)
-        if (ckpt.keep[k]) n_keep += ckpt.bounds[k + 1] - ckpt.bounds[k];
+      const int64_t n_keep = kept_rows(ckpt);
       saved.A.resize(B * n_keep * qd);   // (B, n_keep, H_q d)
       saved.LSE.resize(B * H * n_keep);  // (B, H_q, n_keep)
-      for (int64_t b = 0; b < B; ++b) {
-        int64_t r = 0;
-        for (size_t k = 0; k < ckpt.keep.size(); ++k) {
-          if (!ckpt.keep[k]) continue;
-          const int64_t i0 = ckpt.bounds[k], n = ckpt.bounds[k + 1] - i0;
-          std::copy_n(a.A.begin() + (b * N + i0) * qd, n * qd, saved.A.begin() + (b * n_keep + r) * qd);
-          for (int64_t h = 0; h < H; ++h)
-            std::copy_n(a.LSE.begin() + (b * H + h) * N + i0, n, saved.LSE.begin() + (b * H + h) * n_keep + r);
-          r += n;
-        }
-      }
+      copy_kept<true>(ckpt, B, N, H, qd, a.A, a.LSE, saved.A, saved.LSE);
       break;
     }
   }
@@ -425,9 +442,7 @@ Grads<T> backward(const Shape& s, const Weights<T>& w, const Saved<T>& saved, co
       mlp_inputs(s, w, x, saved.A, a);
       break;
     case Placement::Sequence: {
-      int64_t n_keep = 0;
-      for (size_t k = 0; k < ckpt.keep.size(); ++k)
-        if (ckpt.keep[k]) n_keep += ckpt.bounds[k + 1] - ckpt.bounds[k];
+      const int64_t n_keep = kept_rows(ckpt);
       check_size3("saved.A", saved.A.size(), "(B, n_keep, H_q d)", B, n_keep, qd);
       check_size3("saved.LSE", saved.LSE.size(), "(B, H_q, n_keep)", B, H, n_keep);
       project(s, w, x, a);
@@ -435,17 +450,7 @@ Grads<T> backward(const Shape& s, const Weights<T>& w, const Saved<T>& saved, co
       a.LSE.resize(B * H * N);
       const View4<T> A4 = heads(a.A, s, H);
       const View3<T> L3 = view3(a.LSE.data(), B, H, N);
-      for (int64_t b = 0; b < B; ++b) {  // kept rows back in place
-        int64_t r = 0;
-        for (size_t k = 0; k < ckpt.keep.size(); ++k) {
-          if (!ckpt.keep[k]) continue;
-          const int64_t i0 = ckpt.bounds[k], n = ckpt.bounds[k + 1] - i0;
-          std::copy_n(saved.A.begin() + (b * n_keep + r) * qd, n * qd, a.A.begin() + (b * N + i0) * qd);
-          for (int64_t h = 0; h < H; ++h)
-            std::copy_n(saved.LSE.begin() + (b * H + h) * n_keep + r, n, a.LSE.begin() + (b * H + h) * N + i0);
-          r += n;
-        }
-      }
+      copy_kept<false>(ckpt, B, N, H, qd, a.A, a.LSE, saved.A, saved.LSE);  // kept rows back in place
       for (size_t k = 0; k < ckpt.keep.size(); ++k) {  // the other rows' attention forward
         if (ckpt.keep[k]) continue;
         if (!attn.forward_rows)

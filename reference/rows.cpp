@@ -449,35 +449,32 @@ void check_holds(const char* name, const int64_t* dim, int rank, int64_t b, int6
            ", d=", d, ")");
 }
 
-Metrics rows_metrics(const char* name, const std::vector<RowId>& rows, const std::vector<double>& want,
-                     const std::vector<double>& bound, View4<const double> got) {
+// The sampled rows (or columns) of got, (b, h, n_of(id), k) for every id, against want and bound
+// (one d-wide row per id).
+template <class Id, class N>
+Metrics sampled_metrics(const char* name, const std::vector<Id>& ids, const std::vector<double>& want,
+                        const std::vector<double>& bound, View4<const double> got, N n_of) {
   Metrics m;
   m.tensor = name;
   if (!got.data) fail(name, " (null) must point to data");
-  const int64_t d = rows.empty() ? 0 : static_cast<int64_t>(want.size() / rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    check_holds(name, got.dim, 4, rows[r].b, rows[r].h, rows[r].i, d);
+  const int64_t d = ids.empty() ? 0 : static_cast<int64_t>(want.size() / ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const int64_t b = ids[r].b, h = ids[r].h, n = n_of(ids[r]);
+    check_holds(name, got.dim, 4, b, h, n, d);
     for (int64_t k = 0; k < d; ++k) {
-      const int64_t idx[4] = {rows[r].b, rows[r].h, rows[r].i, k};
-      compare_element(m, got(rows[r].b, rows[r].h, rows[r].i, k), want[r * d + k], bound[r * d + k], idx, 4);
+      const int64_t idx[4] = {b, h, n, k};
+      compare_element(m, got(b, h, n, k), want[r * d + k], bound[r * d + k], idx, 4);
     }
   }
   return m;
 }
+Metrics rows_metrics(const char* name, const std::vector<RowId>& rows, const std::vector<double>& want,
+                     const std::vector<double>& bound, View4<const double> got) {
+  return sampled_metrics(name, rows, want, bound, got, [](const RowId& x) { return x.i; });
+}
 Metrics columns_metrics(const char* name, const std::vector<ColumnId>& cols, const std::vector<double>& want,
                         const std::vector<double>& bound, View4<const double> got) {
-  Metrics m;
-  m.tensor = name;
-  if (!got.data) fail(name, " (null) must point to data");
-  const int64_t d = cols.empty() ? 0 : static_cast<int64_t>(want.size() / cols.size());
-  for (size_t r = 0; r < cols.size(); ++r) {
-    check_holds(name, got.dim, 4, cols[r].b, cols[r].h, cols[r].j, d);
-    for (int64_t k = 0; k < d; ++k) {
-      const int64_t idx[4] = {cols[r].b, cols[r].h, cols[r].j, k};
-      compare_element(m, got(cols[r].b, cols[r].h, cols[r].j, k), want[r * d + k], bound[r * d + k], idx, 4);
-    }
-  }
-  return m;
+  return sampled_metrics(name, cols, want, bound, got, [](const ColumnId& x) { return x.j; });
 }
 }  // namespace
 
