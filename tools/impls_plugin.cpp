@@ -120,11 +120,21 @@ Impl make_plugin_impl(const std::string& name) {
             (lib->device ? " (device memory)" : " (host memory)");
   m.dtypes = lib->dtypes;
   m.suite_dtypes = lib->dtypes;
+  // A plug-in whose supports declines the backward of a plain problem has no backward pass
+  // (`--pass fwd`; suite runs its forward).
+  Problem plain;
+  plain.N_q = plain.N_k = 128;
+  plain.d = 64;
+  try {
+    plugin::check_supports(*lib, plain, lib->dtypes.front(), compile_mask(plain), true);
+  } catch (const Error&) {
+    m.has_backward = false;
+  }
   // The plug-in's own refusals (plugin.h's supports) before anything runs: a decline is bad input.
-  m.check = [lib](const Problem& p, Dtype dtype, const ImplOptions&) {
+  m.check = [lib, backward = m.has_backward](const Problem& p, Dtype dtype, const ImplOptions&) {
     const MaskData mask = compile_mask(p);
     plugin::check_supports(*lib, p, dtype, mask, false);
-    plugin::check_supports(*lib, p, dtype, mask, true);
+    if (backward) plugin::check_supports(*lib, p, dtype, mask, true);
   };
   m.prepare = [lib](const Problem& p, const Inputs& in, const ImplOptions&) {
     return dispatch_dtype(in.dtype, [&](auto tag) { return plugin_runner<typename decltype(tag)::type>(lib, p, in); });

@@ -1,0 +1,436 @@
+// plugins/cudnn/cudnn_plugin.cpp — an engine plug-in (include/burstlab/plugin.h) whose forward
+// blocks run cuDNN's fused attention (SDPA through cudnn-frontend's graph API) with its softmax
+// statistics as LSE, so the schedules merge its partials (eq. 4.5-4.7). Memory, the mask, the merge
+// and D run on burstlab's CUDA engine (cuda/cuda_engine.hpp): device memory, bf16 and fp16.
+// Declined, with the reason: documents and block-sparse masks, indexed positions, a band whose
+// diagonal in the block is neither top-left nor bottom-right aligned, d not a multiple of 8 or
+// above 256, non-unit innermost strides, and every backward block (cuDNN's SDPA backward derives
+// D from O, which Engine::backward_block does not receive; it takes D).
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+#include <cudnn_frontend.h>
+
+#include "burstlab/plugin.h"
+#include "cuda_engine.hpp"
+
+#define BURSTLAB_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using namespace burstlab;
+namespace fe = cudnn_frontend;
+
+// ---- status helpers: no exception crosses the C boundary
+struct Declined {
+  std::string why;
+};
+template <class F>
+int guarded(burstlab_status* st, F&& f) {
+  try {
+    f();
+    return BURSTLAB_OK;
+  } catch (const Declined& d) {
+    std::snprintf(st->message, sizeof st->message, "%s", d.why.c_str());
+    return BURSTLAB_DECLINED;
+  } catch (const std::exception& e) {
+    std::snprintf(st->message, sizeof st->message, "%s", e.what());
+  } catch (...) {
+    std::snprintf(st->message, sizeof st->message, "unknown exception");
+  }
+  return BURSTLAB_ERROR;
+}
+[[noreturn]] void decline(const std::string& why) { throw Declined{why}; }
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check_fe(fe::error_t e, const char* what) {  // by value: get_message() is not const
+  if (e.is_bad()) throw std::runtime_error(std::string("cudnn-frontend ") + what + ": " + e.get_message());
+}
+
+// ---- one plug-in engine: burstlab's CUDA engine of the dtype, and the buffers it handed out
+struct Plugged {
+  burstlab_dtype dtype;
+  std::unique_ptr<Engine<bf16_t>> bf16;
+  std::unique_ptr<Engine<f16_t>> f16;
+  std::mutex m;
+  std::unordered_map<void*, std::shared_ptr<void>> buffers;
+};
+template <class F>
+void with_engine(void* engine, F&& f) {
+  Plugged& c = *static_cast<Plugged*>(engine);
+  if (c.dtype == BURSTLAB_BF16) f(*c.bf16);
+  else f(*c.f16);
+}
+template <class T>
+T storage_of(const Engine<T>&);
+#define STORAGE(e) decltype(storage_of(e))
+
+struct Prepared {
+  MaskData host;
+  PreparedMask engine;
+};
+
+Dtype of(burstlab_dtype t) { return static_cast<Dtype>(t); }
+Problem problem_of(const burstlab_problem& c) {
+  Problem p;
+  p.B = c.B, p.H_q = c.H_q, p.H_kv = c.H_kv, p.N_q = c.N_q, p.N_k = c.N_k, p.d = c.d;
+  p.scale = c.scale;
+  return p;
+}
+MaskParams host_mask(const burstlab_mask& c) {
+  MaskParams m;
+  m.N_q = c.N_q, m.N_k = c.N_k, m.left = c.left, m.right = c.right;
+  m.doc = reinterpret_cast<const RowDoc*>(c.doc);
+  m.block = c.block;
+  m.block_q = c.block_q, m.block_k = c.block_k, m.n_block_k = c.n_block_k;
+  return m;
+}
+template <class U>
+View4<U> view_of(const burstlab_view4& c) {
+  View4<U> v;
+  v.data = static_cast<U*>(c.data);
+  for (int i = 0; i < 4; ++i) v.dim[i] = c.dim[i], v.stride[i] = c.stride[i];
+  return v;
+}
+template <class U>
+View3<U> view_of(const burstlab_view3& c) {
+  View3<U> v;
+  v.data = static_cast<U*>(c.data);
+  for (int i = 0; i < 3; ++i) v.dim[i] = c.dim[i], v.stride[i] = c.stride[i];
+  return v;
+}
+
+// ---- what cuDNN runs, decided on the host from the call alone
+struct Band {
+  bool none = true;                 // every pair of the block visible (no mask node)
+  bool hidden = false;              // no pair visible
+  bool bottom_right = false;        // the diagonal's alignment in the block
+  int64_t left = -1, right = -1;    // burstlab's band edges (-1: unbounded)
+};
+
+const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_mask& m, bool indexed) {
+  if (t != BURSTLAB_BF16 && t != BURSTLAB_F16) return "cuDNN's fused attention runs bf16 and fp16 here";
+  if (p.d % 8 != 0 || p.d > 256) return "cuDNN's fused attention needs d a multiple of 8, at most 256";
+  if (m.doc) return "document masks (segment ids) are not expressed to cuDNN by this plug-in";
+  if (m.block) return "block-sparse masks are not expressed to cuDNN by this plug-in";
+  if (indexed) return "indexed positions (a zigzag or striped shard that does not split into contiguous runs)";
+  return nullptr;
+}
+
+// The block's mask in its local indices: rows [q0, q0 + nq), keys [k0, k0 + nk) see keys
+// i + off - left <= j <= i + off + right (eq. 3.4 without documents), off = q0 - k0 + N_k - N_q.
+Band band_of(const burstlab_block& b) {
+  const MaskParams m = host_mask(b.mask);
+  const int64_t nq = b.q.n, nk = b.k.n, q0 = b.q.start, k0 = b.k.start;
+  Band band;
+  const int64_t visible = count_visible(m, q0, q0 + nq, k0, k0 + nk);
+  if (visible == nq * nk) return band;
+  band.none = false;
+  if (visible == 0) {
+    band.hidden = true;
+    return band;
+  }
+  const int64_t off = q0 - k0 + (m.N_k - m.N_q);
+  if (off == 0) band.bottom_right = false;
+  else if (off == nk - nq) band.bottom_right = true;
+  else {
+    std::ostringstream s;
+    s << "the band's diagonal sits at key offset " << off << " in this " << nq << " x " << nk
+      << " block; cuDNN aligns it top-left (0) or bottom-right (" << nk - nq << ")";
+    decline(s.str());
+  }
+  band.left = m.left;
+  band.right = m.right;
+  return band;
+}
+
+// ---- cuDNN handles and graphs: a handle and a stream per thread (and so per device), graphs
+// built once per shape, strides and mask
+struct ThreadCudnn {
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<void> workspace;
+  int64_t workspace_bytes = 0;
+  ThreadCudnn() {
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnCreate failed");
+    cudnnSetStream(handle, stream);
+  }
+  ~ThreadCudnn() {
+    if (handle) cudnnDestroy(handle);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  void* ensure(int64_t bytes) {
+    if (bytes > workspace_bytes) {
+      void* p = nullptr;
+      check_cuda(cudaMalloc(&p, size_t(bytes)), "cudaMalloc (cuDNN workspace)");
+      workspace = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+      workspace_bytes = bytes;
+    }
+    return workspace.get();
+  }
+};
+ThreadCudnn& thread_cudnn() {
+  thread_local ThreadCudnn t;
+  return t;
+}
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats };
+
+std::vector<int64_t> dims4(const burstlab_view4& v) { return {v.dim[0], v.dim[1], v.dim[2], v.dim[3]}; }
+std::vector<int64_t> strides4(const burstlab_view4& v) { return {v.stride[0], v.stride[1], v.stride[2], v.stride[3]}; }
+
+struct Forward {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+};
+
+std::shared_ptr<Forward> forward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view3& LSE,
+                                       const Band& band, cudnnHandle_t handle) {
+  static std::mutex m;
+  static std::map<std::string, std::shared_ptr<Forward>> cache;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::ostringstream key;
+  key << device << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right << ' ' << band.left
+      << ' ' << band.right;
+  for (const burstlab_view4* v : {&b.Q, &b.K, &b.V, &O})
+    for (int i = 0; i < 4; ++i) key << ' ' << v->dim[i] << ':' << v->stride[i];
+  for (int i = 0; i < 3; ++i) key << ' ' << LSE.dim[i] << ':' << LSE.stride[i];
+  std::lock_guard<std::mutex> lock(m);
+  auto it = cache.find(key.str());
+  if (it != cache.end()) return it->second;
+
+  auto f = std::make_shared<Forward>();
+  f->graph = std::make_shared<fe::graph::Graph>();
+  fe::graph::Graph& g = *f->graph;
+  g.set_io_data_type(b.dtype == BURSTLAB_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const auto tensor = [&](const char* name, Uid uid, const burstlab_view4& v) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims4(v)).set_stride(strides4(v)));
+  };
+  auto Q = tensor("Q", kQ, b.Q), K = tensor("K", kK, b.K), V = tensor("V", kV, b.V);
+  auto opts = fe::graph::SDPA_attributes().set_name("block").set_generate_stats(true).set_attn_scale(
+      static_cast<float>(b.problem.scale));
+  if (!band.none) {
+    opts.set_diagonal_alignment(band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                  : fe::DiagonalAlignment_t::TOP_LEFT);
+    // burstlab: keys diag - left .. diag + right visible; cuDNN's left bound counts the diagonal
+    // (a window of left + 1 keys ending at it).
+    if (band.right >= 0) opts.set_diagonal_band_right_bound(static_cast<int>(band.right));
+    if (band.left >= 0) opts.set_diagonal_band_left_bound(static_cast<int>(band.left + 1));
+  }
+  auto [Out, Stats] = g.sdpa(Q, K, V, opts);
+  Out->set_output(true).set_uid(kO).set_dim(dims4(O)).set_stride(strides4(O));
+  Stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({LSE.dim[0], LSE.dim[1], LSE.dim[2], 1})
+      .set_stride({LSE.stride[0], LSE.stride[1], LSE.stride[2], 1});
+  check_fe(g.validate(), "validate");
+  check_fe(g.build_operation_graph(handle), "build_operation_graph");
+  check_fe(g.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  fe::error_t supported = g.check_support(handle);
+  if (supported.is_bad()) decline("cuDNN has no engine for this block: " + supported.get_message());
+  check_fe(g.build_plans(handle), "build_plans");
+  check_fe(g.get_workspace_size(f->workspace), "get_workspace_size");
+  cache.emplace(key.str(), f);
+  return f;
+}
+
+// ---- the ABI
+bool runs(burstlab_dtype t) { return t == BURSTLAB_BF16 || t == BURSTLAB_F16; }
+
+int create(burstlab_dtype dtype, void** engine, burstlab_status* st) {
+  return guarded(st, [&] {
+    if (!runs(dtype)) decline("cuDNN's fused attention runs bf16 and fp16 here");
+    auto c = std::make_unique<Plugged>();
+    c->dtype = dtype;
+    if (dtype == BURSTLAB_BF16) c->bf16 = cuda::make_engine<bf16_t>();
+    else c->f16 = cuda::make_engine<f16_t>();
+    *engine = c.release();
+  });
+}
+void destroy(void* engine) { delete static_cast<Plugged*>(engine); }
+int allocate(void* engine, int64_t bytes, void** ptr, burstlab_status* st) {
+  return guarded(st, [&] {
+    Plugged& c = *static_cast<Plugged*>(engine);
+    std::shared_ptr<void> hold;
+    with_engine(engine, [&](auto& e) { hold = e.allocate(bytes); });
+    *ptr = hold.get();
+    std::lock_guard<std::mutex> lock(c.m);
+    c.buffers[*ptr] = std::move(hold);
+  });
+}
+void release_memory(void* engine, void* ptr) {
+  Plugged& c = *static_cast<Plugged*>(engine);
+  std::shared_ptr<void> hold;
+  std::lock_guard<std::mutex> lock(c.m);
+  auto it = c.buffers.find(ptr);
+  if (it == c.buffers.end()) return;
+  hold = std::move(it->second);
+  c.buffers.erase(it);
+}
+int upload(void* engine, void* dst, const void* host, int64_t bytes, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.upload(dst, host, bytes); }); });
+}
+int download(void* engine, void* host, const void* src, int64_t bytes, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.download(host, src, bytes); }); });
+}
+int copy(void* engine, void* dst, const void* src, int64_t bytes, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.copy(dst, src, bytes); }); });
+}
+int fill(void* engine, void* dst, int64_t n, burstlab_dtype t, double value, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.fill(dst, n, of(t), value); }); });
+}
+int add(void* engine, void* acc, const void* in, int64_t n, burstlab_dtype t, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.add(acc, in, n, of(t)); }); });
+}
+int synchronize(void* engine, burstlab_status* st) {
+  return guarded(st, [&] { with_engine(engine, [&](auto& e) { e.synchronize(); }); });
+}
+int prepare(void* engine, const burstlab_mask* mask, void** prepared, burstlab_status* st) {
+  return guarded(st, [&] {
+    auto pr = std::make_unique<Prepared>();
+    pr->host.base = host_mask(*mask);
+    pr->host.base.doc = nullptr;
+    pr->host.base.block = nullptr;
+    if (mask->doc)
+      pr->host.doc.assign(reinterpret_cast<const RowDoc*>(mask->doc), reinterpret_cast<const RowDoc*>(mask->doc) + mask->N_q);
+    if (mask->block)
+      pr->host.block.assign(mask->block, mask->block + (mask->N_q + mask->block_q - 1) / mask->block_q * mask->n_block_k);
+    with_engine(engine, [&](auto& e) { pr->engine = e.prepare(pr->host); });
+    *prepared = pr.release();
+  });
+}
+void release(void*, void* prepared) { delete static_cast<Prepared*>(prepared); }
+
+// One block through cuDNN into (O, LSE), or into scratch merged into them when accumulating.
+int forward_block(void* engine, const burstlab_block* b, int accumulate, burstlab_status* st) {
+  return guarded(st, [&] {
+    if (const char* why = refusal(b->dtype, b->problem, b->mask, b->q.index || b->k.index)) decline(why);
+    for (const burstlab_view4* v : {&b->Q, &b->K, &b->V, &b->O})
+      if (v->stride[3] != 1) decline("cuDNN needs unit stride along d");
+    const Band band = band_of(*b);
+    with_engine(engine, [&](auto& e) {
+      using T = STORAGE(e);
+      if (band.hidden) {  // nothing to attend: the engine writes the identity (or leaves the rows)
+        const Prepared& pr = *static_cast<const Prepared*>(b->prepared);
+        PreparedMask m = pr.engine;
+        const MaskParams call = host_mask(b->mask);
+        m.params.N_q = call.N_q, m.params.N_k = call.N_k, m.params.left = call.left, m.params.right = call.right;
+        e.forward_block(problem_of(b->problem), m, Positions{b->q.start, b->q.n, nullptr},
+                        Positions{b->k.start, b->k.n, nullptr}, view_of<const T>(b->Q), view_of<const T>(b->K),
+                        view_of<const T>(b->V), view_of<T>(b->O), view_of<float>(b->LSE), accumulate != 0);
+        return;
+      }
+      ThreadCudnn& tc = thread_cudnn();
+      // Scratch for a partial to merge: contiguous (B, H_q, n, d) and (B, H_q, n).
+      burstlab_view4 O = b->O;
+      burstlab_view3 LSE = b->LSE;
+      std::shared_ptr<void> o_part, l_part;
+      if (accumulate) {
+        const int64_t Bn = b->O.dim[0], H = b->O.dim[1], n = b->O.dim[2], d = b->O.dim[3];
+        o_part = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
+        l_part = e.allocate(Bn * H * n * int64_t(sizeof(float)));
+        O = burstlab_view4{o_part.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
+        LSE = burstlab_view3{l_part.get(), {Bn, H, n}, {H * n, n, 1}};
+      }
+      const std::shared_ptr<Forward> f = forward_graph(*b, O, LSE, band, tc.handle);
+      std::unordered_map<int64_t, void*> pack = {
+          {kQ, b->Q.data}, {kK, b->K.data}, {kV, b->V.data}, {kO, O.data}, {kStats, LSE.data}};
+      e.synchronize();  // the engine's stream has written Q, K, V (and the rows merged into)
+      check_fe(f->graph->execute(tc.handle, pack, tc.ensure(f->workspace)), "execute");
+      check_cuda(cudaStreamSynchronize(tc.stream), "cudaStreamSynchronize (cuDNN)");
+      if (accumulate)
+        e.merge(view_of<T>(b->O), view_of<float>(b->LSE), view_of<const T>(O), view_of<const float>(LSE));
+    });
+  });
+}
+int merge(void* engine, burstlab_dtype, burstlab_view4 O, burstlab_view3 LSE, burstlab_view4 O_part,
+          burstlab_view3 LSE_part, burstlab_status* st) {
+  return guarded(st, [&] {
+    with_engine(engine, [&](auto& e) {
+      using T = STORAGE(e);
+      e.merge(view_of<T>(O), view_of<float>(LSE), view_of<const T>(O_part), view_of<const float>(LSE_part));
+    });
+  });
+}
+int compute_D(void* engine, burstlab_dtype, burstlab_view4 O, burstlab_view4 dO, burstlab_view3 D, burstlab_status* st) {
+  return guarded(st, [&] {
+    with_engine(engine, [&](auto& e) {
+      using T = STORAGE(e);
+      e.compute_D(view_of<const T>(O), view_of<const T>(dO), view_of<float>(D));
+    });
+  });
+}
+constexpr const char* kNoBackward =
+    "cuDNN's SDPA backward derives D from O; a burstlab backward block receives D and the rows' LSE, not O";
+int backward_block(void*, const burstlab_block*, burstlab_status* st) {
+  std::snprintf(st->message, sizeof st->message, "%s", kNoBackward);
+  return BURSTLAB_DECLINED;
+}
+int supports(const burstlab_query* q, burstlab_status* st) {
+  return guarded(st, [&] {
+    if (q->pass == BURSTLAB_PASS_BACKWARD) decline(kNoBackward);
+    if (const char* why = refusal(q->dtype, q->problem, q->mask, q->q_indexed || q->k_indexed)) decline(why);
+    std::string why;
+    if (!cuda::gpu_available(&why)) decline("no usable GPU: " + why);
+  });
+}
+int transport_copy(void* dst, const void* src, int64_t bytes, burstlab_status* st) {
+  return guarded(st, [&] { cuda::transport_copy(dst, src, bytes); });
+}
+int transport_poison(void* dst, int64_t bytes, burstlab_status* st) {
+  return guarded(st, [&] { cuda::transport_poison(dst, bytes); });
+}
+
+burstlab_api_v1 make_table() {
+  burstlab_api_v1 t;
+  std::memset(&t, 0, sizeof t);
+  t.abi_version = BURSTLAB_PLUGIN_ABI_VERSION;
+  t.name = "cudnn";
+  t.about = "cuDNN fused attention (cudnn-frontend SDPA) forward blocks with LSE; burstlab's CUDA engine for the rest";
+  t.dtypes = (1u << BURSTLAB_BF16) | (1u << BURSTLAB_F16);
+  t.memory = BURSTLAB_MEMORY_DEVICE;
+  t.create = create;
+  t.destroy = destroy;
+  t.allocate = allocate;
+  t.release_memory = release_memory;
+  t.upload = upload;
+  t.download = download;
+  t.copy = copy;
+  t.fill = fill;
+  t.add = add;
+  t.synchronize = synchronize;
+  t.prepare = prepare;
+  t.release = release;
+  t.forward_block = forward_block;
+  t.merge = merge;
+  t.compute_D = compute_D;
+  t.backward_block = backward_block;
+  t.supports = supports;
+  t.transport_copy = transport_copy;
+  t.transport_poison = transport_poison;
+  return t;
+}
+
+}  // namespace
+
+BURSTLAB_EXPORT const burstlab_api_v1* burstlab_plugin_v1(const burstlab_host_v1*) {
+  static const burstlab_api_v1 table = make_table();
+  return &table;
+}
