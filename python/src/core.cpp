@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <type_traits>
 #include <functional>
 #include <optional>
 #include <string>
@@ -342,6 +343,30 @@ std::vector<int64_t> pick_local(int64_t R, int64_t n, uint64_t seed) {
   return std::vector<int64_t>(s.begin(), s.end());
 }
 
+// The sampled rows (RowId) or columns (ColumnId) and the candidate's own index of each: the CLI's
+// sample over the global problem when pos is empty, else n of the shard's B x H x n_local rows
+// (pick_local) at their global positions pos.
+template <class Id>
+void sample_of(const Problem& p, const std::vector<int64_t>& pos, int64_t H, int64_t n_local, int64_t n,
+               uint64_t seed, std::vector<Id>* ids, std::vector<int64_t>* local) {
+  if (pos.empty()) {
+    const Sample s = choose_sample(p, n, seed);
+    if constexpr (std::is_same_v<Id, RowId>) {
+      *ids = s.rows;
+      for (const RowId& x : s.rows) local->push_back(x.i);
+    } else {
+      *ids = s.columns;
+      for (const ColumnId& x : s.columns) local->push_back(x.j);
+    }
+    return;
+  }
+  for (int64_t f : pick_local(p.B * H * n_local, n, seed)) {
+    const int64_t b = f / (H * n_local), h = (f / n_local) % H, m = f % n_local;
+    ids->push_back({b, h, pos[m]});
+    local->push_back(m);
+  }
+}
+
 // A 4-D array read where it lies, in its dtype and strides (reference/rows.hpp's Stored4): the
 // sampled check reads K rows and K columns' worth of it, widened to fp64 element by element, so
 // neither the inputs nor the candidate's tensors are copied.
@@ -472,16 +497,7 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     // Rows: the CLI's sample over the global problem, or the shard's rows at their positions.
     std::vector<RowId> rows;
     std::vector<int64_t> local;  // the candidate's row of each sampled row
-    if (qp.empty()) {
-      rows = choose_sample(p, K, seed).rows;
-      for (const RowId& x : rows) local.push_back(x.i);
-    } else {
-      for (int64_t f : pick_local(p.B * p.H_q * nq, K, seed)) {
-        const int64_t b = f / (p.H_q * nq), h = (f / nq) % p.H_q, n = f % nq;
-        rows.push_back({b, h, qp[n]});
-        local.push_back(n);
-      }
-    }
+    sample_of(p, qp, p.H_q, nq, K, seed, &rows, &local);
     const RowOracle want = row_oracle(p, in, rows, dq.has_value());
     SampledTensor tO{{}, max_list, bhik}, tL{{}, max_list, bhi}, tdQ{{}, max_list, bhik};
     tO.tc.m.tensor = "O";
@@ -504,16 +520,7 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
   if (cols) {
     std::vector<ColumnId> columns;
     std::vector<int64_t> local;
-    if (kp.empty()) {
-      columns = choose_sample(p, K, seed).columns;
-      for (const ColumnId& x : columns) local.push_back(x.j);
-    } else {
-      for (int64_t f : pick_local(p.B * p.H_kv * nk, K, seed)) {
-        const int64_t b = f / (p.H_kv * nk), h = (f / nk) % p.H_kv, n = f % nk;
-        columns.push_back({b, h, kp[n]});
-        local.push_back(n);
-      }
-    }
+    sample_of(p, kp, p.H_kv, nk, K, seed, &columns, &local);
     const View3<const double> Lv = view3<const double>(cL.data.data(), cL.B, cL.H, cL.N);
     const ColumnOracle want = column_oracle(p, in, *cO, Lv, columns);
     SampledTensor tdK{{}, max_list, bhjk}, tdV{{}, max_list, bhjk};

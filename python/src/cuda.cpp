@@ -24,14 +24,16 @@ namespace burstlab::python {
 namespace {
 
 // (data pointer, logical dims, element strides) of one device tensor.
-using Dev4 = std::tuple<uintptr_t, std::array<int64_t, 4>, std::array<int64_t, 4>>;
-using Dev3 = std::tuple<uintptr_t, std::array<int64_t, 3>, std::array<int64_t, 3>>;
+template <int N>
+using Dev = std::tuple<uintptr_t, std::array<int64_t, N>, std::array<int64_t, N>>;
+using Dev4 = Dev<4>;
+using Dev3 = Dev<3>;
 
-template <class T>
-View4<T> view_of(const Dev4& t) {
-  View4<T> v;
-  v.data = reinterpret_cast<T*>(std::get<0>(t));
-  for (int a = 0; a < 4; ++a) {
+template <class View, int N>
+View view_from(const Dev<N>& t) {
+  View v;
+  v.data = reinterpret_cast<decltype(v.data)>(std::get<0>(t));
+  for (int a = 0; a < N; ++a) {
     v.dim[a] = std::get<1>(t)[a];
     v.stride[a] = std::get<2>(t)[a];
     if (v.stride[a] < 0) fail("stride[", a, "] (", v.stride[a], ") of a tensor must be >= 0");
@@ -39,15 +41,12 @@ View4<T> view_of(const Dev4& t) {
   return v;
 }
 template <class T>
+View4<T> view_of(const Dev4& t) {
+  return view_from<View4<T>, 4>(t);
+}
+template <class T>
 View3<T> view_of(const Dev3& t) {
-  View3<T> v;
-  v.data = reinterpret_cast<T*>(std::get<0>(t));
-  for (int a = 0; a < 3; ++a) {
-    v.dim[a] = std::get<1>(t)[a];
-    v.stride[a] = std::get<2>(t)[a];
-    if (v.stride[a] < 0) fail("stride[", a, "] (", v.stride[a], ") of a tensor must be >= 0");
-  }
-  return v;
+  return view_from<View3<T>, 3>(t);
 }
 
 Problem problem_of(const Dev4& q, const Dev4& k, const std::string& mask_json, std::optional<double> scale) {
