@@ -120,16 +120,24 @@ Impl make_plugin_impl(const std::string& name) {
             (lib->device ? " (device memory)" : " (host memory)");
   m.dtypes = lib->dtypes;
   m.suite_dtypes = lib->dtypes;
-  // A plug-in whose supports declines the backward of a plain problem has no backward pass
-  // (`--pass fwd`; suite runs its forward).
+  // A plug-in whose supports runs the forward of a plain problem and declines its backward has no
+  // backward pass (`--pass fwd`; suite runs its forward). A declined forward (no GPU, say) decides
+  // nothing here: check() reports it.
   Problem plain;
   plain.N_q = plain.N_k = 128;
   plain.d = 64;
+  const MaskData none = compile_mask(plain);
+  bool forward = true;
   try {
-    plugin::check_supports(*lib, plain, lib->dtypes.front(), compile_mask(plain), true);
+    plugin::check_supports(*lib, plain, lib->dtypes.front(), none, false);
   } catch (const Error&) {
-    m.has_backward = false;
+    forward = false;
   }
+  if (forward) try {
+      plugin::check_supports(*lib, plain, lib->dtypes.front(), none, true);
+    } catch (const Error&) {
+      m.has_backward = false;
+    }
   // The plug-in's own refusals (plugin.h's supports) before anything runs: a decline is bad input.
   m.check = [lib, backward = m.has_backward](const Problem& p, Dtype dtype, const ImplOptions&) {
     const MaskData mask = compile_mask(p);

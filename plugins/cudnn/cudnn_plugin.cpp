@@ -1,11 +1,11 @@
-// plugins/cudnn/cudnn_plugin.cpp — an engine plug-in (include/burstlab/plugin.h) whose forward
-// blocks run cuDNN's fused attention (SDPA through cudnn-frontend's graph API) with its softmax
-// statistics as LSE, so the schedules merge its partials (eq. 4.5-4.7). Memory, the mask, the merge
-// and D run on burstlab's CUDA engine (cuda/cuda_engine.hpp): device memory, bf16 and fp16.
-// Declined, with the reason: documents and block-sparse masks, indexed positions, a band whose
-// diagonal in the block is neither top-left nor bottom-right aligned, d not a multiple of 8 or
-// above 256, non-unit innermost strides, and every backward block (cuDNN's SDPA backward derives
-// D from O, which Engine::backward_block does not receive; it takes D).
+// plugins/cudnn/cudnn_plugin.cpp — an engine plug-in (include/burstlab/plugin.h) whose blocks run
+// cuDNN's fused attention (SDPA through cudnn-frontend's graph API): forward blocks with cuDNN's
+// softmax statistics as LSE, so the schedules merge its partials (eq. 4.5-4.7); backward blocks
+// given the rows' global LSE and D, cuDNN's 16-bit block gradients accumulated into fp32. Memory,
+// the mask, the merge and D run on burstlab's CUDA engine (cuda/cuda_engine.hpp): device memory,
+// bf16 and fp16. Declined, with the reason: documents and block-sparse masks, indexed positions, a
+// band whose diagonal in the block is neither top-left nor bottom-right aligned, d not a multiple
+// of 8 or above 256, non-unit innermost strides.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -24,6 +24,7 @@
 
 #include "burstlab/plugin.h"
 #include "cuda_engine.hpp"
+#include "cudnn_kernels.hpp"
 
 #define BURSTLAB_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -187,7 +188,7 @@ ThreadCudnn& thread_cudnn() {
   return t;
 }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
 std::vector<int64_t> dims4(const burstlab_view4& v) { return {v.dim[0], v.dim[1], v.dim[2], v.dim[3]}; }
 std::vector<int64_t> strides4(const burstlab_view4& v) { return {v.stride[0], v.stride[1], v.stride[2], v.stride[3]}; }
@@ -197,58 +198,113 @@ struct Forward {
   int64_t workspace = 0;
 };
 
-std::shared_ptr<Forward> forward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view3& LSE,
-                                       const Band& band, cudnnHandle_t handle) {
+// The band of a block as cuDNN's attributes (forward and backward have the same setters).
+template <class Attributes>
+void set_band(Attributes& opts, const Band& band) {
+  if (band.none) return;
+  opts.set_diagonal_alignment(band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT : fe::DiagonalAlignment_t::TOP_LEFT);
+  // burstlab: keys diag - left .. diag + right visible; cuDNN's left bound counts the diagonal
+  // (a window of left + 1 keys ending at it).
+  if (band.right >= 0) opts.set_diagonal_band_right_bound(static_cast<int>(band.right));
+  if (band.left >= 0) opts.set_diagonal_band_left_bound(static_cast<int>(band.left + 1));
+}
+
+// A graph built once per key (device, shapes, strides, dtype, scale, band) and kept.
+template <class Build>
+std::shared_ptr<Forward> cached(const std::string& key, Build&& build) {
   static std::mutex m;
   static std::map<std::string, std::shared_ptr<Forward>> cache;
+  std::lock_guard<std::mutex> lock(m);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::shared_ptr<Forward> f = build();
+  cache.emplace(key, f);
+  return f;
+}
+std::string key_of(const char* pass, const burstlab_block& b, const Band& band,
+                   std::initializer_list<const burstlab_view4*> views, const burstlab_view3& rows) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::ostringstream key;
-  key << device << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right << ' ' << band.left
-      << ' ' << band.right;
-  for (const burstlab_view4* v : {&b.Q, &b.K, &b.V, &O})
+  key << pass << ' ' << device << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right
+      << ' ' << band.left << ' ' << band.right;
+  for (const burstlab_view4* v : views)
     for (int i = 0; i < 4; ++i) key << ' ' << v->dim[i] << ':' << v->stride[i];
-  for (int i = 0; i < 3; ++i) key << ' ' << LSE.dim[i] << ':' << LSE.stride[i];
-  std::lock_guard<std::mutex> lock(m);
-  auto it = cache.find(key.str());
-  if (it != cache.end()) return it->second;
-
-  auto f = std::make_shared<Forward>();
-  f->graph = std::make_shared<fe::graph::Graph>();
-  fe::graph::Graph& g = *f->graph;
-  g.set_io_data_type(b.dtype == BURSTLAB_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const auto tensor = [&](const char* name, Uid uid, const burstlab_view4& v) {
-    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims4(v)).set_stride(strides4(v)));
-  };
-  auto Q = tensor("Q", kQ, b.Q), K = tensor("K", kK, b.K), V = tensor("V", kV, b.V);
-  auto opts = fe::graph::SDPA_attributes().set_name("block").set_generate_stats(true).set_attn_scale(
-      static_cast<float>(b.problem.scale));
-  if (!band.none) {
-    opts.set_diagonal_alignment(band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
-                                                  : fe::DiagonalAlignment_t::TOP_LEFT);
-    // burstlab: keys diag - left .. diag + right visible; cuDNN's left bound counts the diagonal
-    // (a window of left + 1 keys ending at it).
-    if (band.right >= 0) opts.set_diagonal_band_right_bound(static_cast<int>(band.right));
-    if (band.left >= 0) opts.set_diagonal_band_left_bound(static_cast<int>(band.left + 1));
-  }
-  auto [Out, Stats] = g.sdpa(Q, K, V, opts);
-  Out->set_output(true).set_uid(kO).set_dim(dims4(O)).set_stride(strides4(O));
-  Stats->set_output(true)
-      .set_uid(kStats)
-      .set_data_type(fe::DataType_t::FLOAT)
-      .set_dim({LSE.dim[0], LSE.dim[1], LSE.dim[2], 1})
-      .set_stride({LSE.stride[0], LSE.stride[1], LSE.stride[2], 1});
+  for (int i = 0; i < 3; ++i) key << ' ' << rows.dim[i] << ':' << rows.stride[i];
+  return key.str();
+}
+void finish(fe::graph::Graph& g, cudnnHandle_t handle, Forward& f) {
   check_fe(g.validate(), "validate");
   check_fe(g.build_operation_graph(handle), "build_operation_graph");
   check_fe(g.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
   fe::error_t supported = g.check_support(handle);
   if (supported.is_bad()) decline("cuDNN has no engine for this block: " + supported.get_message());
   check_fe(g.build_plans(handle), "build_plans");
-  check_fe(g.get_workspace_size(f->workspace), "get_workspace_size");
-  cache.emplace(key.str(), f);
-  return f;
+  check_fe(g.get_workspace_size(f.workspace), "get_workspace_size");
+}
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    const burstlab_view4& v) {
+  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims4(v)).set_stride(strides4(v)));
+}
+void output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const burstlab_view4& v) {
+  t->set_output(true).set_uid(uid).set_dim(dims4(v)).set_stride(strides4(v));
+}
+std::vector<int64_t> stats_dims(const burstlab_view3& v) { return {v.dim[0], v.dim[1], v.dim[2], 1}; }
+std::vector<int64_t> stats_strides(const burstlab_view3& v) { return {v.stride[0], v.stride[1], v.stride[2], 1}; }
+void io_types(fe::graph::Graph& g, burstlab_dtype t) {
+  g.set_io_data_type(t == BURSTLAB_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+}
+
+// dQ, dK, dV of a block (cuDNN's SDPA backward) in T, from Q, K, V, dO, the rows' LSE and a
+// stand-in O (surrogate_O) whose row sums with dO are the rows' D.
+std::shared_ptr<Forward> backward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view4& dQ,
+                                        const burstlab_view4& dK, const burstlab_view4& dV, const Band& band,
+                                        cudnnHandle_t handle) {
+  return cached(key_of("bwd", b, band, {&b.Q, &b.K, &b.V, &O, &b.dO, &dQ, &dK, &dV}, b.LSE), [&] {
+    auto f = std::make_shared<Forward>();
+    f->graph = std::make_shared<fe::graph::Graph>();
+    fe::graph::Graph& g = *f->graph;
+    io_types(g, b.dtype);
+    auto Q = input(g, "Q", kQ, b.Q), K = input(g, "K", kK, b.K), V = input(g, "V", kV, b.V);
+    auto Ot = input(g, "O", kO, O), dOt = input(g, "dO", kdO, b.dO);
+    auto Stats = g.tensor(fe::graph::Tensor_attributes()
+                              .set_name("LSE")
+                              .set_uid(kStats)
+                              .set_dim(stats_dims(b.LSE))
+                              .set_stride(stats_strides(b.LSE))
+                              .set_data_type(fe::DataType_t::FLOAT));
+    auto opts = fe::graph::SDPA_backward_attributes().set_name("block_bwd").set_attn_scale(
+        static_cast<float>(b.problem.scale));
+    set_band(opts, band);
+    auto [gQ, gK, gV] = g.sdpa_backward(Q, K, V, Ot, dOt, Stats, opts);
+    output(gQ, kdQ, dQ);
+    output(gK, kdK, dK);
+    output(gV, kdV, dV);
+    finish(g, handle, *f);
+    return f;
+  });
+}
+
+std::shared_ptr<Forward> forward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view3& LSE,
+                                       const Band& band, cudnnHandle_t handle) {
+  return cached(key_of("fwd", b, band, {&b.Q, &b.K, &b.V, &O}, LSE), [&] {
+    auto f = std::make_shared<Forward>();
+    f->graph = std::make_shared<fe::graph::Graph>();
+    fe::graph::Graph& g = *f->graph;
+    io_types(g, b.dtype);
+    auto Q = input(g, "Q", kQ, b.Q), K = input(g, "K", kK, b.K), V = input(g, "V", kV, b.V);
+    auto opts = fe::graph::SDPA_attributes().set_name("block").set_generate_stats(true).set_attn_scale(
+        static_cast<float>(b.problem.scale));
+    set_band(opts, band);
+    auto [Out, Stats] = g.sdpa(Q, K, V, opts);
+    output(Out, kO, O);
+    Stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dims(LSE)).set_stride(
+        stats_strides(LSE));
+    finish(g, handle, *f);
+    return f;
+  });
 }
 
 // ---- the ABI
@@ -377,15 +433,42 @@ int compute_D(void* engine, burstlab_dtype, burstlab_view4 O, burstlab_view4 dO,
     });
   });
 }
-constexpr const char* kNoBackward =
-    "cuDNN's SDPA backward derives D from O; a burstlab backward block receives D and the rows' LSE, not O";
-int backward_block(void*, const burstlab_block*, burstlab_status* st) {
-  std::snprintf(st->message, sizeof st->message, "%s", kNoBackward);
-  return BURSTLAB_DECLINED;
+// The block's dQ, dK, dV from cuDNN in T (scratch), then added to the caller's fp32 ones.
+int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
+  return guarded(st, [&] {
+    if (const char* why = refusal(b->dtype, b->problem, b->mask, b->q.index || b->k.index)) decline(why);
+    for (const burstlab_view4* v : {&b->Q, &b->K, &b->V, &b->dO})
+      if (v->stride[3] != 1) decline("cuDNN needs unit stride along d");
+    const Band band = band_of(*b);
+    if (band.hidden) return;  // no pair visible: nothing to add
+    with_engine(engine, [&](auto& e) {
+      using T = STORAGE(e);
+      ThreadCudnn& tc = thread_cudnn();
+      const int64_t Bn = b->problem.B, Hq = b->problem.H_q, Hkv = b->problem.H_kv, d = b->problem.d;
+      const int64_t nq = b->q.n, nk = b->k.n;
+      const auto scratch = [&](int64_t H, int64_t n, std::shared_ptr<void>& hold) {
+        hold = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
+        return burstlab_view4{hold.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
+      };
+      std::shared_ptr<void> o_hold, q_hold, k_hold, v_hold;
+      const burstlab_view4 O = scratch(Hq, nq, o_hold), dQ = scratch(Hq, nq, q_hold);
+      const burstlab_view4 dK = scratch(Hkv, nk, k_hold), dV = scratch(Hkv, nk, v_hold);
+      const std::shared_ptr<Forward> f = backward_graph(*b, O, dQ, dK, dV, band, tc.handle);
+      e.synchronize();  // the engine's stream has written the inputs and the caller's gradients
+      cudnn_plugin::surrogate_O(b->dtype, b->dO, b->D, O, tc.stream);
+      std::unordered_map<int64_t, void*> pack = {{kQ, b->Q.data},  {kK, b->K.data},   {kV, b->V.data},
+                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, b->LSE.data},
+                                                 {kdQ, dQ.data},   {kdK, dK.data},    {kdV, dV.data}};
+      check_fe(f->graph->execute(tc.handle, pack, tc.ensure(f->workspace)), "execute");
+      cudnn_plugin::accumulate(b->dtype, b->dQ, dQ, tc.stream);
+      cudnn_plugin::accumulate(b->dtype, b->dK, dK, tc.stream);
+      cudnn_plugin::accumulate(b->dtype, b->dV, dV, tc.stream);
+      check_cuda(cudaStreamSynchronize(tc.stream), "cudaStreamSynchronize (cuDNN)");
+    });
+  });
 }
 int supports(const burstlab_query* q, burstlab_status* st) {
   return guarded(st, [&] {
-    if (q->pass == BURSTLAB_PASS_BACKWARD) decline(kNoBackward);
     if (const char* why = refusal(q->dtype, q->problem, q->mask, q->q_indexed || q->k_indexed)) decline(why);
     std::string why;
     if (!cuda::gpu_available(&why)) decline("no usable GPU: " + why);
@@ -403,7 +486,7 @@ burstlab_api_v1 make_table() {
   std::memset(&t, 0, sizeof t);
   t.abi_version = BURSTLAB_PLUGIN_ABI_VERSION;
   t.name = "cudnn";
-  t.about = "cuDNN fused attention (cudnn-frontend SDPA) forward blocks with LSE; burstlab's CUDA engine for the rest";
+  t.about = "cuDNN fused attention (cudnn-frontend SDPA) blocks; burstlab's CUDA engine for memory, merge and D";
   t.dtypes = (1u << BURSTLAB_BF16) | (1u << BURSTLAB_F16);
   t.memory = BURSTLAB_MEMORY_DEVICE;
   t.create = create;

@@ -6,6 +6,7 @@
 // Test builds (compile definitions) exercise burstlab's side of failures:
 //   BURSTLAB_TEST_DECLINE_DOCUMENT   declines document masks (in supports and in every block)
 //   BURSTLAB_TEST_DECLINE_INDEXED    declines blocks whose positions are indexed (zigzag, striped)
+//   BURSTLAB_TEST_NO_BACKWARD        declines every backward (supports and backward_block)
 //   BURSTLAB_TEST_ABI_VERSION=n      reports ABI version n
 //   BURSTLAB_TEST_NO_ENTRY           exports no entry point
 #include <cstdio>
@@ -274,6 +275,9 @@ int compute_D(void* engine, burstlab_dtype, burstlab_view4 O, burstlab_view4 dO,
   });
 }
 int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
+#ifdef BURSTLAB_TEST_NO_BACKWARD
+  return decline(st, "this build has no backward");
+#endif
   if (const char* why = refusal(b->mask, b->q.index != nullptr, b->k.index != nullptr)) return decline(st, why);
   return guarded(st, [&] {
     return with_engine(engine, [&](auto& e) {
@@ -288,6 +292,9 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
 }
 int supports(const burstlab_query* q, burstlab_status* st) {
   if (!runs(q->dtype)) return decline(st, "this build does not run that dtype");
+#ifdef BURSTLAB_TEST_NO_BACKWARD
+  if (q->pass == BURSTLAB_PASS_BACKWARD) return decline(st, "this build has no backward");
+#endif
 #ifdef BURSTLAB_TEST_PLUGIN_CUDA
   std::string why;
   if (!cuda::gpu_available(&why)) return decline(st, ("no usable GPU: " + why).c_str());

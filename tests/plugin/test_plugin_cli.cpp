@@ -85,6 +85,23 @@ TEST(PluginCli, DeclinedProblemIsBadInput) {
   EXPECT_EQ(ok.rc, 0) << ok.out << ok.err;
 }
 
+// A plug-in that declines a plain backward has no backward pass: --pass both is bad input, its
+// forward runs, suite runs its forwards only.
+TEST(PluginCli, WithoutBackward) {
+  const std::string impl = std::string(" --impl plugin:") + BURSTLAB_TEST_PLUGIN_NO_BACKWARD;
+  Output o = run_burstlab("run" + impl + " --nq 64 --nk 64");
+  EXPECT_EQ(o.rc, 2) << o.out << o.err;
+  EXPECT_EQ(o.out, "");
+  EXPECT_NE(o.err.find("has no backward pass; use --pass fwd"), std::string::npos) << o.err;
+  o = run_burstlab("run" + impl + " --nq 64 --nk 64 --pass fwd --mask causal");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("1 passed, 0 failed"), std::string::npos) << o.out;
+  o = run_burstlab("suite" + impl);
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, std::regex(" bwd ")), 0) << o.out;
+  EXPECT_GT(count(o.out, std::regex(" fwd .* PASS")), 10) << o.out;
+}
+
 TEST(PluginCli, DeclinedBlockFailsItsRow) {
   const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
                                 " --algo ring --partition striped --world 2 --mask causal --nq 64 --nk 64 -d 8");
