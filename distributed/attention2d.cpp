@@ -86,7 +86,22 @@ struct Ctx {
   Communicator& c;
   Engine<T>& e;
   const Problem& p;
-  Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_) : c(c_), e(e_), p(p_) {}
+  const int r;
+  Members row, col;  // this rank's grid row (q side) and column (k side)
+  int64_t nt = 0;    // rows of the K, V shard this rank holds after the transpose
+  // What every schedule here does first: the grid checked, the phase's outputs sized, the rank's
+  // row and column members.
+  Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, const Grid& g, const Partition& qp, const Partition& kp,
+      Phase phase, Shard<T>& x)
+      : c(c_), e(e_), p(p_), r(c_.rank()) {
+    check_attention2d(g, c.size(), qp, kp);
+    if (phase == Phase::Forward) prepare_forward(e, p, qp, kp, r, x);
+    else prepare_backward(e, p, qp, kp, r, x);
+    row = row_members(g, qp, r);
+    col = col_members(g, kp, r);
+    nt = kp.local_size(g.row_major(r));
+  }
+  Buffer<T> kv_shard() { return alloc<T>(e, p.B * p.H_kv * nt * p.d); }  // (B, H_kv, nt, d)
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
   // `from` (the transposes).
   template <class U>
@@ -186,6 +201,16 @@ struct Ctx {
     Buffer<U> stage = scatter(src, H, w, m, tag, what);
     sum_pieces(e, stage.data, static_cast<int64_t>(m.ranks.size()), p.B * H * m.rows[m.me] * w, dst);
   }
+  // dK, dV home: the column's partials dKc, dVc (B, H_kv, col.total, d) reduce-scattered (sums)
+  // into dKt, dVt (B, H_kv, nt, d), then transposed back to x.dK, x.dV (steps `step`, `step + 1`).
+  void dkdv_home(const Grid& g, const Partition& kp, const A* dKc, const A* dVc, A* dKt, A* dVt, int step,
+                 Shard<T>& x) {
+    c.set_context(Phase::Backward, step);
+    scatter_sum(dKc, dKt, p.H_kv, p.d, col, 10, "dK");
+    scatter_sum(dVc, dVt, p.H_kv, p.d, col, 11, "dV");
+    c.set_context(Phase::Backward, step + 1);
+    transpose_back(g, kp, dKt, dVt, x);
+  }
   // The merge (4.5) as the reduction, in member order, into O (B, H_q, rows[me], d), LSE.
   void scatter_merge(const T* O_src, const A* L_src, T* O, A* L, const Members& m, int tag) {
     const int64_t B = p.B, H = p.H_q, d = p.d, n = m.rows[m.me];
@@ -204,15 +229,11 @@ struct Ctx {
 template <class T>
 void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                          const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int r = comm.rank();
-  check_attention2d(g, comm.size(), qp, kp);
-  Ctx<T> c(comm, e, p);
+  Ctx<T> c(comm, e, p, g, qp, kp, Phase::Forward, x);
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  prepare_forward(e, p, qp, kp, r, x);
-  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int64_t nt = kp.local_size(g.row_major(r));  // the K, V shard this rank holds after the transpose
+  const Members &row = c.row, &col = c.col;
   using A = acc_t<T>;
-  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
   Buffer<T> Qr = alloc<T>(e, B * Hq * row.total * d), Kc = alloc<T>(e, B * Hkv * col.total * d),
             Vc = alloc<T>(e, B * Hkv * col.total * d);
   Buffer<T> Or = alloc<T>(e, B * Hq * row.total * d);
@@ -236,17 +257,13 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
 template <class T>
 void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                           const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int r = comm.rank();
-  check_attention2d(g, comm.size(), qp, kp);
-  Ctx<T> c(comm, e, p);
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  prepare_backward(e, p, qp, kp, r, x);
+  Ctx<T> c(comm, e, p, g, qp, kp, Phase::Backward, x);
   using A = acc_t<T>;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home
-  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int64_t nt = kp.local_size(g.row_major(r));
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nt = c.nt;
+  const Members &row = c.row, &col = c.col;
   const int64_t NR = row.total, NC = col.total;
-  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
   Buffer<T> Qr = alloc<T>(e, B * Hq * NR * d), dOr = alloc<T>(e, B * Hq * NR * d), Kc = alloc<T>(e, B * Hkv * NC * d),
             Vc = alloc<T>(e, B * Hkv * NC * d);
   Buffer<A> Lr = alloc<A>(e, B * Hq * NR), Dr = alloc<A>(e, B * Hq * NR);
@@ -274,10 +291,7 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   e.synchronize();
   comm.set_context(Phase::Backward, 2);  // reduce-scatter dQ in rows, dK, dV in columns (sums)
   c.scatter_sum(dQr.data, x.dQ.data, Hq, d, row, 9, "dQ");
-  c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
-  c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
-  comm.set_context(Phase::Backward, 3);  // transpose dK, dV back to the column-major cyclic owners
-  c.transpose_back(g, kp, dKt.data, dVt.data, x);
+  c.dkdv_home(g, kp, dKc.data, dVc.data, dKt.data, dVt.data, 2, x);  // step 3: back to the column-major owners
 }
 
 namespace {
@@ -338,18 +352,15 @@ void column_ring_step(Communicator& comm, std::vector<RequestPtr>& reqs, T* Kc, 
 template <class T>
 void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                            const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int r = comm.rank();
-  check_attention2d(g, comm.size(), qp, kp);
-  Ctx<T> c(comm, e, p);
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  prepare_forward(e, p, qp, kp, r, x);
-  const int64_t nq = x.n_q;
-  using A = acc_t<T>;
+  Ctx<T> c(comm, e, p, g, qp, kp, Phase::Forward, x);
   fill(e, x.O.data, x.O.n, 0.0);  // the merge identity (§4.3)
   fill(e, x.LSE.data, x.LSE.n, -std::numeric_limits<double>::infinity());
-  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  using A = acc_t<T>;
+  const int r = c.r;
+  const Members &row = c.row, &col = c.col;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nq = x.n_q;
+  const int64_t nt = c.nt, NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
   Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
   Buffer<T> Op = alloc<T>(e, B * Hq * mq * d);
   Buffer<A> Lp = alloc<A>(e, B * Hq * mq);
@@ -435,18 +446,15 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
 template <class T>
 void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                             const Partition& qp, const Partition& kp, Shard<T>& x) {
-  const int r = comm.rank();
-  check_attention2d(g, comm.size(), qp, kp);
-  Ctx<T> c(comm, e, p);
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  prepare_backward(e, p, qp, kp, r, x);
-  const int64_t nq = x.n_q;
-  using A = acc_t<T>;
+  Ctx<T> c(comm, e, p, g, qp, kp, Phase::Backward, x);
   fill(e, x.dQ.data, x.dQ.n, 0.0);
+  using A = acc_t<T>;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home
-  const Members row = row_members(g, qp, r), col = col_members(g, kp, r);
-  const int64_t nt = kp.local_size(g.row_major(r)), NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = alloc<T>(e, B * Hkv * nt * d), Vt = alloc<T>(e, B * Hkv * nt * d);
+  const int r = c.r;
+  const Members &row = c.row, &col = c.col;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nq = x.n_q;
+  const int64_t nt = c.nt, NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
   Buffer<A> dKt = alloc<A>(e, B * Hkv * nt * d), dVt = alloc<A>(e, B * Hkv * nt * d);
   Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
   Buffer<A> dKc = alloc<A>(e, B * Hkv * NC * d), dVc = alloc<A>(e, B * Hkv * NC * d);
@@ -547,11 +555,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     wait_all(reqs);
   }
   // Phase C: dK, dV reduce-scattered in the column, then transposed back (as Attention2D-NO).
-  comm.set_context(Phase::Backward, 1 + pr + pc);
-  c.scatter_sum(dKc.data, dKt.data, Hkv, d, col, 10, "dK");
-  c.scatter_sum(dVc.data, dVt.data, Hkv, d, col, 11, "dV");
-  comm.set_context(Phase::Backward, 2 + pr + pc);
-  c.transpose_back(g, kp, dKt.data, dVt.data, x);
+  c.dkdv_home(g, kp, dKc.data, dVc.data, dKt.data, dVt.data, 1 + pr + pc, x);
 }
 
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,
