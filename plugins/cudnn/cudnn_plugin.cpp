@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <cudnn_frontend.h>
 
@@ -157,9 +158,11 @@ Band band_of(const burstlab_block& b) {
   return band;
 }
 
-// ---- cuDNN handles and graphs: a handle and a stream per thread (and so per device), graphs
-// built once per shape, strides and mask
+// ---- cuDNN handles and graphs. A handle serves one thread at a time, and a plan is built for
+// one handle: handles (with their stream and workspace) are leased from a pool per device and
+// kept for the process, so the ranks' threads of every run reuse them and their cached graphs.
 struct ThreadCudnn {
+  int device = 0;
   cudnnHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
   std::shared_ptr<void> workspace;
@@ -183,10 +186,40 @@ struct ThreadCudnn {
     return workspace.get();
   }
 };
-ThreadCudnn& thread_cudnn() {
-  thread_local ThreadCudnn t;
-  return t;
-}
+class Lease {
+ public:
+  Lease() {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    std::lock_guard<std::mutex> lock(mutex());
+    for (auto it = free_list().begin(); it != free_list().end(); ++it)
+      if ((*it)->device == device) {
+        tc_ = *it;
+        free_list().erase(it);
+        return;
+      }
+    tc_ = new ThreadCudnn();  // kept for the process
+    tc_->device = device;
+  }
+  ~Lease() {
+    std::lock_guard<std::mutex> lock(mutex());
+    free_list().push_back(tc_);
+  }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ThreadCudnn& operator*() const { return *tc_; }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<ThreadCudnn*>& free_list() {
+    static std::vector<ThreadCudnn*> v;
+    return v;
+  }
+  ThreadCudnn* tc_ = nullptr;
+};
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
@@ -221,12 +254,12 @@ std::shared_ptr<Forward> cached(const std::string& key, Build&& build) {
   cache.emplace(key, f);
   return f;
 }
-std::string key_of(const char* pass, const burstlab_block& b, const Band& band,
+std::string key_of(const char* pass, cudnnHandle_t handle, const burstlab_block& b, const Band& band,
                    std::initializer_list<const burstlab_view4*> views, const burstlab_view3& rows) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::ostringstream key;
-  key << pass << ' ' << device << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right
+  key << pass << ' ' << device << ' ' << handle << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right
       << ' ' << band.left << ' ' << band.right;
   for (const burstlab_view4* v : views)
     for (int i = 0; i < 4; ++i) key << ' ' << v->dim[i] << ':' << v->stride[i];
@@ -262,7 +295,7 @@ void io_types(fe::graph::Graph& g, burstlab_dtype t) {
 std::shared_ptr<Forward> backward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view4& dQ,
                                         const burstlab_view4& dK, const burstlab_view4& dV, const Band& band,
                                         cudnnHandle_t handle) {
-  return cached(key_of("bwd", b, band, {&b.Q, &b.K, &b.V, &O, &b.dO, &dQ, &dK, &dV}, b.LSE), [&] {
+  return cached(key_of("bwd", handle, b, band, {&b.Q, &b.K, &b.V, &O, &b.dO, &dQ, &dK, &dV}, b.LSE), [&] {
     auto f = std::make_shared<Forward>();
     f->graph = std::make_shared<fe::graph::Graph>();
     fe::graph::Graph& g = *f->graph;
@@ -289,7 +322,7 @@ std::shared_ptr<Forward> backward_graph(const burstlab_block& b, const burstlab_
 
 std::shared_ptr<Forward> forward_graph(const burstlab_block& b, const burstlab_view4& O, const burstlab_view3& LSE,
                                        const Band& band, cudnnHandle_t handle) {
-  return cached(key_of("fwd", b, band, {&b.Q, &b.K, &b.V, &O}, LSE), [&] {
+  return cached(key_of("fwd", handle, b, band, {&b.Q, &b.K, &b.V, &O}, LSE), [&] {
     auto f = std::make_shared<Forward>();
     f->graph = std::make_shared<fe::graph::Graph>();
     fe::graph::Graph& g = *f->graph;
@@ -393,7 +426,8 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
                         view_of<const T>(b->V), view_of<T>(b->O), view_of<float>(b->LSE), accumulate != 0);
         return;
       }
-      ThreadCudnn& tc = thread_cudnn();
+      const Lease lease;
+      ThreadCudnn& tc = *lease;
       // Scratch for a partial to merge: contiguous (B, H_q, n, d) and (B, H_q, n).
       burstlab_view4 O = b->O;
       burstlab_view3 LSE = b->LSE;
@@ -443,7 +477,8 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
     if (band.hidden) return;  // no pair visible: nothing to add
     with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
-      ThreadCudnn& tc = thread_cudnn();
+      const Lease lease;
+      ThreadCudnn& tc = *lease;
       const int64_t Bn = b->problem.B, Hq = b->problem.H_q, Hkv = b->problem.H_kv, d = b->problem.d;
       const int64_t nq = b->q.n, nk = b->k.n;
       const auto scratch = [&](int64_t H, int64_t n, std::shared_ptr<void>& hold) {
