@@ -118,47 +118,30 @@ Group group_of(const Partition& part, int r, int u) {
   return g;
 }
 
-// All-to-all inside the group, sequence -> heads: src (B, H, rows[me], w) -> dst (B, H/u,
-// total, w), member m's rows at off[m]; heads block me. One batch.
+// All-to-all inside the group (one batch). ToHeads: src (B, H, rows[me], w) -> dst (B, H/u,
+// total, w), member m's rows at off[m], heads block me; ToSeq: the inverse, src (B, H/u, total, w)
+// -> dst (B, H, rows[me], w).
+enum class Dir { ToHeads, ToSeq };
 template <class U, class T>
-void seq_to_heads(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
-                  U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
+void all_to_all(Dir dir, Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g,
+                const U* src, U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
   const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
+  const bool to_heads = dir == Dir::ToHeads;
   c.batch([&] {
     for (int k = 0; k < g.u; ++k) {
       const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
       for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < Hu; ++h) {
-          U* to = dst + at(b, h, g.off[m], Hu, g.total, w);        // member m's rows of my heads
-          const U* from = src + at(b, m * Hu + h, 0, H, n, w);     // my rows of member m's heads
+          const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+          const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
+          const U* from = src + (to_heads ? home : group);
+          U* to = dst + (to_heads ? group : home);
           if (m == g.me) {
             copy(e, to, from, n * w);
             continue;
           }
-          reqs.push_back(c.irecv(to, g.rows[m] * w * eb, g.first + m, tag, what));
-          reqs.push_back(c.isend(from, n * w * eb, g.first + m, tag, what));
-        }
-    }
-  });
-}
-// The inverse: src (B, H/u, total, w) heads block me -> dst (B, H, rows[me], w).
-template <class U, class T>
-void heads_to_seq(Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g, const U* src,
-                  U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
-  const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
-  c.batch([&] {
-    for (int k = 0; k < g.u; ++k) {
-      const int m = (g.me + k) % g.u;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hu; ++h) {
-          const U* from = src + at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
-          U* to = dst + at(b, m * Hu + h, 0, H, n, w);               // my rows of member m's heads
-          if (m == g.me) {
-            copy(e, to, from, n * w);
-            continue;
-          }
-          reqs.push_back(c.irecv(to, n * w * eb, g.first + m, tag, what));
-          reqs.push_back(c.isend(from, g.rows[m] * w * eb, g.first + m, tag, what));
+          reqs.push_back(c.irecv(to, (to_heads ? g.rows[m] : n) * w * eb, g.first + m, tag, what));
+          reqs.push_back(c.isend(from, (to_heads ? n : g.rows[m]) * w * eb, g.first + m, tag, what));
         }
     }
   });
@@ -169,72 +152,85 @@ void check_ring(const Schedule& ring, Phase phase, int G, int u) {
   if (ring.G * u != G) fail("usp: ring schedule G (", ring.G, ") x u (", u, ") must equal the world size (", G, ")");
 }
 
+// What both passes do first: the arguments checked, the phase's outputs sized; the rank.
+template <class T>
+int open_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, int u, const Schedule& ring,
+              const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const int G = comm.size(), r = comm.rank();
+  check_usp(p, G, u);
+  check_ring(ring, phase, G, u);
+  if (phase == Phase::Forward) prepare_forward(e, p, qp, kp, r, x);
+  else prepare_backward(e, p, qp, kp, r, x);
+  return r;
+}
+
+}  // namespace
+
+namespace {
+
+// Both passes: the all-to-all in (Q, K, V; backward also dO, LSE and D, computed at home), the
+// ring across groups on this rank's heads (world steps 1 .. ring.G), the all-to-all back (O, LSE;
+// backward dQ, dK, dV).
+template <class T>
+void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
+              const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  using A = acc_t<T>;
+  const bool bw = phase == Phase::Backward;
+  const int r = open_pass(phase, comm, e, p, u, ring, qp, kp, x);
+  const Buffer<A> D = bw ? home_D(e, p, x) : Buffer<A>{};  // eq. (5.1) at home: D travels instead of O
+  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  Shard<T> h;  // this rank's heads over the group's rows
+  h.Q = alloc<T>(e, B * Hu * gq.total * d);
+  if (bw) {
+    h.dO = alloc<T>(e, B * Hu * gq.total * d);
+    h.LSE = alloc<A>(e, B * Hu * gq.total);
+    h.D = alloc<A>(e, B * Hu * gq.total);
+  }
+  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
+  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(phase, 0);
+  const int kv_tag = bw ? 5 : 2;
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
+  if (bw) {
+    all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs);
+  }
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, kv_tag, "K", reqs);
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, kv_tag + 1, "V", reqs);
+  wait_all(reqs);
+  e.synchronize();
+  GroupRing rc(comm, u);
+  const Problem hp = usp_head_problem(p, u);
+  const Partition hq = usp_group_partition(qp, u), hk = usp_group_partition(kp, u);
+  if (bw) run_backward(ring, rc, e, hp, mask, hq, hk, h);
+  else run_forward(ring, rc, e, hp, mask, hq, hk, h);
+  comm.set_context(phase, ring.G + 1);
+  if (bw) {
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs);
+  } else {
+    all_to_all(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs);
+  }
+  wait_all(reqs);
+}
+
 }  // namespace
 
 template <class T>
 void usp_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
                  const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  using A = acc_t<T>;
-  const int G = comm.size(), r = comm.rank();
-  check_usp(p, G, u);
-  check_ring(ring, Phase::Forward, G, u);
-  prepare_forward(e, p, qp, kp, r, x);
-  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
-  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
-  Shard<T> h;  // this rank's heads over the group's rows
-  h.Q = alloc<T>(e, B * Hu * gq.total * d);
-  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
-  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
-  std::vector<RequestPtr> reqs;
-  comm.set_context(Phase::Forward, 0);
-  seq_to_heads(comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
-  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, 2, "K", reqs);
-  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, 3, "V", reqs);
-  wait_all(reqs);
-  e.synchronize();
-  GroupRing rc(comm, u);
-  run_forward(ring, rc, e, usp_head_problem(p, u), mask, usp_group_partition(qp, u), usp_group_partition(kp, u), h);
-  comm.set_context(Phase::Forward, ring.G + 1);
-  heads_to_seq(comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs);
-  heads_to_seq<A>(comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs);
-  wait_all(reqs);
+  usp_pass(Phase::Forward, comm, e, p, mask, u, ring, qp, kp, x);
 }
 
 template <class T>
 void usp_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
                   const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  using A = acc_t<T>;
-  const int G = comm.size(), r = comm.rank();
-  check_usp(p, G, u);
-  check_ring(ring, Phase::Backward, G, u);
-  prepare_backward(e, p, qp, kp, r, x);
-  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
-  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
-  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
-  Shard<T> h;
-  h.Q = alloc<T>(e, B * Hu * gq.total * d);
-  h.dO = alloc<T>(e, B * Hu * gq.total * d);
-  h.LSE = alloc<A>(e, B * Hu * gq.total);
-  h.D = alloc<A>(e, B * Hu * gq.total);
-  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
-  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
-  std::vector<RequestPtr> reqs;
-  comm.set_context(Phase::Backward, 0);
-  seq_to_heads(comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
-  seq_to_heads(comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs);
-  seq_to_heads<A>(comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs);
-  seq_to_heads<A>(comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs);
-  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, 5, "K", reqs);
-  seq_to_heads(comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, 6, "V", reqs);
-  wait_all(reqs);
-  e.synchronize();
-  GroupRing rc(comm, u);
-  run_backward(ring, rc, e, usp_head_problem(p, u), mask, usp_group_partition(qp, u), usp_group_partition(kp, u), h);
-  comm.set_context(Phase::Backward, ring.G + 1);
-  heads_to_seq<A>(comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
-  heads_to_seq<A>(comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs);
-  heads_to_seq<A>(comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs);
-  wait_all(reqs);
+  usp_pass(Phase::Backward, comm, e, p, mask, u, ring, qp, kp, x);
 }
 
 int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int u, int r,
