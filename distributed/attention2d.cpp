@@ -610,10 +610,7 @@ int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Pa
                                          const Partition&, const Partition&, Shard<T>&);                         \
   template void attention2d_o_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,             \
                                           const Grid&, const Partition&, const Partition&, Shard<T>&);
-BURSTLAB_A2D_INST(float)
-BURSTLAB_A2D_INST(double)
-BURSTLAB_A2D_INST(bf16_t)
-BURSTLAB_A2D_INST(f16_t)
+BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_A2D_INST)
 #undef BURSTLAB_A2D_INST
 
 }  // namespace burstlab::dist

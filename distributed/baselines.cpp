@@ -307,10 +307,7 @@ int64_t allgather_bytes(Phase phase, const Problem& p, const Partition& qp, cons
                                      const Partition&, const Partition&, Shard<T>&);                             \
   template void allgather_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                \
                                       const Partition&, const Partition&, Shard<T>&);
-BURSTLAB_BASELINES_INST(float)
-BURSTLAB_BASELINES_INST(double)
-BURSTLAB_BASELINES_INST(bf16_t)
-BURSTLAB_BASELINES_INST(f16_t)
+BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_BASELINES_INST)
 #undef BURSTLAB_BASELINES_INST
 
 }  // namespace burstlab::dist

@@ -71,11 +71,13 @@ struct Flash {
   int64_t B, Hq, Hkv, d, eb = sizeof(T), ab = sizeof(acc_t<T>);  // bytes of T and of A
 
   // Throws Error unless the schedule is for this world (the mask was checked with
-  // check_distflash when the session was set up).
-  Flash(Communicator& c_, Engine<T>& e_, const Problem& p_, const FlashSchedule& s, const Partition& qp_,
-        const Partition& kp_, Shard<T>& x_)
+  // check_distflash when the session was set up); sizes the phase's outputs.
+  Flash(Phase phase, Communicator& c_, Engine<T>& e_, const Problem& p_, const FlashSchedule& s,
+        const Partition& qp_, const Partition& kp_, Shard<T>& x_)
       : c(c_), e(e_), p(p_), qp(qp_), kp(kp_), x(x_), r(c_.rank()), B(p_.B), Hq(p_.H_q), Hkv(p_.H_kv), d(p_.d) {
     if (s.P != c.size()) fail("distflash schedule P (", s.P, ") must equal the world size (", c.size(), ")");
+    if (phase == Phase::Forward) prepare_forward(e, p, qp, kp, r, x);
+    else prepare_backward(e, p, qp, kp, r, x);
   }
   int64_t nq(int s) const { return qp.local_size(s); }
   int64_t nk(int s) const { return kp.local_size(s); }
@@ -90,13 +92,12 @@ int tag(int t, int k) { return t * 16 + k; }
 template <class T>
 void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask,
                        const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  Flash<T> f(comm, e, p, s, qp, kp, x);
-  const int r = f.r;
-  const int64_t B = f.B, Hq = f.Hq, Hkv = f.Hkv, d = f.d, eb = f.eb, ab = f.ab;
-  using A = acc_t<T>;
-  prepare_forward(e, p, qp, kp, r, x);
+  Flash<T> f(Phase::Forward, comm, e, p, s, qp, kp, x);
   fill(e, x.O.data, x.O.n, 0.0);  // the merge identity (§4.3)
   fill(e, x.LSE.data, x.LSE.n, -std::numeric_limits<double>::infinity());
+  using A = acc_t<T>;
+  const int r = f.r;
+  const int64_t B = f.B, Hq = f.Hq, Hkv = f.Hkv, d = f.d, eb = f.eb, ab = f.ab;
   const int64_t mq = qp.max_local_size(), mk = kp.max_local_size();
   Buffer<T> Oh = alloc<T>(e, B * Hq * mq * d);    // helper's partial (sent)
   Buffer<A> Lh = alloc<A>(e, B * Hq * mq);
@@ -162,11 +163,10 @@ void distflash_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
 template <class T>
 void distflash_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask,
                         const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  Flash<T> f(comm, e, p, s, qp, kp, x);
+  Flash<T> f(Phase::Backward, comm, e, p, s, qp, kp, x);
+  using A = acc_t<T>;
   const int r = f.r;
   const int64_t B = f.B, Hq = f.Hq, Hkv = f.Hkv, d = f.d, eb = f.eb, ab = f.ab;
-  using A = acc_t<T>;
-  prepare_backward(e, p, qp, kp, r, x);
   const int64_t nqr = x.n_q, nkr = x.n_k;
   fill(e, x.dQ.data, x.dQ.n, 0.0);
   fill(e, x.dK.data, x.dK.n, 0.0);
@@ -287,10 +287,7 @@ int64_t distflash_bytes(Phase phase, const Problem& p, const Partition& qp, cons
                                      const FlashSchedule&, const Partition&, const Partition&, Shard<T>&);       \
   template void distflash_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,              \
                                       const FlashSchedule&, const Partition&, const Partition&, Shard<T>&);
-BURSTLAB_FLASH_INST(float)
-BURSTLAB_FLASH_INST(double)
-BURSTLAB_FLASH_INST(bf16_t)
-BURSTLAB_FLASH_INST(f16_t)
+BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_FLASH_INST)
 #undef BURSTLAB_FLASH_INST
 
 }  // namespace burstlab::dist

@@ -13,6 +13,9 @@
 #include "partition.hpp"
 #include "ring.hpp"
 
+// M(T) for each storage type of the contract: the explicit instantiations of the schedules.
+#define BURSTLAB_FOR_EACH_STORAGE(M) M(float) M(double) M(bf16_t) M(f16_t)
+
 namespace burstlab::dist {
 
 template <class T>

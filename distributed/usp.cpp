@@ -261,10 +261,7 @@ int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp,
                                const Schedule&, const Partition&, const Partition&, Shard<T>&);                \
   template void usp_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int,           \
                                 const Schedule&, const Partition&, const Partition&, Shard<T>&);
-BURSTLAB_USP_INST(float)
-BURSTLAB_USP_INST(double)
-BURSTLAB_USP_INST(bf16_t)
-BURSTLAB_USP_INST(f16_t)
+BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_USP_INST)
 #undef BURSTLAB_USP_INST
 
 }  // namespace burstlab::dist
