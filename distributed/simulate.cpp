@@ -167,6 +167,29 @@ Prediction collective(const std::vector<std::vector<Round>>& rounds, const std::
   out.exposed_comm_s = std::max(0.0, out.total_s - out.compute_s);
   return out;
 }
+// One all-to-all pair of a head-sharded schedule (Ulysses over the world, USP inside a group),
+// one message per tensor: rank r sends peer s its nq, nk rows of the Hq, Hkv heads s holds (out,
+// sequence -> heads) and later the rows of shard s of its own heads (back, heads -> sequence).
+void head_messages(Phase phase, const Problem& p, int64_t Hq, int64_t Hkv, int64_t eb, int s, int64_t nq, int64_t nk,
+                   int64_t nqs, int64_t nks, std::vector<std::pair<int, int64_t>>& out,
+                   std::vector<std::pair<int, int64_t>>& back) {
+  const int64_t B = p.B, d = p.d;
+  out.push_back({s, B * Hq * nq * d * eb});   // Q
+  out.push_back({s, B * Hkv * nk * d * eb});  // K
+  out.push_back({s, B * Hkv * nk * d * eb});  // V
+  if (phase == Phase::Forward) {
+    back.push_back({s, B * Hq * nqs * d * eb});  // O
+    back.push_back({s, B * Hq * nqs * eb});      // LSE
+  } else {
+    out.push_back({s, B * Hq * nq * d * eb});     // dO
+    out.push_back({s, B * Hq * nq * eb});         // LSE
+    out.push_back({s, B * Hq * nq * eb});         // D
+    back.push_back({s, B * Hq * nqs * d * eb});   // dQ
+    back.push_back({s, B * Hkv * nks * d * eb});  // dK
+    back.push_back({s, B * Hkv * nks * d * eb});  // dV
+  }
+}
+
 int64_t all_pairs(const MaskData& mask, const Partition& qp, const Partition& kp, int r_q) {
   int64_t pairs = 0;
   const MaskParams m = mask.params();
@@ -189,23 +212,8 @@ Prediction simulate_ulysses(Phase phase, const Problem& p, const MaskData& mask,
   for (int r = 0; r < G; ++r)
     for (int s = 0; s < G; ++s) {
       if (s == r) continue;
-      const int64_t nq = qp.local_size(r), nk = kp.local_size(r), nqs = qp.local_size(s), nks = kp.local_size(s);
-      auto& out = rounds[r][0].msgs;  // seq -> heads: one message per tensor per peer
-      auto& back = rounds[r][1].msgs;  // heads -> seq
-      out.push_back({s, B * Hg * nq * d * eb});  // Q
-      out.push_back({s, B * Hkvg * nk * d * eb});  // K
-      out.push_back({s, B * Hkvg * nk * d * eb});  // V
-      if (phase == Phase::Forward) {
-        back.push_back({s, B * Hg * nqs * d * eb});  // O
-        back.push_back({s, B * Hg * nqs * eb});      // LSE
-      } else {
-        out.push_back({s, B * Hg * nq * d * eb});    // dO
-        out.push_back({s, B * Hg * nq * eb});        // LSE
-        out.push_back({s, B * Hg * nq * eb});        // D
-        back.push_back({s, B * Hg * nqs * d * eb});  // dQ
-        back.push_back({s, B * Hkvg * nks * d * eb});  // dK
-        back.push_back({s, B * Hkvg * nks * d * eb});  // dV
-      }
+      head_messages(phase, p, Hg, Hkvg, eb, s, qp.local_size(r), kp.local_size(r), qp.local_size(s),
+                    kp.local_size(s), rounds[r][0].msgs, rounds[r][1].msgs);
     }
   return collective(rounds, std::vector<double>(G, ct), c);
 }
@@ -342,30 +350,14 @@ Prediction simulate_usp(Phase phase, const Problem& p, int u, const Schedule& ri
   } else {
     fail("usp: the ulysses degree u (", u, ") and gpus_per_node (", K, ") must divide one another");
   }
-  const bool bwd = phase == Phase::Backward;
-  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  const int64_t Hu = p.H_q / u, Hkvu = p.H_kv / u;
   std::vector<std::vector<Round>> in(G, std::vector<Round>(1)), back(G, std::vector<Round>(1));
   for (int r = 0; r < G; ++r)
     for (int j = 0; j < u; ++j) {
       const int s = r / u * u + j;
       if (s == r) continue;
-      const int64_t nq = qp.local_size(r), nk = kp.local_size(r), nqs = qp.local_size(s), nks = kp.local_size(s);
-      auto& out = in[r][0].msgs;  // seq -> heads inside the group, one message per tensor and member
-      auto& home = back[r][0].msgs;
-      out.push_back({s, B * Hu * nq * d * eb});    // Q
-      out.push_back({s, B * Hkvu * nk * d * eb});  // K
-      out.push_back({s, B * Hkvu * nk * d * eb});  // V
-      if (!bwd) {
-        home.push_back({s, B * Hu * nqs * d * eb});  // O
-        home.push_back({s, B * Hu * nqs * eb});      // LSE
-      } else {
-        out.push_back({s, B * Hu * nq * d * eb});      // dO
-        out.push_back({s, B * Hu * nq * eb});          // LSE
-        out.push_back({s, B * Hu * nq * eb});          // D
-        home.push_back({s, B * Hu * nqs * d * eb});    // dQ
-        home.push_back({s, B * Hkvu * nks * d * eb});  // dK
-        home.push_back({s, B * Hkvu * nks * d * eb});  // dV
-      }
+      head_messages(phase, p, Hu, Hkvu, eb, s, qp.local_size(r), kp.local_size(r), qp.local_size(s),
+                    kp.local_size(s), in[r][0].msgs, back[r][0].msgs);
     }
   const std::vector<double> none(G, 0.0);
   const Prediction a = collective(in, none, c), b = collective(back, none, c);
