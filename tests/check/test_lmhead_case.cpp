@@ -17,6 +17,7 @@
 #include "cpu_lmhead.hpp"
 #include "lmhead_case.hpp"
 #include "npy.hpp"
+#include "testutil.hpp"
 
 namespace burstlab::check {
 namespace {
@@ -24,14 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string msg_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testutil::error_message;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::path(::testing::TempDir()) / ("lmcase_" + std::to_string(getpid()) + "_" + name);
@@ -48,11 +42,11 @@ TEST(LmHeadNpy, Int64RoundTripAndStrictness) {
   EXPECT_EQ(back.data, y);
   // A float file is not a label file, and a label file is not a float file.
   const double x[2] = {1, 2};
-  EXPECT_THAT(msg_of([&] { parse_npy_int64(format_npy(Dtype::F32, {2}, x, 2), "f.npy"); }),
+  EXPECT_THAT(error_message([&] { parse_npy_int64(format_npy(Dtype::F32, {2}, x, 2), "f.npy"); }),
               HasSubstr("f.npy: dtype '<f4' is not supported for integers"));
-  EXPECT_THAT(msg_of([&] { parse_npy(bytes, "y.npy"); }), HasSubstr("y.npy: dtype '<i8' is not supported"));
+  EXPECT_THAT(error_message([&] { parse_npy(bytes, "y.npy"); }), HasSubstr("y.npy: dtype '<i8' is not supported"));
   // Truncated data and '<i4' (NumPy's default int on some platforms).
-  EXPECT_THAT(msg_of([&] { parse_npy_int64(bytes.substr(0, bytes.size() - 3), "t.npy"); }), HasSubstr("truncated"));
+  EXPECT_THAT(error_message([&] { parse_npy_int64(bytes.substr(0, bytes.size() - 3), "t.npy"); }), HasSubstr("truncated"));
   std::string i4 = bytes.substr(0, bytes.find("<i8")) + "<i4" + bytes.substr(bytes.find("<i8") + 3);
   i4.resize(i4.size() - 5 * 8);
   for (int32_t v : {7, -100, 3, 0, -1})
@@ -79,15 +73,15 @@ TEST(LmHeadCaseJson, RoundTripAndStrictErrors) {
     EXPECT_NE(at, std::string::npos) << from;
     return t.replace(at, from.size(), to);
   };
-  EXPECT_THAT(msg_of([&] { parse_lmhead_case_json(edit("\"V\": 1000", "\"V\": 0"), "c.json"); }),
+  EXPECT_THAT(error_message([&] { parse_lmhead_case_json(edit("\"V\": 1000", "\"V\": 0"), "c.json"); }),
               HasSubstr("c.json: field 'V' (0) must be in [1, "));
-  EXPECT_THAT(msg_of([&] { parse_lmhead_case_json(edit("\"reduction\": \"mean\"", "\"reduction\": \"avg\""), "c.json"); }),
+  EXPECT_THAT(error_message([&] { parse_lmhead_case_json(edit("\"reduction\": \"mean\"", "\"reduction\": \"avg\""), "c.json"); }),
               HasSubstr("c.json: reduction (avg) must be mean or sum"));
-  EXPECT_THAT(msg_of([&] { parse_lmhead_case_json(edit("\"label_smoothing\": 0.0", "\"label_smoothing\": 2.0"), "c.json"); }),
+  EXPECT_THAT(error_message([&] { parse_lmhead_case_json(edit("\"label_smoothing\": 0.0", "\"label_smoothing\": 2.0"), "c.json"); }),
               HasSubstr("c.json: label_smoothing (2) must be in [0, 1]"));
-  EXPECT_THAT(msg_of([&] { parse_lmhead_case_json(edit("\"seed\"", "\"sed\""), "c.json"); }),
+  EXPECT_THAT(error_message([&] { parse_lmhead_case_json(edit("\"seed\"", "\"sed\""), "c.json"); }),
               HasSubstr("c.json: missing field 'seed'"));
-  EXPECT_THAT(msg_of([&] { parse_lmhead_case_json(edit("{", "{\"extra\": 1,"), "c.json"); }),
+  EXPECT_THAT(error_message([&] { parse_lmhead_case_json(edit("{", "{\"extra\": 1,"), "c.json"); }),
               HasSubstr("c.json: unknown field 'extra'"));
 }
 
@@ -195,12 +189,12 @@ TEST(LmHeadCase, MissingOrMisshapenCandidateFiles) {
   EXPECT_TRUE(r.tensors[2].missing);  // dH
   write_npy((cand / "dH.npy").string(), Dtype::F32, {m.p.N + 1, m.p.d}, std::vector<double>((m.p.N + 1) * m.p.d).data(),
             static_cast<size_t>((m.p.N + 1) * m.p.d));
-  EXPECT_THAT(msg_of([&] { read_lmhead_candidate(cand.string(), m, ""); }), HasSubstr("dH.npy: shape"));
+  EXPECT_THAT(error_message([&] { read_lmhead_candidate(cand.string(), m, ""); }), HasSubstr("dH.npy: shape"));
   // Labels out of range in y.npy are named.
   std::vector<int64_t> y = c.in.y;
   y[3] = m.p.V;
   write_npy_int64((root / "case" / "y.npy").string(), {m.p.N}, y.data(), y.size());
-  EXPECT_THAT(msg_of([&] { read_lmhead_case((root / "case").string()); }),
+  EXPECT_THAT(error_message([&] { read_lmhead_case((root / "case").string()); }),
               HasSubstr("y.npy: y[3] (1000) must be in [0, V) = [0, 1000)"));
 }
 

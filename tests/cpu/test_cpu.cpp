@@ -402,19 +402,11 @@ TEST(CpuBlocks, ComputeDMatchesDefinition) {
 
 // ---------------------------------------------------------------- validation (spec §1.4)
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testutil::error_message;
 
 TEST(CpuValidation, MessagesNameFieldAndValue) {
-  EXPECT_EQ(error_of([] { cpu::validate_tiles({0, 64}); }), "Br (0) must be >= 1");
-  EXPECT_EQ(error_of([] { cpu::validate_tiles({64, -3}); }), "Bc (-3) must be >= 1");
+  EXPECT_EQ(error_message([] { cpu::validate_tiles({0, 64}); }), "Br (0) must be >= 1");
+  EXPECT_EQ(error_message([] { cpu::validate_tiles({64, -3}); }), "Bc (-3) must be >= 1");
   const Problem p = make_problem(1, 2, 1, 6, 5, 4);
   const Tensor4<float> Q = make_tensor4<float>(Layout::BHSD, 1, 2, 6, 4, 1.f);
   const Tensor4<float> K = make_tensor4<float>(Layout::BHSD, 1, 1, 5, 4, 1.f), V = K;
@@ -425,27 +417,27 @@ TEST(CpuValidation, MessagesNameFieldAndValue) {
   const auto c4 = as_const(O.view());
   const auto c3 = as_const(L.view());
   const auto bad_c = as_const(bad.view());
-  EXPECT_EQ(error_of([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), O.view(), L.view(), {0, 4}); }),
+  EXPECT_EQ(error_message([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), O.view(), L.view(), {0, 4}); }),
             "Br (0) must be >= 1");
-  EXPECT_EQ(error_of([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), bad.view(), L.view()); }),
+  EXPECT_EQ(error_message([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), bad.view(), L.view()); }),
             "O.dim[2] (5) must equal N (6)");
-  EXPECT_EQ(error_of([&] { cpu::forward<float>(p, bad_c, K.view(), V.view(), O.view(), L.view()); }),
+  EXPECT_EQ(error_message([&] { cpu::forward<float>(p, bad_c, K.view(), V.view(), O.view(), L.view()); }),
             "Q.dim[2] (5) must equal N (6)");
   Problem p2 = p;
   p2.H_kv = 4;
   p2.H_q = 6;
-  EXPECT_EQ(error_of([&] { cpu::forward<float>(p2, Q.view(), K.view(), V.view(), O.view(), L.view()); }),
+  EXPECT_EQ(error_message([&] { cpu::forward<float>(p2, Q.view(), K.view(), V.view(), O.view(), L.view()); }),
             "H_q (6) must be a multiple of H_kv (4)");
   View4<float> null_v = O.view();
   null_v.data = nullptr;
-  EXPECT_EQ(error_of([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), null_v, L.view()); }),
+  EXPECT_EQ(error_message([&] { cpu::forward<float>(p, Q.view(), K.view(), V.view(), null_v, L.view()); }),
             "O (null) must point to data");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::backward<float>(p, Q.view(), K.view(), V.view(), c4, Q.view(), c3, dQ.view(),
                                    bad.view(), dV.view());
             }),
             "dK.dim[1] (2) must equal H (1)");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::backward<float>(p, Q.view(), K.view(), V.view(), c4, Q.view(), c3, dQ.view(),
                                    dK.view(), dV.view(), {8, 0});
             }),
@@ -453,29 +445,29 @@ TEST(CpuValidation, MessagesNameFieldAndValue) {
   // blocks: positions and mask against the problem
   const MaskData md = compile_mask(p);
   const std::vector<int64_t> idx{0, 7};
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::forward_block<float>(p, md.params(), contiguous(0, 6), Positions{0, 2, idx.data()},
                                         Q.view(), K2.view(), K2.view(), O.view(), L.view());
             }),
             "k_pos[1] (7) must be in [0, N_k = 5)");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::forward_block<float>(p, md.params(), contiguous(3, 6), contiguous(0, 5), Q.view(),
                                         K.view(), V.view(), O.view(), L.view());
             }),
             "q_pos [3, 9) must lie in [0, N_q = 6)");
   MaskParams wrong = md.params();
   wrong.N_k = 9;
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::forward_block<float>(p, wrong, contiguous(0, 6), contiguous(0, 5), Q.view(),
                                         K.view(), V.view(), O.view(), L.view());
             }),
             "mask.N_k (9) must equal N_k (5)");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_message([&] {
               cpu::forward_block<float>(p, md.params(), contiguous(0, 6), contiguous(0, 4), Q.view(),
                                         K.view(), V.view(), O.view(), L.view());
             }),
             "K.dim[2] (5) must equal N (4)");
-  EXPECT_EQ(error_of([&] { cpu::compute_D<float>(Q.view(), bad_c, L.view()); }),
+  EXPECT_EQ(error_message([&] { cpu::compute_D<float>(Q.view(), bad_c, L.view()); }),
             "dO.dim[2] (5) must equal N (6)");
 }
 

@@ -90,22 +90,33 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+// An engine whose memory, transfer and mask calls go to another engine: the test engines below
+// give only the compute.
+template <class T>
+class MemoryOf : public Engine<T> {
+ public:
+  explicit MemoryOf(Engine<T>& mem) : m_(mem) {}
+  std::shared_ptr<void> allocate(int64_t bytes) override { return m_.allocate(bytes); }
+  void upload(void* d, const void* h, int64_t n) override { m_.upload(d, h, n); }
+  void download(void* h, const void* s, int64_t n) override { m_.download(h, s, n); }
+  void copy(void* d, const void* s, int64_t n) override { m_.copy(d, s, n); }
+  void fill(void* d, int64_t n, Dtype t, double v) override { m_.fill(d, n, t, v); }
+  void add(void* a, const void* b, int64_t n, Dtype t) override { m_.add(a, b, n, t); }
+  PreparedMask prepare(const MaskData& m) override { return m_.prepare(m); }
+
+ private:
+  Engine<T>& m_;
+};
+
 // An engine that counts the blocks it computes and can throw on a chosen block.
 template <class T>
-class SpyEngine final : public Engine<T> {
+class SpyEngine final : public MemoryOf<T> {
  public:
-  explicit SpyEngine(Engine<T>& inner) : in_(inner) {}
+  explicit SpyEngine(Engine<T>& inner) : MemoryOf<T>(inner), in_(inner) {}
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // first q pos, q.n, first k pos, k.n
   std::map<Key, int> fwd, bwd;
   std::function<bool(Positions, Positions)> throw_on;  // forward blocks only
   std::string name() const override { return "spy(" + in_.name() + ")"; }
-  std::shared_ptr<void> allocate(int64_t bytes) override { return in_.allocate(bytes); }
-  void upload(void* d, const void* h, int64_t n) override { in_.upload(d, h, n); }
-  void download(void* h, const void* s, int64_t n) override { in_.download(h, s, n); }
-  void copy(void* d, const void* s, int64_t n) override { in_.copy(d, s, n); }
-  void fill(void* d, int64_t n, Dtype t, double v) override { in_.fill(d, n, t, v); }
-  void add(void* a, const void* b, int64_t n, Dtype t) override { in_.add(a, b, n, t); }
-  PreparedMask prepare(const MaskData& m) override { return in_.prepare(m); }
   void forward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<T> L, bool accumulate) override {
     if (throw_on && throw_on(q, k)) throw std::runtime_error("spy engine: injected compute failure");
@@ -134,17 +145,10 @@ class SpyEngine final : public Engine<T> {
 // schedules do not know which engine runs), bitwise reproducible by construction. Memory and
 // compute_D come from the cpu engine.
 template <class T>
-class NaiveEngine final : public Engine<T> {
+class NaiveEngine final : public MemoryOf<T> {
  public:
-  explicit NaiveEngine(Engine<T>& mem) : mem_(mem) {}
+  explicit NaiveEngine(Engine<T>& mem) : MemoryOf<T>(mem), mem_(mem) {}
   std::string name() const override { return "naive"; }
-  std::shared_ptr<void> allocate(int64_t bytes) override { return mem_.allocate(bytes); }
-  void upload(void* d, const void* h, int64_t n) override { mem_.upload(d, h, n); }
-  void download(void* h, const void* s, int64_t n) override { mem_.download(h, s, n); }
-  void copy(void* d, const void* s, int64_t n) override { mem_.copy(d, s, n); }
-  void fill(void* d, int64_t n, Dtype t, double v) override { mem_.fill(d, n, t, v); }
-  void add(void* a, const void* b, int64_t n, Dtype t) override { mem_.add(a, b, n, t); }
-  PreparedMask prepare(const MaskData& m) override { return mem_.prepare(m); }
   void forward_block(const Problem& p, const PreparedMask& md, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O_out, View3<T> L_out, bool accumulate) override {
     // accumulate: the partial in scratch, then the merge (4.5) into (O_out, L_out).

@@ -17,10 +17,7 @@ namespace {
 constexpr double kTol = 1e-15;  // a few ulps of O(1) values: these cases have no long sums
 
 // All outputs of one run of reference<double> on BHSD tensors given as flat vectors.
-struct Outputs {
-  Tensor4<double> O, dQ, dK, dV;
-  Tensor3<double> LSE;
-};
+using Outputs = testutil::RefRun<double>;
 Tensor4<double> tensor(const std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t d) {
   Tensor4<double> t = make_tensor4<double>(Layout::BHSD, B, H, N, d);
   EXPECT_EQ(t.data.size(), x.size());
@@ -29,21 +26,8 @@ Tensor4<double> tensor(const std::vector<double>& x, int64_t B, int64_t H, int64
 }
 Outputs run(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
         const std::vector<double>& v, const std::vector<double>& dout) {
-  const Tensor4<double> Q = tensor(q, p.B, p.H_q, p.N_q, p.d), K = tensor(k, p.B, p.H_kv, p.N_k, p.d),
-                        V = tensor(v, p.B, p.H_kv, p.N_k, p.d), dO = tensor(dout, p.B, p.H_q, p.N_q, p.d);
-  Outputs r;
-  r.O = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
-  r.LSE = make_tensor3<double>(p.B, p.H_q, p.N_q);
-  r.dQ = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
-  r.dK = make_tensor4<double>(Layout::BHSD, p.B, p.H_kv, p.N_k, p.d);
-  r.dV = make_tensor4<double>(Layout::BHSD, p.B, p.H_kv, p.N_k, p.d);
-  poison(r.O); poison(r.LSE); poison(r.dQ); poison(r.dK); poison(r.dV);
-  reference::forward<double>(p, Q.view(), K.view(), V.view(), r.O.view(), r.LSE.view());
-  const Tensor4<double>& O = r.O;
-  const Tensor3<double>& L = r.LSE;
-  reference::backward<double>(p, Q.view(), K.view(), V.view(), O.view(), dO.view(), L.view(),
-                              r.dQ.view(), r.dK.view(), r.dV.view());
-  return r;
+  return testutil::run_reference<double>(p, tensor(q, p.B, p.H_q, p.N_q, p.d), tensor(k, p.B, p.H_kv, p.N_k, p.d),
+                                         tensor(v, p.B, p.H_kv, p.N_k, p.d), tensor(dout, p.B, p.H_q, p.N_q, p.d));
 }
 
 Problem problem(int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d) {

@@ -202,17 +202,9 @@ struct FloatRun {
   Tensor3<double> LSE;
 };
 FloatRun run_float(const Problem& p, const Inputs& in) {
-  const Tensor4<float> Q = convert<float>(in.Q), K = convert<float>(in.K), V = convert<float>(in.V),
-                       dO = convert<float>(in.dO);
-  Tensor4<float> O = make_tensor4<float>(in.Q.layout, p.B, p.H_q, p.N_q, p.d), dQ = O;
-  Tensor4<float> dK = make_tensor4<float>(in.K.layout, p.B, p.H_kv, p.N_k, p.d), dV = dK;
-  Tensor3<float> L = make_tensor3<float>(p.B, p.H_q, p.N_q);
-  reference::forward<float>(p, Q.view(), K.view(), V.view(), O.view(), L.view());
-  const Tensor4<float>& Oc = O;
-  const Tensor3<float>& Lc = L;
-  reference::backward<float>(p, Q.view(), K.view(), V.view(), Oc.view(), dO.view(), Lc.view(), dQ.view(), dK.view(),
-                             dV.view());
-  return {to_double(O), to_double(dQ), to_double(dK), to_double(dV), to_double(L)};
+  const testutil::RefRun<float> r = testutil::run_reference<float>(p, convert<float>(in.Q), convert<float>(in.K),
+                                                                   convert<float>(in.V), convert<float>(in.dO));
+  return {to_double(r.O), to_double(r.dQ), to_double(r.dK), to_double(r.dV), to_double(r.LSE)};
 }
 
 TEST(SampledCheck, NaiveFp32PassesEveryMaskAndValueMode) {

@@ -24,28 +24,12 @@ namespace {
 using testutil::make_problem;
 using ::testing::HasSubstr;
 
-struct FloatRun {
-  Tensor4<float> O, dQ, dK, dV;
-  Tensor3<float> LSE;
-};
+using FloatRun = testutil::RefRun<float>;
 
 // reference<float> on the F32-rounded inputs; the backward uses its own forward O and LSE.
 FloatRun run_float(const Problem& p, const Inputs& in) {
-  const Tensor4<float> Q = convert<float>(in.Q), K = convert<float>(in.K), V = convert<float>(in.V),
-                       dO = convert<float>(in.dO);
-  FloatRun r;
-  r.O = make_tensor4<float>(in.Q.layout, p.B, p.H_q, p.N_q, p.d);
-  r.LSE = make_tensor3<float>(p.B, p.H_q, p.N_q);
-  r.dQ = make_tensor4<float>(in.Q.layout, p.B, p.H_q, p.N_q, p.d);
-  r.dK = make_tensor4<float>(in.K.layout, p.B, p.H_kv, p.N_k, p.d);
-  r.dV = make_tensor4<float>(in.V.layout, p.B, p.H_kv, p.N_k, p.d);
-  poison(r.O); poison(r.LSE); poison(r.dQ); poison(r.dK); poison(r.dV);
-  reference::forward<float>(p, Q.view(), K.view(), V.view(), r.O.view(), r.LSE.view());
-  const Tensor4<float>& O = r.O;
-  const Tensor3<float>& L = r.LSE;
-  reference::backward<float>(p, Q.view(), K.view(), V.view(), O.view(), dO.view(), L.view(),
-                             r.dQ.view(), r.dK.view(), r.dV.view());
-  return r;
+  return testutil::run_reference<float>(p, convert<float>(in.Q), convert<float>(in.K), convert<float>(in.V),
+                                        convert<float>(in.dO));
 }
 
 std::vector<Metrics> check_all(const Oracle& o, const FloatRun& r) {

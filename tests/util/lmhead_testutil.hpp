@@ -57,15 +57,4 @@ struct WorstErrBound {
   }
 };
 
-// The message of the Error that f() throws, "no error" when it throws none.
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 }  // namespace burstlab::testutil

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/error.hpp"
 #include "burstlab/problem.hpp"
 #include "harness.hpp"
+#include "reference.hpp"
 #include "tolerance.hpp"
 
 namespace burstlab::testutil {
@@ -48,6 +50,41 @@ struct ByName {
     return info.param.name;
   }
 };
+
+// reference<T>'s outputs: the forward, then the backward on that forward's own O and LSE.
+template <class T>
+struct RefRun {
+  Tensor4<T> O, dQ, dK, dV;
+  Tensor3<T> LSE;
+};
+template <class T>
+RefRun<T> run_reference(const Problem& p, const Tensor4<T>& Q, const Tensor4<T>& K, const Tensor4<T>& V,
+                        const Tensor4<T>& dO) {
+  RefRun<T> r;
+  r.O = make_tensor4<T>(Q.layout, p.B, p.H_q, p.N_q, p.d);
+  r.LSE = make_tensor3<T>(p.B, p.H_q, p.N_q);
+  r.dQ = make_tensor4<T>(Q.layout, p.B, p.H_q, p.N_q, p.d);
+  r.dK = make_tensor4<T>(K.layout, p.B, p.H_kv, p.N_k, p.d);
+  r.dV = make_tensor4<T>(V.layout, p.B, p.H_kv, p.N_k, p.d);
+  poison(r.O); poison(r.LSE); poison(r.dQ); poison(r.dK); poison(r.dV);
+  reference::forward<T>(p, Q.view(), K.view(), V.view(), r.O.view(), r.LSE.view());
+  const Tensor4<T>& O = r.O;
+  const Tensor3<T>& L = r.LSE;
+  reference::backward<T>(p, Q.view(), K.view(), V.view(), O.view(), dO.view(), L.view(), r.dQ.view(), r.dK.view(),
+                         r.dV.view());
+  return r;
+}
+
+// The message of the Error that f() throws, "no error" when it throws none.
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 // Concatenation helper: cat(a, b) = a followed by b.
 std::vector<Metrics> cat(std::vector<Metrics> a, const std::vector<Metrics>& b);
