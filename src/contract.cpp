@@ -219,35 +219,40 @@ MaskData compile_mask(const Problem& p) {
   return md;
 }
 
-int64_t count_visible(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  int64_t total = 0;
+namespace {
+// f(n) for each run of n > 0 visible keys of rows [i0, i1) within [j0, j1), in row order; true
+// as soon as f returns true.
+template <class F>
+bool visible_runs(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1, F f) {
   for (int64_t i = i0; i < i1; ++i) {
     int64_t lo, hi;
     row_range(m, i, &lo, &hi);
     lo = std::max(lo, j0);
     hi = std::min(hi, j1);
     if (lo >= hi) continue;
-    if (!m.block) { total += hi - lo; continue; }
+    if (!m.block) {
+      if (f(hi - lo)) return true;
+      continue;
+    }
     const uint8_t* brow = m.block + (i / m.block_q) * m.n_block_k;
     for (int64_t c = lo / m.block_k; c * m.block_k < hi; ++c)
-      if (brow[c]) total += std::min(hi, (c + 1) * m.block_k) - std::max(lo, c * m.block_k);
+      if (brow[c] && f(std::min(hi, (c + 1) * m.block_k) - std::max(lo, c * m.block_k))) return true;
   }
+  return false;
+}
+}  // namespace
+
+int64_t count_visible(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  int64_t total = 0;
+  visible_runs(m, i0, i1, j0, j1, [&](int64_t n) {
+    total += n;
+    return false;
+  });
   return total;
 }
 
 bool any_visible(const MaskParams& m, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t lo, hi;
-    row_range(m, i, &lo, &hi);
-    lo = std::max(lo, j0);
-    hi = std::min(hi, j1);
-    if (lo >= hi) continue;
-    if (!m.block) return true;
-    const uint8_t* brow = m.block + (i / m.block_q) * m.n_block_k;
-    for (int64_t c = lo / m.block_k; c * m.block_k < hi; ++c)
-      if (brow[c]) return true;
-  }
-  return false;
+  return visible_runs(m, i0, i1, j0, j1, [](int64_t) { return true; });
 }
 
 int64_t visible_pairs(const Problem& p) {
