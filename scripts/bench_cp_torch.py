@@ -24,6 +24,16 @@ import torch.nn.functional as F
 CSV_FIELDS = ("impl", "world", "pass", "N", "H", "d", "causal", "best_ms", "median_ms", "max_diff")
 
 
+def sdpa(q, k, v, do, backward, causal):
+    """SDPA on q, k, v: (o,), or with backward (o, dq, dk, dv) for the output gradient do."""
+    qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
+    o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+    if backward:
+        o.backward(do)
+        return o, qq.grad, kk.grad, vv.grad
+    return (o,)
+
+
 def timed(fn, warmup, reps):
     for _ in range(warmup):
         fn()
@@ -71,12 +81,7 @@ def main():
 
     # The whole problem on this rank's GPU: the reference output and the one-GPU time.
     def whole(backward):
-        qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
-        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=a.causal)
-        if backward:
-            o.backward(do)
-            return o, qq.grad, kk.grad, vv.grad
-        return (o,)
+        return sdpa(q, k, v, do, backward, a.causal)
 
     want = [x.detach() for x in whole(True)]
     t1 = {p: timed(lambda: whole(p == "fwd+bwd"), a.warmup, a.reps) for p in ("fwd", "fwd+bwd")}
@@ -86,12 +91,7 @@ def main():
     with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2],
                           no_restore_buffers={cq, ck, cv, cdo}):
         def sharded(backward):
-            qq, kk, vv = (x.detach().requires_grad_(backward) for x in (cq, ck, cv))
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=a.causal)
-            if backward:
-                o.backward(cdo)
-                return o, qq.grad, kk.grad, vv.grad
-            return (o,)
+            return sdpa(cq, ck, cv, cdo, backward, a.causal)
 
         got = sharded(True)
         tg = {p: timed(lambda: sharded(p == "fwd+bwd"), a.warmup, a.reps) for p in ("fwd", "fwd+bwd")}

@@ -22,6 +22,20 @@ except ImportError:  # the PyTorch tests skip
     torch = None
 
 
+# The repository's root, and a script of it (no .py suffix needed) loaded as a module.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_script(path, name):
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
 def require_torch():
     if torch is None:
         pytest.skip("PyTorch is not installed for this interpreter (Debian: python3-torch)")

@@ -2,8 +2,6 @@
 itself (`burstlab run --impl cpu --algo ring,burst --single --world 2 --json`), and the torch CSV by
 the field names scripts/bench_cp_torch.py prints, so neither format can drift from the script."""
 import ast
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,18 +9,13 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, load_script, run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench-cp")
 
 
 def bench_cp():
-    loader = importlib.machinery.SourceFileLoader("bench_cp", SCRIPT)
-    spec = importlib.util.spec_from_loader("bench_cp", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "bench_cp")
 
 
 def torch_csv_fields():

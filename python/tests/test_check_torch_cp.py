@@ -2,8 +2,6 @@
 and as the FlexAttention mask_mod see them (the same matrix); and its gather-and-judge path on
 fake shards of a head-tail (load-balanced) split: put back in sequence order they pass, and a wrong
 merge (two ranks' shards swapped) fails at the rows it moved."""
-import importlib.machinery
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,18 +10,13 @@ import numpy as np
 import pytest
 
 import burstlab
-from conftest import require_torch
+from conftest import ROOT, load_script, require_torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "check_torch_cp.py")
 
 
 def example():
-    loader = importlib.machinery.SourceFileLoader("check_torch_cp", SCRIPT)
-    spec = importlib.util.spec_from_loader("check_torch_cp", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "check_torch_cp")
 
 
 def test_flags():
