@@ -169,6 +169,15 @@ def masks_37_50():
     }
 
 
+def gradcheck_problem(torch, randn):
+    """The gradchecks' small fp64 problem: GQA on masks_37_50's mask with every part (empty rows
+    included); q, k, v from randn(torch, shape, dtype, seed), requiring grad."""
+    mask = masks_37_50()["causal+document+block"]
+    q, k, v = (randn(torch, shape, torch.float64, seed).requires_grad_(True)
+               for shape, seed in (((1, 2, 37, 4), 1), ((1, 1, 50, 4), 2), ((1, 1, 50, 4), 3)))
+    return mask, q, k, v
+
+
 def to_layout(x, layout):
     """A (B, H, N, d) array in layout (a view: BSHD is a transposed view of BHSD data)."""
     return x if layout == "BHSD" else x.transpose(0, 2, 1, 3)

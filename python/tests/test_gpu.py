@@ -4,7 +4,7 @@ gradcheck in fp64 (cuda v1), opcheck, torch.compile, and the caller's stream. Ev
 its table (run pytest with -s to see them). Skips without a GPU (fails under BURSTLAB_REQUIRE_GPU=1).
 """
 import pytest
-from conftest import masks_37_50, require_gpu
+from conftest import gradcheck_problem, masks_37_50, require_gpu
 
 import burstlab
 from burstlab.testing import assert_attention_close
@@ -96,10 +96,7 @@ def test_gradcheck_fp64():
     torch = require_gpu()
     import burstlab.cuda as bc
 
-    mask = masks_37_50()["causal+document+block"]
-    q = randn(torch, (1, 2, 37, 4), torch.float64, 1).requires_grad_(True)
-    k = randn(torch, (1, 1, 50, 4), torch.float64, 2).requires_grad_(True)
-    v = randn(torch, (1, 1, 50, 4), torch.float64, 3).requires_grad_(True)
+    mask, q, k, v = gradcheck_problem(torch, randn)
     assert torch.autograd.gradcheck(lambda q, k, v: bc.attention(q, k, v, mask=mask), (q, k, v))
     do = randn(torch, (1, 2, 37, 4), torch.float64, 4)
     o, lse, dq, dk, dv = run_operator(torch, q, k, v, do, mask=mask)

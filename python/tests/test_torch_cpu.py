@@ -3,7 +3,7 @@ tensors, results as tensors; the operator (burstlab.cuda.attention) on the CPU k
 backward against the oracle, gradcheck in fp64, opcheck, torch.compile (torch >= 2.4)."""
 import numpy as np
 import pytest
-from conftest import masks_37_50, require_custom_op, require_torch
+from conftest import gradcheck_problem, masks_37_50, require_custom_op, require_torch
 
 import burstlab
 from burstlab.testing import assert_attention_close
@@ -95,10 +95,7 @@ def test_operator_gradcheck_opcheck_and_compile():
     torch = require_custom_op()
     import burstlab.cuda as bc
 
-    mask = masks_37_50()["causal+document+block"]
-    q = randn(torch, (1, 2, 37, 4), torch.float64, 1).requires_grad_(True)
-    k = randn(torch, (1, 1, 50, 4), torch.float64, 2).requires_grad_(True)
-    v = randn(torch, (1, 1, 50, 4), torch.float64, 3).requires_grad_(True)
+    mask, q, k, v = gradcheck_problem(torch, randn)
     assert torch.autograd.gradcheck(lambda q, k, v: bc.attention(q, k, v, mask=mask), (q, k, v))
     torch.library.opcheck(torch.ops.burstlab.attention.default, (q, k, v, mask.json, None, "BHSD", "auto", True))
     o, lse = bc.attention(q, k, v, mask=mask, return_lse=True)
