@@ -154,6 +154,16 @@ void check_v3(const char* name, const View3<T>& v, int64_t B, int64_t H, int64_t
   validate_view(name, v.dim, v.data, 3, e);
 }
 
+// What every launch's arguments hold besides the tensors: mask, positions, sizes, scale.
+template <class T, class Args>
+void set_problem(Args& a, const Problem& p, const MaskParams& mask, Positions qp, Positions kp, bool accumulate) {
+  a.mask = mask; a.qp = qp; a.kp = kp;
+  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
+  a.nq = qp.n; a.nk = kp.n; a.d = p.d;
+  a.scale = static_cast<acc_t<T>>(scale_of(p));
+  a.accumulate = accumulate;
+}
+
 // A launch's arguments over the device's element types (device_t).
 template <class T>
 FwdArgs<device_t<T>> fwd_args(const Problem& p, const MaskParams& mask, Positions qp, Positions kp,
@@ -161,11 +171,7 @@ FwdArgs<device_t<T>> fwd_args(const Problem& p, const MaskParams& mask, Position
                               View3<acc_t<T>> LSE, bool accumulate) {
   FwdArgs<device_t<T>> a;
   a.Q = as_device(Q); a.K = as_device(K); a.V = as_device(V); a.O = as_device(O); a.LSE = LSE;
-  a.mask = mask; a.qp = qp; a.kp = kp;
-  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
-  a.nq = qp.n; a.nk = kp.n; a.d = p.d;
-  a.scale = static_cast<acc_t<T>>(scale_of(p));
-  a.accumulate = accumulate;
+  set_problem<T>(a, p, mask, qp, kp, accumulate);
   return a;
 }
 
@@ -177,11 +183,7 @@ BwdArgs<device_t<T>, device_t<G>> bwd_args(const Problem& p, const MaskParams& m
   BwdArgs<device_t<T>, device_t<G>> a;
   a.Q = as_device(Q); a.K = as_device(K); a.V = as_device(V); a.dO = as_device(dO); a.LSE = LSE; a.D = D;
   a.dQ = as_device(dQ); a.dK = as_device(dK); a.dV = as_device(dV);
-  a.mask = mask; a.qp = qp; a.kp = kp;
-  a.B = p.B; a.Hq = p.H_q; a.Hkv = p.H_kv; a.group = group_size(p);
-  a.nq = qp.n; a.nk = kp.n; a.d = p.d;
-  a.scale = static_cast<acc_t<T>>(scale_of(p));
-  a.accumulate = accumulate;
+  set_problem<T>(a, p, mask, qp, kp, accumulate);
   return a;
 }
 
