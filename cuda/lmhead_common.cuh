@@ -141,6 +141,64 @@ inline float loss_of(const float* loss_rows, int64_t N, double w, cudaStream_t s
   return static_cast<float>(w) * total;
 }
 
+// What both variants' row kernels know of every row: the labels and the loss's constants
+// (eq. 10.2-10.7); r0 is set per chunk.
+struct RowFacts {
+  const int64_t* y;            // (N) global labels
+  int64_t r0, V, Vp, ignore_index;
+  float smooth, keep, lam, c;  // eps / V, 1 - eps, lambda, the dz scale (Weights::c)
+  bool eps_on;
+  const float* LSE_in;         // given (separate backward), or null: computed here
+  float* LSE_out;              // (N)
+  float* loss_rows;            // (N): l_i, 0 on ignored rows
+};
+inline void set_row_facts(RowFacts& a, const LmHeadProblem& p, const int64_t* y, int64_t Vp, float c, bool partials,
+                          const float* LSE_in, float* LSE_out, float* loss_rows) {
+  a.y = y;
+  a.V = p.V;
+  a.Vp = Vp;
+  a.ignore_index = p.ignore_index;
+  a.smooth = static_cast<float>(p.label_smoothing / double(p.V));
+  a.keep = static_cast<float>(1.0 - p.label_smoothing);
+  a.lam = static_cast<float>(p.z_loss);
+  a.c = c;
+  a.eps_on = p.label_smoothing != 0;
+  a.LSE_in = partials ? nullptr : LSE_in;
+  a.LSE_out = LSE_out;
+  a.loss_rows = loss_rows;
+}
+
+// A row kernel's row (one CTA per row of the chunk): its index in the chunk, its global index,
+// its label, and whether it counts (not ignore_index).
+struct Row {
+  int64_t i, gi, yi;
+  bool counted;
+};
+__device__ __forceinline__ Row row_of(const RowFacts& a) {
+  const int64_t i = blockIdx.x, gi = a.r0 + i, yi = a.y[gi];
+  return {i, gi, yi, yi != a.ignore_index};
+}
+// Thread 0 writes the row's LSE and its loss term l_i (eq. 10.3-10.5; 0 on ignored rows) from L,
+// the row's logits z and their sum zs.
+__device__ __forceinline__ void store_row_stats(const RowFacts& a, const Row& r, float L, const float* z, float zs) {
+  if (threadIdx.x != 0) return;
+  a.LSE_out[r.gi] = L;
+  a.loss_rows[r.gi] = r.counted ? L - a.keep * z[r.yi] - a.smooth * zs + a.lam * L * L : 0.f;
+}
+
+// dW (V, d) in T from its fp32 accumulator acc (V, d), on stream s.
+template <class T>
+static __global__ void store_dw_kernel(const float* acc, int64_t V, int64_t d, View2<T> dW) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < V * d; e += int64_t(gridDim.x) * blockDim.x)
+    dW(e / d, e % d) = Store<T>::from(acc[e]);
+}
+template <class T>
+void store_dw(const float* acc, int64_t V, int64_t d, View2<T> dW, cudaStream_t s) {
+  const int grid = static_cast<int>(std::min<int64_t>((V * d + 255) / 256, 65535));
+  store_dw_kernel<T><<<grid, 256, 0, s>>>(acc, V, d, dW);
+  BURSTLAB_CUDA_LAUNCH_CHECK("lmhead store_dw_kernel");
+}
+
 // The variants' chunk loops (lmhead_v1.cu; lmhead_v2.cu: v2, or v3 with in_place). Arguments
 // validated by the caller; synchronize the stream before returning.
 template <class T>

@@ -165,17 +165,10 @@ void gemm(const Operand<T>& A, const Operand<T>& B, int64_t M, int64_t N, int64_
 }
 
 template <class T>
-struct RowArgs {
+struct RowArgs : RowFacts {
   const float* Z;            // (rows, Vp) logits of the chunk
   int64_t ldz;
   T* dz;                     // (rows, Vp) or null (forward only)
-  const int64_t* y;          // (N) global labels
-  int64_t r0, V, Vp, ignore_index;
-  float smooth, keep, lam, c;  // eps / V, 1 - eps, lambda, g w
-  bool eps_on;
-  const float* LSE_in;       // given (separate backward), or null: computed here
-  float* LSE_out;            // (N)
-  float* loss_rows;          // (N): l_i, 0 on ignored rows
 };
 
 // One CTA per row of the chunk: eq. (10.2)-(10.3), then (10.6)-(10.7).
@@ -183,10 +176,8 @@ template <class T>
 __global__ void __launch_bounds__(kRowThreads) row_kernel(RowArgs<T> a) {
   __shared__ float red[kRowThreads / 32];
   const int tid = threadIdx.x;
-  const int64_t i = blockIdx.x, gi = a.r0 + i;
-  const float* z = a.Z + i * a.ldz;
-  const int64_t yi = a.y[gi];
-  const bool counted = yi != a.ignore_index;
+  const Row row = row_of(a);
+  const float* z = a.Z + row.i * a.ldz;
   float L;
   if (!a.LSE_in) {
     float m = -INFINITY;
@@ -201,31 +192,22 @@ __global__ void __launch_bounds__(kRowThreads) row_kernel(RowArgs<T> a) {
       for (int64_t j = tid; j < a.V; j += kRowThreads) zs += z[j];
       zs = block_reduce(zs, red, false);
     }
-    if (tid == 0) {
-      a.LSE_out[gi] = L;
-      a.loss_rows[gi] = counted ? L - a.keep * z[yi] - a.smooth * zs + a.lam * L * L : 0.f;
-    }
+    store_row_stats(a, row, L, z, zs);
   } else {
-    L = a.LSE_in[gi];
+    L = a.LSE_in[row.gi];
   }
   if (!a.dz) return;
-  T* out = a.dz + i * a.Vp;
-  const float c = counted ? a.c : 0.f;
+  T* out = a.dz + row.i * a.Vp;
+  const float c = row.counted ? a.c : 0.f;
   const float q = c * (1.f + 2.f * a.lam * L);
   for (int64_t j = tid; j < a.Vp; j += kRowThreads) {
     float v = 0.f;  // ignored rows and the padding columns: exact zeros
-    if (counted && j < a.V) {
+    if (row.counted && j < a.V) {
       v = q * expf(z[j] - L) - c * a.smooth;
-      if (j == yi) v -= c * a.keep;
+      if (j == row.yi) v -= c * a.keep;
     }
     out[j] = Store<T>::from(v);
   }
-}
-
-template <class T>
-__global__ void store_dw_kernel(const float* acc, int64_t V, int64_t d, View2<T> dW) {
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < V * d; e += int64_t(gridDim.x) * blockDim.x)
-    dW(e / d, e % d) = Store<T>::from(acc[e]);
 }
 
 template <class T>
@@ -248,19 +230,8 @@ float run_v1(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const i
   ra.Z = Z.p;
   ra.ldz = Vp;
   ra.dz = bwd ? dz.p : nullptr;
-  ra.y = y;
-  ra.V = V;
-  ra.Vp = Vp;
-  ra.ignore_index = p.ignore_index;
-  ra.smooth = static_cast<float>(p.label_smoothing / double(V));
-  ra.keep = static_cast<float>(1.0 - p.label_smoothing);
-  ra.lam = static_cast<float>(p.z_loss);
-  ra.c = wt.c;
+  set_row_facts(ra, p, y, Vp, wt.c, partials, LSE_in, LSE_out, loss_rows.p);
   const float undo = wt.undo;
-  ra.eps_on = p.label_smoothing != 0;
-  ra.LSE_in = partials ? nullptr : LSE_in;
-  ra.LSE_out = LSE_out;
-  ra.loss_rows = loss_rows.p;
 
   const Operand<T> Wk{W.data, W.stride[0], V, d};  // W stored (V, d)
   for (int64_t r0 = 0; r0 < N; r0 += Nc) {
@@ -287,11 +258,7 @@ float run_v1(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const i
     wo.alpha = undo;
     gemm<T, true, true, Epi::AddF32>(dzo, Hc, V, d, rows, wo, s);  // eq. (10.9): dW += dz^T H
   }
-  if (bwd) {
-    const int grid = static_cast<int>(std::min<int64_t>((V * d + 255) / 256, 65535));
-    store_dw_kernel<T><<<grid, 256, 0, s>>>(dW_acc.p, V, d, dW);
-    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead store_dw_kernel");
-  }
+  if (bwd) store_dw(dW_acc.p, V, d, dW, s);
   const float L = partials ? loss_of(loss_rows.p, N, wt.w, s) : 0.f;
   BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
   return L;

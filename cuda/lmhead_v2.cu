@@ -75,18 +75,11 @@ void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t 
                                      ct, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-struct RowArgs2 {
+struct RowArgs2 : RowFacts {  // c: g w 2^-e
   float* Z;                  // (rows, ldz) logits of the chunk; v3 writes dz over them
   int64_t ldz;
   void* dz;                  // (rows, lddz) in T, or null (forward only)
   int64_t lddz;
-  const int64_t* y;          // (N) global labels
-  int64_t r0, V, Vp, ignore_index;
-  float smooth, keep, lam, c;  // eps / V, 1 - eps, lambda, g w 2^-e
-  bool eps_on;
-  const float* LSE_in;       // given (separate backward), or null: computed here
-  float* LSE_out;            // (N)
-  float* loss_rows;          // (N): l_i, 0 on ignored rows
 };
 
 constexpr int kVec = 8;                      // columns per thread per step: two float4 reads, one 16-byte store
@@ -99,10 +92,8 @@ template <class T, bool IN_PLACE>
 __global__ void __launch_bounds__(kRowThreads) row_kernel2(RowArgs2 a) {
   __shared__ float red[kRowThreads / 32];
   const int tid = threadIdx.x;
-  const int64_t i = blockIdx.x, gi = a.r0 + i;
-  const float* z = a.Z + i * a.ldz;
-  const int64_t yi = a.y[gi];
-  const bool counted = yi != a.ignore_index;
+  const Row row = row_of(a);
+  const float* z = a.Z + row.i * a.ldz;
   float L;
   if (!a.LSE_in) {
     float m = -INFINITY, s = 0.f, zs = 0.f;  // this thread's running max and sum of exp(z - m), eq. (10.10)
@@ -126,22 +117,19 @@ __global__ void __launch_bounds__(kRowThreads) row_kernel2(RowArgs2 a) {
     s = block_reduce(m == -INFINITY ? 0.f : s * expf(m - M), red, false);
     L = M + logf(s);
     if (a.eps_on) zs = block_reduce(zs, red, false);
-    if (tid == 0) {
-      a.LSE_out[gi] = L;
-      a.loss_rows[gi] = counted ? L - a.keep * z[yi] - a.smooth * zs + a.lam * L * L : 0.f;
-    }
+    store_row_stats(a, row, L, z, zs);
   } else {
-    L = a.LSE_in[gi];
+    L = a.LSE_in[row.gi];
   }
   if (!a.dz) return;
-  T* out = static_cast<T*>(a.dz) + i * a.lddz;
-  const float c = counted ? a.c : 0.f;
+  T* out = static_cast<T*>(a.dz) + row.i * a.lddz;
+  const float c = row.counted ? a.c : 0.f;
   const float q = c * (1.f + 2.f * a.lam * L);
   for (int64_t base = 0; base < a.Vp; base += kStep) {
     const int64_t j0 = base + int64_t(tid) * kVec;
     const bool mine = j0 < a.Vp;  // Vp is a multiple of 8: a thread's 8 columns are all in or all out
     float x[kVec];
-    if (mine && counted) {
+    if (mine && row.counted) {
       const float4 u = *reinterpret_cast<const float4*>(z + j0), w = *reinterpret_cast<const float4*>(z + j0 + 4);
       x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = w.x; x[5] = w.y; x[6] = w.z; x[7] = w.w;
     }
@@ -152,20 +140,14 @@ __global__ void __launch_bounds__(kRowThreads) row_kernel2(RowArgs2 a) {
     for (int e = 0; e < kVec; ++e) {
       const int64_t j = j0 + e;
       float dzj = 0.f;  // ignored rows and the padding columns: exact zeros
-      if (counted && j < a.V) {
+      if (row.counted && j < a.V) {
         dzj = q * expf(x[e] - L) - c * a.smooth;
-        if (j == yi) dzj -= c * a.keep;
+        if (j == row.yi) dzj -= c * a.keep;
       }
       v[e] = Store<T>::from(dzj);
     }
     *reinterpret_cast<uint4*>(out + j0) = *reinterpret_cast<const uint4*>(v);
   }
-}
-
-template <class T>
-__global__ void store_dw_kernel2(const float* acc, int64_t V, int64_t d, View2<T> dW) {
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < V * d; e += int64_t(gridDim.x) * blockDim.x)
-    dW(e / d, e % d) = Store<T>::from(acc[e]);
 }
 
 }  // namespace
@@ -196,18 +178,7 @@ float run_v2(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const i
   ra.ldz = Vp;
   ra.dz = !bwd ? nullptr : in_place ? static_cast<void*>(Z.p) : static_cast<void*>(dz.p);
   ra.lddz = in_place ? 2 * Vp : Vp;
-  ra.y = y;
-  ra.V = V;
-  ra.Vp = Vp;
-  ra.ignore_index = p.ignore_index;
-  ra.smooth = static_cast<float>(p.label_smoothing / double(V));
-  ra.keep = static_cast<float>(1.0 - p.label_smoothing);
-  ra.lam = static_cast<float>(p.z_loss);
-  ra.c = wt.c;
-  ra.eps_on = p.label_smoothing != 0;
-  ra.LSE_in = partials ? nullptr : LSE_in;
-  ra.LSE_out = LSE_out;
-  ra.loss_rows = loss_rows.p;
+  set_row_facts(ra, p, y, Vp, wt.c, partials, LSE_in, LSE_out, loss_rows.p);
 
   constexpr cudaDataType_t tt = cuda_type<T>();
   const int64_t ldH = H.stride[0], ldW = W.stride[0];
@@ -234,11 +205,7 @@ float run_v2(const LmHeadProblem& p, View2<const T> H, View2<const T> W, const i
       gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, V, rows, wt.undo, Hc, tt, ldH, dzp, tt, ra.lddz, beta, dW_acc.p,
            CUDA_R_32F, d);
   }
-  if (bwd && !in_place) {
-    const int grid = static_cast<int>(std::min<int64_t>((V * d + 255) / 256, 65535));
-    store_dw_kernel2<T><<<grid, 256, 0, s>>>(dW_acc.p, V, d, dW);
-    BURSTLAB_CUDA_LAUNCH_CHECK("lmhead store_dw_kernel2");
-  }
+  if (bwd && !in_place) store_dw(dW_acc.p, V, d, dW, s);
   const float L = partials ? loss_of(loss_rows.p, N, wt.w, s) : 0.f;
   BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(s));
   BURSTLAB_CUBLAS_CHECK(cublasSetWorkspace(h, nullptr, 0));  // ws is freed on return
