@@ -136,36 +136,33 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
   return in;
 }
 
-template <class T>
-Tensor4<T> convert(const Tensor4<double>& x) {
-  Tensor4<T> y;
-  y.layout = x.layout; y.B = x.B; y.H = x.H; y.N = x.N; y.d = x.d;
-  y.data.resize(x.data.size());
-  for (size_t e = 0; e < x.data.size(); ++e) y.data[e] = static_cast<T>(x.data[e]);
+namespace {
+// x's elements as U, each converted once.
+template <class U, class T>
+std::vector<U> cast_all(const std::vector<T>& x) {
+  std::vector<U> y(x.size());
+  for (size_t e = 0; e < x.size(); ++e) y[e] = static_cast<U>(x[e]);
   return y;
 }
-template <class T>
-Tensor3<T> convert(const Tensor3<double>& x) {
-  Tensor3<T> y;
-  y.B = x.B; y.H = x.H; y.N = x.N;
-  y.data.resize(x.data.size());
-  for (size_t e = 0; e < x.data.size(); ++e) y.data[e] = static_cast<T>(x.data[e]);
-  return y;
+// x's shape (and layout) with the elements data.
+template <class U, class T>
+Tensor4<U> like(const Tensor4<T>& x, std::vector<U> data) {
+  return Tensor4<U>{std::move(data), x.layout, x.B, x.H, x.N, x.d};
 }
-template <class T>
-Tensor4<double> to_double(const Tensor4<T>& x) {
-  Tensor4<double> y;
-  y.layout = x.layout; y.B = x.B; y.H = x.H; y.N = x.N; y.d = x.d;
-  y.data.assign(x.data.begin(), x.data.end());
-  return y;
+template <class U, class T>
+Tensor3<U> like(const Tensor3<T>& x, std::vector<U> data) {
+  return Tensor3<U>{std::move(data), x.B, x.H, x.N};
 }
+}  // namespace
+
 template <class T>
-Tensor3<double> to_double(const Tensor3<T>& x) {
-  Tensor3<double> y;
-  y.B = x.B; y.H = x.H; y.N = x.N;
-  y.data.assign(x.data.begin(), x.data.end());
-  return y;
-}
+Tensor4<T> convert(const Tensor4<double>& x) { return like(x, cast_all<T>(x.data)); }
+template <class T>
+Tensor3<T> convert(const Tensor3<double>& x) { return like(x, cast_all<T>(x.data)); }
+template <class T>
+Tensor4<double> to_double(const Tensor4<T>& x) { return like(x, cast_all<double>(x.data)); }
+template <class T>
+Tensor3<double> to_double(const Tensor3<T>& x) { return like(x, cast_all<double>(x.data)); }
 template <class T>
 void poison(Tensor4<T>& x) { std::fill(x.data.begin(), x.data.end(), std::numeric_limits<T>::quiet_NaN()); }
 template <class T>

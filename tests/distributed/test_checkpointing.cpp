@@ -102,16 +102,21 @@ TEST(CheckpointModel, FlopsPerToken) {
   EXPECT_EQ(layer_linear_flops_per_token(model_preset("7b")), 404750336.0);
 }
 
-TEST(CheckpointModel, StripedCausalByHand) {
-  // N = 8 over G = 2, striped, causal: rank 0 rows 0, 2, 4, 6 see 1 + 3 + 5 + 7 = 16 keys; rank 1
-  // rows 1, 3, 5, 7 see 2 + 4 + 6 + 8 = 20: rank 1 is the busiest, n = 4. keep 1/2: rows 1, 3
-  // (2 + 4 = 6 pairs) rerun. Per pair 4 d H_q = 8 FLOPs; per GPU lin = 4 * 56 = 224, head = 80.
+// The tiny model on N = 8 tokens over G = 2 ranks.
+CkptSetting tiny_n8_g2(PartitionKind partition) {
   CkptSetting s;
   s.model = tiny();
   s.N = 8;
   s.G = 2;
-  s.partition = PartitionKind::Striped;
-  const std::vector<CkptCost> c = checkpoint_costs(s);
+  s.partition = partition;
+  return s;
+}
+
+TEST(CheckpointModel, StripedCausalByHand) {
+  // N = 8 over G = 2, striped, causal: rank 0 rows 0, 2, 4, 6 see 1 + 3 + 5 + 7 = 16 keys; rank 1
+  // rows 1, 3, 5, 7 see 2 + 4 + 6 + 8 = 20: rank 1 is the busiest, n = 4. keep 1/2: rows 1, 3
+  // (2 + 4 = 6 pairs) rerun. Per pair 4 d H_q = 8 FLOPs; per GPU lin = 4 * 56 = 224, head = 80.
+  const std::vector<CkptCost> c = checkpoint_costs(tiny_n8_g2(PartitionKind::Striped));
   ASSERT_EQ(c.size(), 3u);
   for (const CkptCost& x : c) {
     EXPECT_EQ(x.rank, 1);
@@ -134,12 +139,7 @@ TEST(CheckpointModel, StripedCausalByHand) {
 TEST(CheckpointModel, ZigzagRecomputesTheFrontChunk) {
   // Zigzag, N = 8, G = 2: rank 0 holds rows 0, 1 | 6, 7 (1 + 2 + 7 + 8 = 18 pairs), rank 1 rows
   // 2, 3 | 4, 5 (3 + 4 + 5 + 6 = 18): a tie, rank 0. Its first half, rows 0 and 1: 3 pairs.
-  CkptSetting s;
-  s.model = tiny();
-  s.N = 8;
-  s.G = 2;
-  s.partition = PartitionKind::Zigzag;
-  const std::vector<CkptCost> c = checkpoint_costs(s);
+  const std::vector<CkptCost> c = checkpoint_costs(tiny_n8_g2(PartitionKind::Zigzag));
   EXPECT_EQ(c[2].rank, 0);
   EXPECT_EQ(c[2].pairs, 18);
   EXPECT_EQ(c[2].recomputed_pairs, 3);
@@ -206,10 +206,7 @@ TEST(CheckpointModel, BadInputNamesTheField) {
     }
   };
   expect_error([] { model_preset("70b"); }, "model (70b) must be one of 7b, 14b");
-  CkptSetting s;
-  s.model = tiny();
-  s.N = 8;
-  s.G = 2;
+  CkptSetting s = tiny_n8_g2(PartitionKind::Striped);
   s.keep = 1.5;
   expect_error([&] { checkpoint_costs(s); }, "keep (1.5) must lie in [0, 1]");
   s.keep = 0.5;
