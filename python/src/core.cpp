@@ -402,6 +402,17 @@ struct SampledTensor {
   check::TensorCheck tc;
   int max_list;
   const char* const* names;
+  // The d elements of sampled row s, (b, h, n_global, :), of an optional 4-D candidate c, read at
+  // its own row n, against want and bound (d-wide rows).
+  template <class C>
+  void add_row(const C& c, int64_t b, int64_t h, int64_t n, int64_t n_global, int64_t d,
+               const std::vector<double>& want, const std::vector<double>& bound, size_t s) {
+    if (!c) return;
+    for (int64_t k = 0; k < d; ++k) {
+      const int64_t idx[4] = {b, h, n_global, k};
+      add((*c)(b, h, n, k), want[s * d + k], bound[s * d + k], idx, 4);
+    }
+  }
   void add(double got, double want, double bound, const int64_t* idx, int rank) {
     Metrics one;
     compare_element(one, got, want, bound, idx, rank, names);
@@ -505,11 +516,8 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     tdQ.tc.m.tensor = "dQ";
     for (size_t s = 0; s < rows.size(); ++s) {
       const int64_t b = rows[s].b, h = rows[s].h, n = local[s];
-      for (int64_t c = 0; c < p.d; ++c) {
-        const int64_t idx[4] = {b, h, rows[s].i, c};
-        if (cO) tO.add((*cO)(b, h, n, c), want.O[s * p.d + c], want.bound_O[s * p.d + c], idx, 4);
-        if (cdQ) tdQ.add((*cdQ)(b, h, n, c), want.dQ[s * p.d + c], want.bound_dQ[s * p.d + c], idx, 4);
-      }
+      tO.add_row(cO, b, h, n, rows[s].i, p.d, want.O, want.bound_O, s);
+      tdQ.add_row(cdQ, b, h, n, rows[s].i, p.d, want.dQ, want.bound_dQ, s);
       const int64_t idx[3] = {b, h, rows[s].i};
       if (lse) tL.add(cL.data[(b * p.H_q + h) * nq + n], want.LSE[s], want.bound_LSE[s], idx, 3);
     }
@@ -528,11 +536,8 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     tdV.tc.m.tensor = "dV";
     for (size_t s = 0; s < columns.size(); ++s) {
       const int64_t b = columns[s].b, h = columns[s].h, n = local[s];
-      for (int64_t c = 0; c < p.d; ++c) {
-        const int64_t idx[4] = {b, h, columns[s].j, c};
-        if (cdK) tdK.add((*cdK)(b, h, n, c), want.dK[s * p.d + c], want.bound_dK[s * p.d + c], idx, 4);
-        if (cdV) tdV.add((*cdV)(b, h, n, c), want.dV[s * p.d + c], want.bound_dV[s * p.d + c], idx, 4);
-      }
+      tdK.add_row(cdK, b, h, n, columns[s].j, p.d, want.dK, want.bound_dK, s);
+      tdV.add_row(cdV, b, h, n, columns[s].j, p.d, want.dV, want.bound_dV, s);
     }
     if (dk) r.tensors.push_back(tdK.tc);
     if (dv) r.tensors.push_back(tdV.tc);

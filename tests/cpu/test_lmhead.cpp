@@ -27,9 +27,7 @@ namespace burstlab {
 namespace {
 
 using ::testing::HasSubstr;
-using testutil::error_message;
-using testutil::for_each_lmhead_case;
-using testutil::lmhead_problem;
+using namespace testutil;  // the LM head helpers (lmhead_testutil.hpp) and error_message
 
 template <class T>
 Matrix<T> to_storage(const Matrix<double>& m) {

@@ -27,9 +27,7 @@ namespace burstlab {
 namespace {
 
 using ::testing::HasSubstr;
-using testutil::error_message;
-using testutil::for_each_lmhead_case;
-using testutil::lmhead_problem;
+using namespace testutil;  // the LM head helpers (lmhead_testutil.hpp) and error_message
 
 std::string ctx(const LmHeadProblem& p, Values v, Dtype t) {
   return shape_string(p) + " values=" + to_string(v) + " dtype=" + to_string(t);

@@ -99,25 +99,37 @@ Emulated emulate(const Problem& p, const Inputs& in, Dtype t) {
   return e;
 }
 
+// The emulated kernel in dtype t on every case of the sweeps: the (N_q, N_k) sizes, d in {3, 64},
+// four masks, the four value modes, seeds from seed + 1 on; f(p, in, e, mask, mode, seed) until a
+// fatal failure.
+template <class F>
+void for_each_emulated(Dtype t, uint64_t seed, std::initializer_list<std::pair<int64_t, int64_t>> sizes, F f) {
+  for (auto [N_q, N_k] : sizes)
+    for (int64_t d : {3, 64})
+      for (const char* mask : {"none", "causal", "document:3+window:8,2", "block:8x8"})
+        for (Values mode : {Values::Normal, Values::Large, Values::Ties, Values::WideV}) {
+          const Problem p = testutil::make_problem(1, 2, 1, N_q, N_k, d, mask, ++seed);
+          const Inputs in = make_inputs(p, Layout::BHSD, t, seed, mode);
+          f(p, in, emulate(p, in, t), mask, mode, seed);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+}
+
 TEST(LowPrecision, EmulatedTensorCoreKernelPasses) {
   for (Dtype t : {Dtype::BF16, Dtype::F16}) {
     double worst_f = 0, worst_b = 0;
-    uint64_t seed = 77;
-    for (auto [N_q, N_k] : {std::pair<int64_t, int64_t>{33, 70}, {70, 33}, {1, 50}})
-      for (int64_t d : {3, 64})
-        for (const char* mask : {"none", "causal", "document:3+window:8,2", "block:8x8"})
-          for (Values mode : {Values::Normal, Values::Large, Values::Ties, Values::WideV}) {
-            const Problem p = testutil::make_problem(1, 2, 1, N_q, N_k, d, mask, ++seed);
-            const Inputs in = make_inputs(p, Layout::BHSD, t, seed, mode);
+    for_each_emulated(t, 77, {{33, 70}, {70, 33}, {1, 50}},
+                      [&](const Problem& p, const Inputs& in, const Emulated& e, const char* mask, Values mode,
+                          uint64_t) {
             const Oracle o = run_oracle(p, in, true);
-            const Emulated e = emulate(p, in, t);
             const std::vector<Metrics> f = check_forward<float>(o, e.O, e.LSE);
             const std::vector<Metrics> g = check_backward<float>(o, e.dQ, e.dK, e.dV);
             worst_f = std::max(worst_f, testutil::worst_err_bound(f));
             worst_b = std::max(worst_b, testutil::worst_err_bound(g));
             ASSERT_TRUE(testutil::all_pass(testutil::cat(f, g), to_string(t) + " " + shape_string(p) + " mask=" +
                                                                      mask + " values=" + to_string(mode)));
-          }
+          });
+    if (HasFatalFailure()) return;
     std::printf("%s emulated kernel: worst err/bound forward %.3e backward %.3e\n", to_string(t).c_str(), worst_f,
                 worst_b);
   }
@@ -126,14 +138,9 @@ TEST(LowPrecision, EmulatedTensorCoreKernelPasses) {
 TEST(LowPrecision, EmulatedTensorCoreKernelPassesTheSampledCheck) {
   for (Dtype t : {Dtype::BF16, Dtype::F16}) {
     double worst_rows = 0, worst_cols = 0;
-    uint64_t seed = 177;
-    for (auto [N_q, N_k] : {std::pair<int64_t, int64_t>{33, 70}, {70, 33}})
-      for (int64_t d : {3, 64})
-        for (const char* mask : {"none", "causal", "document:3+window:8,2", "block:8x8"})
-          for (Values mode : {Values::Normal, Values::Large, Values::Ties, Values::WideV}) {
-            const Problem p = testutil::make_problem(1, 2, 1, N_q, N_k, d, mask, ++seed);
-            const Inputs in = make_inputs(p, Layout::BHSD, t, seed, mode);
-            const Emulated e = emulate(p, in, t);
+    for_each_emulated(t, 177, {{33, 70}, {70, 33}},
+                      [&](const Problem& p, const Inputs& in, const Emulated& e, const char* mask, Values mode,
+                          uint64_t seed) {
             const Tensor4<double> O = to_double(e.O), dQ = to_double(e.dQ), dK = to_double(e.dK), dV = to_double(e.dV);
             const Tensor3<double> L = to_double(e.LSE);
             const SampledOracle so = sampled_oracle(p, in, 16, seed, true);
@@ -143,7 +150,8 @@ TEST(LowPrecision, EmulatedTensorCoreKernelPassesTheSampledCheck) {
             worst_cols = std::max({worst_cols, g[1].err_bound, g[2].err_bound});
             ASSERT_TRUE(testutil::all_pass(testutil::cat(f, g), to_string(t) + " " + shape_string(p) + " mask=" +
                                                                      mask + " values=" + to_string(mode)));
-          }
+          });
+    if (HasFatalFailure()) return;
     std::printf("%s emulated kernel, sampled check: worst err/bound rows %.3e, columns (eq. 9.12-9.13) %.3e\n",
                 to_string(t).c_str(), worst_rows, worst_cols);
   }
