@@ -248,21 +248,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::arrive(&bars.empty[st]);  // release: my reads of the row facts before it
       v3::wait<0>();
       v3::pin(dq);
-      // dQ_part to shared memory in fragment order (conflict-free 16-byte stores), then one
-      // bulk atomic add of the block into dq_acc.
-      float* qs = sdQ + wg * (kN * 64);
-      if (wtid == 0) tma::bulk_wait_read();  // my previous block has been read
-      tma::bar_sync(2 + wg, 128);
-#pragma unroll
-      for (int c = 0; c < kN / 8; ++c)
-        reinterpret_cast<float4*>(qs)[c * 128 + wtid] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
-      v3::fence_proxy_async();
-      tma::bar_sync(2 + wg, 128);
-      if (wtid == 0) {
-        const int64_t h = hk * group + it / nqt, qt = it % nqt;
-        tma::reduce_add_f32(dq_acc + dq_acc_index(a, b, h, qt, wg), qs, kN * 64 * sizeof(float));
-        tma::bulk_commit();
-      }
+      // dQ_part as one bulk atomic add of the block into dq_acc (bwd_ws.cuh).
+      const int64_t h = hk * group + it / nqt, qt = it % nqt;
+      dq_block_add<D>(dq, sdQ + wg * (kN * 64), dq_acc + dq_acc_index(a, b, h, qt, wg), wg, wtid);
       dsb ^= 1;
     } else {
       v3::wait<0>();
