@@ -153,4 +153,26 @@ class Communicator {
   std::vector<Transfer> log_;
 };
 
+// A Communicator in front of another (usp's ring across groups, a test's recorder): every batch
+// of it is a batch of the inner one, opened first and closed last.
+class ForwardingComm : public Communicator {
+ public:
+  explicit ForwardingComm(Communicator& inner) : inner_(inner) {}
+
+ protected:
+  void begin_batch() override {
+    begin_batch_of(inner_);
+    Communicator::begin_batch();
+  }
+  void end_batch() override {
+    Communicator::end_batch();
+    end_batch_of(inner_);
+  }
+  void cancel_batch(const char* why) noexcept override {
+    Communicator::cancel_batch(why);
+    cancel_batch_of(inner_, why);
+  }
+  Communicator& inner_;
+};
+
 }  // namespace burstlab::dist

@@ -63,9 +63,9 @@ constexpr int kRingTags = 1 << 16;  // the ring's tags live above the all-to-all
 // The ring across groups as a Communicator: ring rank g is world rank g u + i (same member index
 // i); transfers go through the world's communicator, logged there with the world's ranks, at
 // world step = ring step + 1 (step 0 is the first all-to-all).
-class GroupRing final : public Communicator {
+class GroupRing final : public ForwardingComm {
  public:
-  GroupRing(Communicator& world, int u) : w_(world), u_(u), i_(world.rank() % u) {}
+  GroupRing(Communicator& world, int u) : ForwardingComm(world), w_(world), u_(u), i_(world.rank() % u) {}
   int rank() const override { return w_.rank() / u_; }
   int size() const override { return w_.size() / u_; }
   Link link_to(int peer) const override { return w_.link_to(world_rank(peer)); }
@@ -78,20 +78,8 @@ class GroupRing final : public Communicator {
 
  protected:
   // Every ring step is a world step (so the world's failure injection reaches it, also a step
-  // that moves nothing), and every ring batch a world batch.
+  // that moves nothing); every ring batch is a world batch (ForwardingComm).
   void context_changed() override { w_.set_context(phase(), step() + 1); }
-  void begin_batch() override {
-    begin_batch_of(w_);
-    Communicator::begin_batch();
-  }
-  void end_batch() override {
-    Communicator::end_batch();
-    end_batch_of(w_);
-  }
-  void cancel_batch(const char* why) noexcept override {
-    Communicator::cancel_batch(why);
-    cancel_batch_of(w_, why);
-  }
 
  private:
   int world_rank(int g) const { return g * u_ + i_; }

@@ -402,6 +402,9 @@ struct SampledTensor {
   check::TensorCheck tc;
   int max_list;
   const char* const* names;
+  SampledTensor(const char* tensor, int max_list_, const char* const* names_) : max_list(max_list_), names(names_) {
+    tc.m.tensor = tensor;
+  }
   // The d elements of sampled row s, (b, h, n_global, :), of an optional 4-D candidate c, read at
   // its own row n, against want and bound (d-wide rows).
   template <class C>
@@ -510,10 +513,8 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     std::vector<int64_t> local;  // the candidate's row of each sampled row
     sample_of(p, qp, p.H_q, nq, K, seed, &rows, &local);
     const RowOracle want = row_oracle(p, in, rows, dq.has_value());
-    SampledTensor tO{{}, max_list, bhik}, tL{{}, max_list, bhi}, tdQ{{}, max_list, bhik};
-    tO.tc.m.tensor = "O";
-    tL.tc.m.tensor = "LSE";
-    tdQ.tc.m.tensor = "dQ";
+    SampledTensor tO("O", max_list, bhik), tdQ("dQ", max_list, bhik);
+    SampledTensor tL("LSE", max_list, bhi);
     for (size_t s = 0; s < rows.size(); ++s) {
       const int64_t b = rows[s].b, h = rows[s].h, n = local[s];
       tO.add_row(cO, b, h, n, rows[s].i, p.d, want.O, want.bound_O, s);
@@ -531,9 +532,7 @@ check::CheckResult check_sampled_arrays(const py::array& q, const py::array& k, 
     sample_of(p, kp, p.H_kv, nk, K, seed, &columns, &local);
     const View3<const double> Lv = view3<const double>(cL.data.data(), cL.B, cL.H, cL.N);
     const ColumnOracle want = column_oracle(p, in, *cO, Lv, columns);
-    SampledTensor tdK{{}, max_list, bhjk}, tdV{{}, max_list, bhjk};
-    tdK.tc.m.tensor = "dK";
-    tdV.tc.m.tensor = "dV";
+    SampledTensor tdK("dK", max_list, bhjk), tdV("dV", max_list, bhjk);
     for (size_t s = 0; s < columns.size(); ++s) {
       const int64_t b = columns[s].b, h = columns[s].h, n = local[s];
       tdK.add_row(cdK, b, h, n, columns[s].j, p.d, want.dK, want.bound_dK, s);

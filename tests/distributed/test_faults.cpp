@@ -55,9 +55,9 @@ void with_deadline(const std::string& what, double deadline_s, const std::functi
 
 // Forwards everything to a rank's communicator and records the (phase, step) contexts its
 // schedule enters.
-class StepRecorder final : public Communicator {
+class StepRecorder final : public ForwardingComm {
  public:
-  StepRecorder(Communicator& c, std::set<std::pair<Phase, int>>& seen) : c_(c), seen_(seen) {}
+  StepRecorder(Communicator& c, std::set<std::pair<Phase, int>>& seen) : ForwardingComm(c), c_(c), seen_(seen) {}
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   Link link_to(int peer) const override { return c_.link_to(peer); }
@@ -73,18 +73,6 @@ class StepRecorder final : public Communicator {
   void context_changed() override {
     seen_.insert({phase(), step()});
     c_.set_context(phase(), step());
-  }
-  void begin_batch() override {
-    begin_batch_of(c_);
-    Communicator::begin_batch();
-  }
-  void end_batch() override {
-    Communicator::end_batch();
-    end_batch_of(c_);
-  }
-  void cancel_batch(const char* why) noexcept override {
-    Communicator::cancel_batch(why);
-    cancel_batch_of(c_, why);
   }
 
  private:
