@@ -599,15 +599,19 @@ py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py:
     std::copy(x.begin(), x.end(), a.mutable_data());
     return a;
   };
+  // (n, 3) = (b, h, i of a row or j of a column) per sampled row or column.
+  auto ids = [](const auto& xs, auto pos) {
+    py::array_t<int64_t> a(std::vector<py::ssize_t>{py::ssize_t(xs.size()), 3});
+    for (size_t r = 0; r < xs.size(); ++r) {
+      a.mutable_at(r, 0) = xs[r].b;
+      a.mutable_at(r, 1) = xs[r].h;
+      a.mutable_at(r, 2) = pos(xs[r]);
+    }
+    return a;
+  };
   const int64_t n = int64_t(s.rows.size());
-  py::array_t<int64_t> rows(std::vector<py::ssize_t>{n, 3});
-  for (int64_t r = 0; r < n; ++r) {
-    rows.mutable_at(r, 0) = s.rows[r].b;
-    rows.mutable_at(r, 1) = s.rows[r].h;
-    rows.mutable_at(r, 2) = s.rows[r].i;
-  }
   py::dict res;
-  res["rows"] = rows;
+  res["rows"] = ids(s.rows, [](const RowId& x) { return x.i; });
   res["O"] = mat(ro.O, n, p.d);
   res["LSE"] = vec(ro.LSE);
   res["bound_O"] = mat(ro.bound_O, n, p.d);
@@ -618,13 +622,7 @@ py::dict sampled_oracle_arrays(const py::array& q, const py::array& k, const py:
   }
   if (cols) {
     const int64_t m = int64_t(s.columns.size());
-    py::array_t<int64_t> c(std::vector<py::ssize_t>{m, 3});
-    for (int64_t r = 0; r < m; ++r) {
-      c.mutable_at(r, 0) = s.columns[r].b;
-      c.mutable_at(r, 1) = s.columns[r].h;
-      c.mutable_at(r, 2) = s.columns[r].j;
-    }
-    res["columns"] = c;
+    res["columns"] = ids(s.columns, [](const ColumnId& x) { return x.j; });
     res["dK"] = mat(co.dK, m, p.d);
     res["dV"] = mat(co.dV, m, p.d);
     res["bound_dK"] = mat(co.bound_dK, m, p.d);
