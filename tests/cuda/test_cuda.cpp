@@ -160,11 +160,14 @@ struct FwdCase {
   uint64_t seed;
 };
 std::string name_of(const FwdCase& c) {
-  std::string m = c.mask;
-  for (char& ch : m)
-    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  const std::string m = testutil::param_name(c.mask);
   return c.dtype + "_" + bc::to_string(c.variant) + "_" + str(c.shape) + "_" + m + "_" +
          to_string(c.layout) + "_" + to_string(c.values);
+}
+// gtest's name of a case (name_of).
+template <class C>
+std::string case_name(const ::testing::TestParamInfo<C>& i) {
+  return name_of(i.param);
 }
 
 const std::vector<std::string> kMasks = {
@@ -225,8 +228,7 @@ TEST_P(CudaForward, MatchesOracle) {
   REQUIRE_VARIANT(c.variant);
   dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_fwd_case<typename decltype(tag)::type>(c); });
 }
-INSTANTIATE_TEST_SUITE_P(Sweep, CudaForward, ::testing::ValuesIn(fwd_cases()),
-                         [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaForward, ::testing::ValuesIn(fwd_cases()), case_name<FwdCase>);
 
 // ---------------------------------------------------------------- backward sweep
 std::vector<FwdCase> bwd_cases() {
@@ -311,8 +313,7 @@ TEST_P(CudaBackward, MatchesOracle) {
                                        bc::variant_info(c.variant).determinism != bc::Determinism::Never);
   dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_bwd_case<typename decltype(tag)::type>(c, det); });
 }
-INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()),
-                         [](const ::testing::TestParamInfo<FwdCase>& i) { return name_of(i.param); });
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackward, ::testing::ValuesIn(bwd_cases()), case_name<FwdCase>);
 
 TEST(CudaBackward, DeterministicBitwiseRepeatable) {
   REQUIRE_GPU();
@@ -340,9 +341,7 @@ struct BlockCase {
   bool nonzero_init = false;  // the gradients start from X0 != 0 (accumulate, not overwrite)
 };
 std::string name_of(const BlockCase& c) {
-  std::string m = c.mask;
-  for (char& ch : m)
-    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  const std::string m = testutil::param_name(c.mask);
   return c.dtype + "_" + bc::to_string(c.variant) + "_" + str(c.shape) + "_" + m +
          (c.q_indexed ? "_qidx" : "_qcont") + (c.k_indexed ? "_kidx" : "_kcont") +
          (c.use_merge_kernel ? "_merge" : "_fold") + "_P" + std::to_string(c.parts) +
@@ -494,15 +493,16 @@ std::vector<BlockCase> block_cases() {
   return out;
 }
 
-class CudaBlocks : public ::testing::TestWithParam<BlockCase> {};
-TEST_P(CudaBlocks, ComposeToTheWhole) {
+// A block case on its dtype, once a GPU and the variant under test are there (else a skip).
+void block_case(const BlockCase& c, bc::Variant under_test) {
   REQUIRE_GPU();
-  const BlockCase& c = GetParam();
-  REQUIRE_VARIANT(c.variant);
+  REQUIRE_VARIANT(under_test);
   dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_block_case<typename decltype(tag)::type>(c); });
 }
-INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()),
-                         [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
+
+class CudaBlocks : public ::testing::TestWithParam<BlockCase> {};
+TEST_P(CudaBlocks, ComposeToTheWhole) { block_case(GetParam(), GetParam().variant); }
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()), case_name<BlockCase>);
 
 // backward_block on the tensor cores (the table's rows with a backward_block other than the
 // fallback, by name in turns, and auto): every mask kind, GQA/MQA, ragged pieces, query and key
@@ -557,14 +557,8 @@ std::vector<BlockCase> bwd_block_cases() {
 }
 
 class CudaBackwardBlock : public ::testing::TestWithParam<BlockCase> {};
-TEST_P(CudaBackwardBlock, AccumulatesToTheWhole) {
-  REQUIRE_GPU();
-  const BlockCase& c = GetParam();
-  REQUIRE_VARIANT(c.bwd_variant);
-  dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_block_case<typename decltype(tag)::type>(c); });
-}
-INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block_cases()),
-                         [](const ::testing::TestParamInfo<BlockCase>& i) { return name_of(i.param); });
+TEST_P(CudaBackwardBlock, AccumulatesToTheWhole) { block_case(GetParam(), GetParam().bwd_variant); }
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block_cases()), case_name<BlockCase>);
 
 // Deterministic backward_block: two runs onto the same gradients are bitwise the same, for every
 // variant whose backward is repeatable only on request (Options::deterministic).
