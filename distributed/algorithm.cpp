@@ -67,9 +67,7 @@ template <bool U>
 struct Collective {
   template <class T>
   static void pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-    const auto run = fwd(ph) ? (U ? &ulysses_forward<T> : &allgather_forward<T>)
-                             : (U ? &ulysses_backward<T> : &allgather_backward<T>);
-    run(c, e, pl.p, m, pl.qp, pl.kp, x);
+    run_collective(U, ph, c, e, pl.p, m, pl.qp, pl.kp, x);
   }
   static int64_t closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
     return (U ? &ulysses_bytes : &allgather_bytes)(ph, pl.p, pl.qp, pl.kp, r, sent, w);
@@ -87,13 +85,11 @@ void prepare_attention2d(Plan& pl) {
 }
 template <class T>
 void attention2d_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) attention2d_forward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
-  else attention2d_backward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+  run_attention2d(false, ph, c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
 }
 template <class T>
 void attention2d_o_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) attention2d_o_forward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
-  else attention2d_o_backward(c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
+  run_attention2d(true, ph, c, e, pl.p, m, pl.grid, pl.qp, pl.kp, x);
 }
 int64_t attention2d_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return attention2d_bytes(ph, pl.p, pl.grid, pl.qp, pl.kp, r, sent, w, false);
@@ -114,8 +110,7 @@ void prepare_distflash(Plan& pl) {
 }
 template <class T>
 void distflash_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) distflash_forward(c, e, pl.p, m, pl.flash, pl.qp, pl.kp, x);
-  else distflash_backward(c, e, pl.p, m, pl.flash, pl.qp, pl.kp, x);
+  run_distflash(ph, c, e, pl.p, m, pl.flash, pl.qp, pl.kp, x);
 }
 int64_t distflash_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return distflash_bytes(ph, pl.p, pl.qp, pl.kp, r, sent, w);

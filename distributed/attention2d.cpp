@@ -601,15 +601,18 @@ int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Pa
   return B * e;
 }
 
-#define BURSTLAB_A2D_INST(T)                                                                                   \
-  template void attention2d_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
-                                       const Partition&, const Partition&, Shard<T>&);                           \
-  template void attention2d_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
-                                        const Partition&, const Partition&, Shard<T>&);                          \
-  template void attention2d_o_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Grid&, \
-                                         const Partition&, const Partition&, Shard<T>&);                         \
-  template void attention2d_o_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,             \
-                                          const Grid&, const Partition&, const Partition&, Shard<T>&);
+template <class T>
+void run_attention2d(bool overlapped, Phase phase, Communicator& comm, Engine<T>& e, const Problem& p,
+                     const PreparedMask& mask, const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const bool f = phase == Phase::Forward;
+  const auto run = overlapped ? (f ? &attention2d_o_forward<T> : &attention2d_o_backward<T>)
+                              : (f ? &attention2d_forward<T> : &attention2d_backward<T>);
+  run(comm, e, p, mask, g, qp, kp, x);
+}
+
+#define BURSTLAB_A2D_INST(T)                                                                                  \
+  template void run_attention2d<T>(bool, Phase, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
+                                   const Grid&, const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_A2D_INST)
 #undef BURSTLAB_A2D_INST
 

@@ -40,26 +40,17 @@ void check_attention2d(const Grid& g, int G, const Partition& qp, const Partitio
 Grid default_grid(int G);
 Grid parse_grid(const std::string& s);  // "RxC"
 
-template <class T>
-void attention2d_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                         const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void attention2d_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                          const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
-
-// Attention2D-O (spec §7.13): the same result with ring collectives overlapped with compute.
-// Phase A: K, V travel the column ring (each block kept: the column gather) while the rank
+// One pass of Attention2D-NO, or (overlapped) of Attention2D-O (spec §7.13): the same result
+// with ring collectives overlapped with compute. Phase A: K, V travel the column ring (each block kept: the column gather) while the rank
 // computes its own queries against each arriving block; phase B: the row's query blocks travel
 // the row ring (double-buffered) while each rank computes them against its gathered K, V, and
 // their partial (O, LSE) (backward: dQ) accumulate along the same ring until they reach their
 // owner (a ring reduce-scatter, the merge in ring order); backward phase C reduce-scatters
 // dK, dV in the column and transposes them back, as the non-overlapped variant.
 template <class T>
-void attention2d_o_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                           const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void attention2d_o_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                            const Grid& g, const Partition& qp, const Partition& kp, Shard<T>& shard);
+void run_attention2d(bool overlapped, Phase phase, Communicator& comm, Engine<T>& engine, const Problem& p,
+                     const PreparedMask& mask, const Grid& g, const Partition& qp, const Partition& kp,
+                     Shard<T>& shard);
 
 // Closed form (spec eq. 7.22-7.23; overlapped: 7.26): bytes rank r sends or receives in one phase.
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,

@@ -298,15 +298,18 @@ int64_t allgather_bytes(Phase phase, const Problem& p, const Partition& qp, cons
   return e;
 }
 
-#define BURSTLAB_BASELINES_INST(T)                                                                            \
-  template void ulysses_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, const Partition&, \
-                                   const Partition&, Shard<T>&);                                                \
-  template void ulysses_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                  \
-                                    const Partition&, const Partition&, Shard<T>&);                              \
-  template void allgather_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                 \
-                                     const Partition&, const Partition&, Shard<T>&);                             \
-  template void allgather_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,                \
-                                      const Partition&, const Partition&, Shard<T>&);
+template <class T>
+void run_collective(bool ulysses, Phase phase, Communicator& comm, Engine<T>& e, const Problem& p,
+                     const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const bool f = phase == Phase::Forward;
+  const auto run = ulysses ? (f ? &ulysses_forward<T> : &ulysses_backward<T>)
+                           : (f ? &allgather_forward<T> : &allgather_backward<T>);
+  run(comm, e, p, mask, qp, kp, x);
+}
+
+#define BURSTLAB_BASELINES_INST(T)                                                                        \
+  template void run_collective<T>(bool, Phase, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
+                                   const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_BASELINES_INST)
 #undef BURSTLAB_BASELINES_INST
 

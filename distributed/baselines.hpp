@@ -26,19 +26,11 @@ namespace burstlab::dist {
 // Throws Error unless H_q % G == 0 and H_kv % G == 0 (names the field, its value and G).
 void check_ulysses(const Problem& p, int G);
 
-// Forward fills shard.O, shard.LSE; backward needs Q, K, V, dO, O, LSE and fills dQ, dK, dV.
+// One pass of Ulysses (ulysses true) or all-gather CP: the forward fills shard.O, shard.LSE; the
+// backward needs Q, K, V, dO, O, LSE and fills dQ, dK, dV.
 template <class T>
-void ulysses_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                     const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void ulysses_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                      const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void allgather_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                       const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void allgather_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                        const Partition& qp, const Partition& kp, Shard<T>& shard);
+void run_collective(bool ulysses, Phase phase, Communicator& comm, Engine<T>& engine, const Problem& p,
+                     const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Closed forms (spec eq. 7.10-7.13): bytes rank r sends (sent) or receives in one
 // phase; written from the formulas, not from an execution.

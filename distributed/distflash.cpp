@@ -282,11 +282,16 @@ int64_t distflash_bytes(Phase phase, const Problem& p, const Partition& qp, cons
   return B * e;  // (7.24) forward, (7.25) backward
 }
 
+template <class T>
+void run_distflash(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask,
+                   const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  if (phase == Phase::Forward) distflash_forward(comm, e, p, mask, s, qp, kp, x);
+  else distflash_backward(comm, e, p, mask, s, qp, kp, x);
+}
+
 #define BURSTLAB_FLASH_INST(T)                                                                                 \
-  template void distflash_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,               \
-                                     const FlashSchedule&, const Partition&, const Partition&, Shard<T>&);       \
-  template void distflash_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&,              \
-                                      const FlashSchedule&, const Partition&, const Partition&, Shard<T>&);
+  template void run_distflash<T>(Phase, Communicator&, Engine<T>&, const Problem&, const PreparedMask&,          \
+                                 const FlashSchedule&, const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_FLASH_INST)
 #undef BURSTLAB_FLASH_INST
 

@@ -48,11 +48,8 @@ double distflash_idle_fraction(const FlashSchedule& s);
 void check_distflash(const MaskData& mask, const Partition& qp, const Partition& kp);
 
 template <class T>
-void distflash_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                       const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& shard);
-template <class T>
-void distflash_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
-                        const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& shard);
+void run_distflash(Phase phase, Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
+                   const FlashSchedule& s, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Closed form (spec eq. 7.24-7.25), from the step counts of the rules above.
 int64_t distflash_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r, bool sent,
