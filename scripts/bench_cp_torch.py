@@ -19,6 +19,7 @@ import statistics
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from cuda_events import event_times
 
 # The CSV rank 0 prints (scripts/bench-cp reads it by these names).
 CSV_FIELDS = ("impl", "world", "pass", "N", "H", "d", "causal", "best_ms", "median_ms", "max_diff")
@@ -35,17 +36,7 @@ def sdpa(q, k, v, do, backward, causal):
 
 
 def timed(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b))
+    ms = event_times(fn, warmup, reps)
     return min(ms), statistics.median(ms)
 
 

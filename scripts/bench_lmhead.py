@@ -25,21 +25,11 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from cuda_events import event_times
 
 
 def timed(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
+    ts = sorted(event_times(fn, warmup, reps))
     return ts[0], ts[len(ts) // 2]
 
 
