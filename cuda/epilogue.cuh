@@ -76,31 +76,24 @@ __device__ __forceinline__ void forward_rows(const FwdArgs<T>& a, int64_t b, int
   }
 }
 
-// Backward dK/dV rows of one m16 key tile: keys j0, j0 + 8 (local = global), dK = scale dk
-// (eq. 5.7 without the scale), dV = dv (eq. 5.3); keys past nk are not stored.
-template <class T, int D, class A>
-__device__ __forceinline__ void store_dkdv(const A& a, int64_t b, int64_t hk, int64_t j0, const float* dk,
+// Backward dK/dV rows of one m16 key tile, keys j0 and j0 + 8 (keys past nk are not written):
+// dK = scale dk (eq. 5.7 without the scale), dV = dv (eq. 5.3), stored in T (keys local =
+// global); ACC: added onto fp32 gradients that accumulate (backward_block, §6.2; keys LOCAL to
+// the block).
+template <class T, int D, bool ACC = false, class A>
+__device__ __forceinline__ void write_dkdv(const A& a, int64_t b, int64_t hk, int64_t j0, const float* dk,
                                            const float* dv, int t4) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int64_t j = j0 + 8 * ri;
     if (j >= a.nk) continue;
-    store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
-    store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
-  }
-}
-
-// store_dkdv for fp32 gradients that accumulate (backward_block, §6.2): dK += scale dk,
-// dV += dv; keys j0, j0 + 8 LOCAL to the block.
-template <int D, class A>
-__device__ __forceinline__ void accumulate_dkdv(const A& a, int64_t b, int64_t hk, int64_t j0, const float* dk,
-                                         const float* dv, int t4) {
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t j = j0 + 8 * ri;
-    if (j >= a.nk) continue;
-    accumulate_row<D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
-    accumulate_row<D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
+    if constexpr (ACC) {
+      accumulate_row<D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
+      accumulate_row<D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
+    } else {
+      store_row<T, D>(a.dK.row(b, hk, j), dk, ri, t4, static_cast<float>(a.scale));
+      store_row<T, D>(a.dV.row(b, hk, j), dv, ri, t4, 1.f);
+    }
   }
 }
 

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 2) v3_bwd_dkdv_kernel(BwdArgs<T, T> 
     full = full_next;
   }
   cp_async_wait<0>();
-  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  epilogue::write_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
 #else
   __trap();
 #endif

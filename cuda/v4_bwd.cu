@@ -264,9 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (FUSED && wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
   if constexpr (kAcc<T, G>) {
-    if (seen) epilogue::accumulate_dkdv<D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+    if (seen) epilogue::write_dkdv<T, D, true>(a, b, hk, j0 + krow + g, dk, dv, t4);
   } else {
-    epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+    epilogue::write_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
   }
 #else
   __trap();

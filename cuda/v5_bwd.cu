@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     it = sm.sR[st].it;
   }
   if (wtid == 0) tma::bulk_wait();  // the last block is read before the CTA exits
-  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  epilogue::write_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
 #else
   __trap();
 #endif

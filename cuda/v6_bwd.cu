@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (wg == 0) tma::bar_sync(my_turn, 256);  // warpgroup 1's last pass of the turn
   if (wtid == 0) tma::bulk_wait();            // the last block is read before the CTA exits
-  epilogue::store_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
+  epilogue::write_dkdv<T, D>(a, b, hk, j0 + krow + g, dk, dv, t4);
 #else
   __trap();
 #endif
