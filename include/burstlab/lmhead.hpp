@@ -58,12 +58,7 @@ View2<T> view2(T* data, int64_t rows, int64_t cols) {  // row-major contiguous
   return v;
 }
 template <class T>
-View2<const T> as_const(const View2<T>& v) {
-  View2<const T> c;
-  c.data = v.data;
-  for (int a = 0; a < 2; ++a) { c.dim[a] = v.dim[a]; c.stride[a] = v.stride[a]; }
-  return c;
-}
+View2<const T> as_const(const View2<T>& v) { return detail::const_view<View2<const T>>(v); }
 
 // Owning row-major host matrix. Plain data.
 template <class T>

@@ -139,14 +139,20 @@ template <class V> void block3(const char* name, const V& v, int64_t B, int64_t 
   const int64_t e[3] = {B, H, n};
   validate_block_view(name, v.dim, v.data, 3, e);
 }
+// The inputs both block passes take: Q (B, H_q, nq, d), K, V (B, H_kv, nk, d).
+template <class T>
+void qkv(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q, const View4<const T>& K,
+         const View4<const T>& V) {
+  block4("Q", Q, p.B, p.H_q, nq, p.d);
+  block4("K", K, p.B, p.H_kv, nk, p.d);
+  block4("V", V, p.B, p.H_kv, nk, p.d);
+}
 }  // namespace view_check
 template <class T, class L>
 void validate_block_forward_views(const Problem& p, int64_t nq, int64_t nk, const View4<const T>& Q,
                                   const View4<const T>& K, const View4<const T>& V, const View4<T>& O,
                                   const View3<L>& LSE) {
-  view_check::block4("Q", Q, p.B, p.H_q, nq, p.d);
-  view_check::block4("K", K, p.B, p.H_kv, nk, p.d);
-  view_check::block4("V", V, p.B, p.H_kv, nk, p.d);
+  view_check::qkv(p, nq, nk, Q, K, V);
   view_check::block4("O", O, p.B, p.H_q, nq, p.d);
   view_check::block3("LSE", LSE, p.B, p.H_q, nq);
 }
@@ -156,9 +162,7 @@ void validate_block_backward_views(const Problem& p, int64_t nq, int64_t nk, con
                                    const View4<const T>& dO, const View3<const L>& LSE,
                                    const View3<const L>& D, const View4<G>& dQ, const View4<G>& dK,
                                    const View4<G>& dV) {
-  view_check::block4("Q", Q, p.B, p.H_q, nq, p.d);
-  view_check::block4("K", K, p.B, p.H_kv, nk, p.d);
-  view_check::block4("V", V, p.B, p.H_kv, nk, p.d);
+  view_check::qkv(p, nq, nk, Q, K, V);
   view_check::block4("dO", dO, p.B, p.H_q, nq, p.d);
   view_check::block3("LSE", LSE, p.B, p.H_q, nq);
   view_check::block3("D", D, p.B, p.H_q, nq);

@@ -4,6 +4,7 @@
 // BSHD (flash-attn) and BHSD (SDPA) storage are two stride choices of the same view.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -66,20 +67,23 @@ View3<T> view3(T* data, int64_t B, int64_t H, int64_t N) {
   return v;
 }
 
-template <class T>
-View4<const T> as_const(const View4<T>& v) {
-  View4<const T> c;
+namespace detail {
+// A view's read-only twin C: the same data, dims and strides.
+template <class C, class V>
+C const_view(const V& v) {
+  C c;
   c.data = v.data;
-  for (int a = 0; a < 4; ++a) { c.dim[a] = v.dim[a]; c.stride[a] = v.stride[a]; }
+  for (size_t a = 0; a < sizeof(v.dim) / sizeof(v.dim[0]); ++a) {
+    c.dim[a] = v.dim[a];
+    c.stride[a] = v.stride[a];
+  }
   return c;
 }
+}  // namespace detail
 template <class T>
-View3<const T> as_const(const View3<T>& v) {
-  View3<const T> c;
-  c.data = v.data;
-  for (int a = 0; a < 3; ++a) { c.dim[a] = v.dim[a]; c.stride[a] = v.stride[a]; }
-  return c;
-}
+View4<const T> as_const(const View4<T>& v) { return detail::const_view<View4<const T>>(v); }
+template <class T>
+View3<const T> as_const(const View3<T>& v) { return detail::const_view<View3<const T>>(v); }
 
 // Owning host tensor: storage plus the layout it was made in. Plain data.
 template <class T>
