@@ -40,6 +40,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 std::shared_ptr<dist::World> make_world(const DistFlags& f, const dist::AlgoOptions& o) {
 #ifdef BURSTLAB_HAVE_NCCL
   if (f.transport == Transport::Nccl) return nccl::nccl_world(o.world, o.gpus_per_node, f.timeout, f.inject);
+#else
+  (void)f;  // without NCCL, --transport nccl is refused when parsed (dist_flags.cpp)
 #endif
   return std::make_shared<dist::SimWorld>(o.world, dist::sim_options(o));
 }
