@@ -167,33 +167,44 @@ void keep_phase(std::vector<Transfer>& keep, Communicator& c, Phase phase) {
 }  // namespace
 
 template <class T>
-Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                    View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine)
-    : w_(&world) {
+void Session<T>::start(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                       View4<const double> dO, const AlgoOptions& o) {
   validate_views(p, Q, K, V);
   if (o.backward) validate_q_side(p, "dO", dO);
   plan_ = make_plan(p, o);
-  if (world.size() != o.world) fail("world (", o.world, ") must equal the size of ", world.describe());
   const int G = o.world;
   e_.assign(G, nullptr);
   prepared_.assign(G, {});
   shards_.assign(G, {});
   logs_.assign(G, {});
   errors_.assign(G, "");
+}
+
+template <class T>
+void Session<T>::place_all(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
+                           View4<const double> dO) {
+  const PreparedMask m = e.prepare(plan_.mask);
+  for (int r = 0; r < plan_.o.world; ++r) {
+    if (!w_->holds(r)) continue;
+    e_[r] = &e;
+    prepared_[r] = m;
+    shards_[r] = upload_shard(e, Q, K, V, dO, plan_.qp, plan_.kp, plan_.o.backward, r);
+  }
+}
+
+template <class T>
+Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+                    View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine)
+    : w_(&world) {
+  start(p, Q, K, V, dO, o);
+  if (world.size() != o.world) fail("world (", o.world, ") must equal the size of ", world.describe());
   if (world.one_device()) {  // one engine for every rank, made and filled here
     own_engines_.push_back(make_engine());
-    Engine<T>& e = *own_engines_.back();
-    const PreparedMask m = e.prepare(plan_.mask);
-    for (int r = 0; r < G; ++r) {
-      if (!world.holds(r)) continue;
-      e_[r] = &e;
-      prepared_[r] = m;
-      shards_[r] = upload_shard(e, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, r);
-    }
+    place_all(*own_engines_.back(), Q, K, V, dO);
     return;
   }
   // Each rank makes its engine and uploads its shard on its own thread and device.
-  own_engines_.resize(G);
+  own_engines_.resize(o.world);
   try {
     world.run([&](Communicator& c) {
       const int r = c.rank();
@@ -211,18 +222,10 @@ Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double>
 template <class T>
 Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
                     View4<const double> dO, const AlgoOptions& o, Engine<T>& engine) {
-  validate_views(p, Q, K, V);
-  if (o.backward) validate_q_side(p, "dO", dO);
-  plan_ = make_plan(p, o);
+  start(p, Q, K, V, dO, o);
   own_world_ = std::make_unique<SimWorld>(o.world, plan_.o.sim);
   w_ = own_world_.get();
-  const int G = o.world;
-  const PreparedMask m = engine.prepare(plan_.mask);
-  e_.assign(G, &engine);
-  prepared_.assign(G, m);
-  logs_.assign(G, {});
-  errors_.assign(G, "");
-  for (int r = 0; r < G; ++r) shards_.push_back(upload_shard(engine, Q, K, V, dO, plan_.qp, plan_.kp, o.backward, r));
+  place_all(engine, Q, K, V, dO);
 }
 
 template <class T>

@@ -81,6 +81,12 @@ class Session {
   World& world() const { return *w_; }
 
  private:
+  // Validates the inputs, makes the plan, sizes the per-rank members.
+  void start(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
+             View4<const double> dO, const AlgoOptions& o);
+  // Every held rank on engine e: the mask prepared once, each shard uploaded.
+  void place_all(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
+                 View4<const double> dO);
   void run(Phase phase);
   Plan plan_;
   std::unique_ptr<World> own_world_;  // the second constructor's

@@ -4,7 +4,6 @@
 #include "distributed.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,10 +30,6 @@ struct DistRun {
 };
 
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The world the ranks talk over, as --transport says.
 std::shared_ptr<dist::World> make_world(const DistFlags& f, const dist::AlgoOptions& o) {
@@ -91,16 +86,8 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     }
   };
   Runner r;
-  r.forward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
-    s->session->forward();
-    return ms_since(t0);
-  };
-  r.backward = [s] {
-    const auto t0 = std::chrono::steady_clock::now();
-    s->session->backward();
-    return ms_since(t0);
-  };
+  r.forward = timed([s] { s->session->forward(); });
+  r.backward = timed([s] { s->session->backward(); });
   r.fetch_forward = [fetch](Tensor4<double>& O, Tensor3<double>& LSE) {
     fetch(dist::Phase::Forward, [&](const dist::DistResult<T>& res) {
       GatheredOutputs g = gather_outputs(res, true, false);
