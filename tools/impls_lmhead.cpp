@@ -26,22 +26,6 @@ cpu::LmHeadTiles lmhead_tiles(const ImplOptions& o) {
 
 namespace {
 
-template <class T>
-Matrix<T> to_storage(const Matrix<double>& m) {
-  Matrix<T> s;
-  s.rows = m.rows;
-  s.cols = m.cols;
-  s.data.resize(m.data.size());
-  for (size_t e = 0; e < m.data.size(); ++e) s.data[e] = from_double<T>(m.data[e]);
-  return s;
-}
-template <class T>
-Matrix<double> to_double(const Matrix<T>& m) {
-  Matrix<double> s = make_matrix<double>(m.rows, m.cols);
-  for (size_t e = 0; e < m.data.size(); ++e) s.data[e] = static_cast<double>(m.data[e]);
-  return s;
-}
-
 // Host state of one run in storage T, accumulation A (LSE and L).
 template <class T, class A>
 struct State {
@@ -58,8 +42,8 @@ std::shared_ptr<State<T, A>> make_state(const LmHeadProblem& p, const LmHeadInpu
                                         const cpu::LmHeadTiles& tiles) {
   auto s = std::make_shared<State<T, A>>();
   s->p = p;
-  s->H = to_storage<T>(in.H);
-  s->W = to_storage<T>(in.W);
+  s->H = convert<T>(in.H);
+  s->W = convert<T>(in.W);
   s->y = in.y;
   s->g = g;
   s->tiles = tiles;
@@ -76,8 +60,8 @@ void add_fetch(Runner& r, const std::shared_ptr<State<T, A>>& s) {
     LSE.assign(s->LSE.begin(), s->LSE.end());
   };
   r.fetch_grads = [s](Matrix<double>& dH, Matrix<double>& dW) {
-    dH = to_double(s->dH);
-    dW = to_double(s->dW);
+    dH = convert<double>(s->dH);
+    dW = convert<double>(s->dW);
   };
 }
 
@@ -134,7 +118,7 @@ Runner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, con
   s->opt.chunk_rows = k.Br;
   s->opt.variant = variant;
   auto upload = [](cuda::DeviceBuffer<DT>& buf, const Matrix<double>& m) {
-    const Matrix<HT> h = to_storage<HT>(m);
+    const Matrix<HT> h = convert<HT>(m);
     buf = cuda::DeviceBuffer<DT>(h.data.size());
     buf.upload(h.data.data(), h.data.size());
   };
@@ -184,7 +168,7 @@ Runner cuda_runner(const LmHeadProblem& p, const LmHeadInputs& in, double g, con
     auto fetch = [](const cuda::DeviceBuffer<DT>& buf, int64_t rows, int64_t cols) {
       Matrix<HT> h = make_matrix<HT>(rows, cols);
       buf.download(h.data.data(), h.data.size());
-      return to_double(h);
+      return convert<double>(h);
     };
     dH = fetch(s->dH, s->p.N, s->p.d);
     dW = fetch(s->dW, s->p.V, s->p.d);

@@ -12,6 +12,7 @@
 
 #include "burstlab/error.hpp"
 #include "burstlab/hd.hpp"
+#include "burstlab/storage.hpp"
 #include "burstlab/tensor.hpp"
 
 namespace burstlab {
@@ -74,6 +75,13 @@ Matrix<T> make_matrix(int64_t rows, int64_t cols, T fill = T(0)) {
   m.rows = rows; m.cols = cols;
   m.data.assign(element_count({rows, cols}), fill);
   return m;
+}
+// m with every element in U: rounded to nearest even when narrowing, exact when widening.
+template <class U, class T>
+Matrix<U> convert(const Matrix<T>& m) {
+  Matrix<U> s = make_matrix<U>(m.rows, m.cols);
+  for (size_t e = 0; e < m.data.size(); ++e) s.data[e] = from_double<U>(to_double(m.data[e]));
+  return s;
 }
 
 // One view: non-null data and dim == (rows, cols): "W.dim[0] (31999) must equal V (32000)".

@@ -30,16 +30,6 @@ using ::testing::HasSubstr;
 using namespace testutil;  // the LM head helpers (lmhead_testutil.hpp) and error_message
 
 template <class T>
-Matrix<T> to_storage(const Matrix<double>& m) {
-  Matrix<T> s;
-  s.rows = m.rows;
-  s.cols = m.cols;
-  s.data.resize(m.data.size());
-  for (size_t e = 0; e < m.data.size(); ++e) s.data[e] = from_double<T>(m.data[e]);
-  return s;
-}
-
-template <class T>
 struct CpuRun {
   double L = 0;
   std::vector<acc_t<T>> LSE;
@@ -49,7 +39,7 @@ struct CpuRun {
 // fused: one lmhead_fused call; else lmhead_forward, then lmhead_backward from its own LSE.
 template <class T>
 CpuRun<T> run_cpu(const LmHeadProblem& p, const LmHeadInputs& in, double g, bool fused, cpu::LmHeadTiles tiles) {
-  const Matrix<T> H = to_storage<T>(in.H), W = to_storage<T>(in.W);
+  const Matrix<T> H = convert<T>(in.H), W = convert<T>(in.W);
   const double nan = std::nan("");
   CpuRun<T> r;
   r.LSE.assign(static_cast<size_t>(p.N), static_cast<acc_t<T>>(nan));
