@@ -85,18 +85,11 @@ TEST(LmHeadCaseJson, RoundTripAndStrictErrors) {
               HasSubstr("c.json: unknown field 'extra'"));
 }
 
-template <class T>
-Matrix<T> to_storage(const Matrix<double>& m) {
-  Matrix<T> s = make_matrix<T>(m.rows, m.cols);
-  for (size_t e = 0; e < m.data.size(); ++e) s.data[e] = from_double<T>(m.data[e]);
-  return s;
-}
-
 // The cpu layer as a candidate: its outputs written as .npy in their own dtypes.
 void write_cpu_candidate(const fs::path& dir, const LmHeadCaseData& c) {
   using T = bf16_t;
   const LmHeadProblem& p = c.meta.p;
-  const Matrix<T> H = to_storage<T>(c.in.H), W = to_storage<T>(c.in.W);
+  const Matrix<T> H = convert<T>(c.in.H), W = convert<T>(c.in.W);
   std::vector<float> LSE(static_cast<size_t>(p.N));
   Matrix<T> dH = make_matrix<T>(p.N, p.d), dW = make_matrix<T>(p.V, p.d);
   const double L = cpu::lmhead_fused<T>(p, H.view(), W.view(), c.in.y.data(), c.meta.g, LSE.data(), dH.view(), dW.view());
