@@ -153,7 +153,7 @@ class PluginEngine final : public Engine<T> {
 
   // Blocks over a few position progressions reach the plug-in as blocks over contiguous
   // positions, as in the built-in engines (block_split.hpp), so a kernel that runs only
-  // contiguous rows still runs zigzag and striped forwards.
+  // contiguous rows still runs zigzag and striped shards.
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
     const void* prepared = static_cast<const Prepared*>(mask.hold.get())->handle;
@@ -173,18 +173,25 @@ class PluginEngine final : public Engine<T> {
   void compute_D(View4<const T> O, View4<const T> dO, View3<A> D) override {
     BURSTLAB_PLUGIN_CALL(L(), compute_D, E(), to_c(dtype_of<T>()), view_c(O), view_c(dO), view_c(D));
   }
+  // Its backward the same way: the parts' gradients add up to the block's.
   void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> D,
                       View4<A> dQ, View4<A> dK, View4<A> dV) override {
-    burstlab_block b =
-        block(p, mask.params, static_cast<const Prepared*>(mask.hold.get())->handle, q, k, Q, K, V);
-    b.dO = view_c(dO);
-    b.LSE = view_c(LSE);
-    b.D = view_c(D);
-    b.dQ = view_c(dQ);
-    b.dK = view_c(dK);
-    b.dV = view_c(dV);
-    BURSTLAB_PLUGIN_CALL(L(), backward_block, E(), &b);
+    const void* prepared = static_cast<const Prepared*>(mask.hold.get())->handle;
+    const auto part = [&](const Problem& pp, const MaskParams& mm, Positions qp, Positions kp, View4<const T> Qp,
+                          View4<const T> Kp, View4<const T> Vp, View4<const T> dOp, View3<const A> Lp,
+                          View3<const A> Dp, View4<A> dQp, View4<A> dKp, View4<A> dVp) {
+      burstlab_block b = block(pp, mm, prepared, qp, kp, Qp, Kp, Vp);
+      b.dO = view_c(dOp);
+      b.LSE = view_c(Lp);
+      b.D = view_c(Dp);
+      b.dQ = view_c(dQp);
+      b.dK = view_c(dKp);
+      b.dV = view_c(dVp);
+      BURSTLAB_PLUGIN_CALL(L(), backward_block, E(), &b);
+    };
+    if ((q.index || k.index) && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part)) return;
+    part(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
   }
 
  private:

@@ -1,5 +1,6 @@
 // burstlab/block_split.hpp — one block of attention (spec §6.1) over positions that form a few
-// arithmetic progressions, as blocks over contiguous positions merged in place (eq. 4.5).
+// arithmetic progressions, as blocks over contiguous positions merged in place (eq. 4.5); its
+// backward as the sum of theirs (§6.2).
 //
 // Kernels skip invisible tiles, and drop the per-element predicate inside full ones, only when
 // the key positions are contiguous; a block whose keys are indexed runs every tile through the
@@ -98,6 +99,26 @@ bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions
     const BlockPart& a = parts[first];
     if (!acc) go(p, m, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), a, false);
     first = end;
+  }
+  return !parts.empty();
+}
+
+// A backward block (§6.2) by its parts, when it splits: run(pp, mask, q_pos, k_pos, Q, K, V, dO,
+// LSE, D, dQ, dK, dV) adds the part's terms to its query rows of dQ and its key rows of dK, dV
+// (slices along N) given the rows' LSE and D. The gradients are sums over (i, j) pairs (eq. 5.3-
+// 5.6), so the visible parts add up to the block's; hidden parts add nothing. Returns false,
+// having run nothing, when the block does not split.
+template <class T, class A, class Run>
+bool backward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, View4<const T> Q,
+                    View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> D,
+                    View4<A> dQ, View4<A> dK, View4<A> dV, Run&& run) {
+  const std::vector<BlockPart> parts = split_block(m, q, k);
+  for (const BlockPart& b : parts) {
+    if (b.hidden) continue;
+    run(part_problem(p, b), b.mask, b.q_pos, b.k_pos, slice_rows(Q, b.q_at, b.q_n), slice_rows(K, b.k_at, b.k_n),
+        slice_rows(V, b.k_at, b.k_n), slice_rows(dO, b.q_at, b.q_n), slice_rows(LSE, b.q_at, b.q_n),
+        slice_rows(D, b.q_at, b.q_n), slice_rows(dQ, b.q_at, b.q_n), slice_rows(dK, b.k_at, b.k_n),
+        slice_rows(dV, b.k_at, b.k_n));
   }
   return !parts.empty();
 }

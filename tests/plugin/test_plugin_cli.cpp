@@ -113,6 +113,17 @@ TEST(PluginCli, DeclinedBlockFailsItsRow) {
   EXPECT_NE(o.out.find("0 passed, 2 failed"), std::string::npos) << o.out;
 }
 
+// Striped shards (progressions of stride G, 128 rows or more) split into blocks over contiguous
+// positions, forward and backward: a plug-in that declines indexed positions runs them.
+TEST(PluginCli, IndexedShardsRunByParts) {
+  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
+                                " --algo ring,allgather,ulysses,attention2d --partition striped --world 2 --mask causal"
+                                " --nq 1024 --nk 1024"
+                                " --hq 4 --hkv 2 -d 8 --pass both");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, std::regex("\n(ring|allgather|ulysses|attention2d)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 8) << o.out;
+}
+
 TEST(PluginCli, LoadFailuresNameThePath) {
   struct Bad {
     std::string path, says;

@@ -162,6 +162,56 @@ TEST(PluginEngine, IndexedForwardBitwiseEqual) {
   EXPECT_TRUE(bitwise(a.get(a.LSE), b.get(b.LSE)));
 }
 
+// Its backward too: the adapter hands the plug-in the parts, whose gradients add up to the
+// block's. Bitwise equal to the CPU engine run part by part (backward_parts), and within fp32
+// summation-order rounding of the CPU engine's unsplit indexed backward.
+TEST(PluginEngine, IndexedBackwardByParts) {
+  const int64_t n = 512, run = n / 2;
+  const Problem p = testutil::make_problem(1, 2, 1, n, n, 8, "causal", 3);
+  const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
+  auto cpu_e = cpu::make_engine<float>();
+  auto plug_e = plugin::make_engine<float>(ok_plugin());
+  Buffers<float> a(*cpu_e, p, in), b(*plug_e, p, in), whole(*cpu_e, p, in);
+  std::vector<int64_t> idx;
+  for (int64_t i = run; i < n; ++i) idx.push_back(i);
+  for (int64_t i = 0; i < run; ++i) idx.push_back(i);
+  const Positions q{0, n, idx.data()}, k{0, n, idx.data()};
+  int parts = 0;
+  for (Buffers<float>* r : {&a, &b, &whole}) {
+    Engine<float>& e = r->e;
+    const View4<const float> Q = as_const(r->q4(r->Q.data, 0, n)), K = as_const(r->k4(r->K.data, 0, n)),
+                             V = as_const(r->k4(r->V.data, 0, n)), dO = as_const(r->q4(r->dO.data, 0, n));
+    e.forward_block(p, r->mask, q, k, Q, K, V, r->q4(r->O.data, 0, n), r->rows(r->LSE.data, 0, n), false);
+    e.compute_D(as_const(r->q4(r->O.data, 0, n)), dO, r->rows(r->D.data, 0, n));
+    const View3<const float> LSE = as_const(r->rows(r->LSE.data, 0, n)), D = as_const(r->rows(r->D.data, 0, n));
+    const View4<float> dQ = r->q4(r->dQ.data, 0, n), dK = r->k4(r->dK.data, 0, n), dV = r->k4(r->dV.data, 0, n);
+    if (r == &a) {  // the CPU engine, part by part
+      ASSERT_TRUE(backward_parts(p, r->mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV,
+                                 [&](const Problem& pp, const MaskParams& mm, auto... x) {
+                                   PreparedMask pm = r->mask;
+                                   pm.params = mm;
+                                   e.backward_block(pp, pm, x...);
+                                   ++parts;
+                                 }));
+    } else {  // the adapter (which splits), and the CPU engine on the indexed block whole
+      e.backward_block(p, r->mask, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
+    }
+    e.synchronize();
+  }
+  EXPECT_GE(parts, 3);  // (late, late), (late, early), (early, early); (early, late) is hidden
+  for (auto g : {&Buffers<float>::dQ, &Buffers<float>::dK, &Buffers<float>::dV}) {
+    EXPECT_TRUE(bitwise(a.get(a.*g), b.get(b.*g)));
+    const std::vector<float> x = b.get(b.*g), y = whole.get(whole.*g);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, std::abs(double(x[i]) - y[i]));
+      scale = std::max(scale, std::abs(double(y[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(worst, 1e-5 * scale);
+  }
+}
+
 // Every algorithm of the table on SimComm, the plug-in's engine against the CPU engine.
 TEST(PluginEngine, EveryAlgorithmBitwiseEqualToCpuEngine) {
   const Problem p = testutil::make_problem(1, 4, 4, 64, 64, 8, "causal", 9);
