@@ -201,9 +201,16 @@ fi
 if [ "$what" = soak ]; then
   [ "$gpus" -ge 2 ] || skip "the soak needs 2 GPUs in one process (this machine has $gpus)"
   passes=${SOAK_PASSES:-200} slack=${SOAK_SLACK_MIB:-64}
+  # The peaks are whole-GPU figures: another process on the GPUs would be counted as a leak.
+  others=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c . || true)
+  if [ "${others:-0}" -gt 0 ]; then
+    echo "FAIL soak: $others other process(es) use the GPUs (nvidia-smi --query-compute-apps); the soak reads" \
+      "the GPUs' whole used memory, so it must run alone"
+    exit 1
+  fi
   # One run of `passes` passes, sampled every 0.2 s: "peak device MiB, peak descriptors, peak RSS
-  # MiB, seconds, exit code". The GPUs' used memory is read for the whole GPU (this process is
-  # the only one using them here; per-process figures need the host's PID namespace).
+  # MiB, seconds, exit code". The GPUs' used memory is read for the whole GPU (checked above to be
+  # this process's alone; per-process figures need the host's PID namespace).
   peaks() {
     "$bin" run --transport nccl --world 2 --algo $1 --impl cuda --hq 8 --hkv 8 --nq 32768 --nk 32768 -d 128 \
       --dtype bf16 --partition zigzag --mask causal --pass both --repeat "$2" --check-rows 8 >"$log" 2>&1 &
