@@ -13,11 +13,15 @@
 #include "case.hpp"
 #include "cmd_case.hpp"
 #include "common.hpp"
+#include "dist_flags.hpp"  // --transport, parsed as `run` parses it
 #include "gather.hpp"
 #include "lmhead_case.hpp"
 #include "npy.hpp"
 #include "resources.hpp"
 #include "session.hpp"
+#ifdef BURSTLAB_HAVE_NCCL
+#include "thread_world.hpp"  // nccl::nccl_world, launch, device_count
+#endif
 
 namespace burstlab::tools {
 namespace {
@@ -35,6 +39,19 @@ struct Column {
   std::vector<Dtype> dtypes;
   std::function<RunFn(const CaseData& cd)> prepare;
   Footprint footprint;  // host bytes of its run (resources.hpp); empty: not estimated
+  bool on_nccl = false;  // runs on the one NCCL World (Net): its cells are collectives under mpirun
+  std::string transport = "none";  // --json's "transport": sim or nccl for a distributed column
+};
+
+// Where the distributed columns' ranks talk (--transport). SimComm: each cell's session has
+// simulated ranks of its own. NCCL: every cell's session runs on ONE World made before the first
+// case (a thread per GPU, or this process's rank under mpirun) and reuses its communicators. A
+// throw inside that World aborts its communicators (and, under mpirun, ends every process at
+// exit), so the NCCL cells after it are not run.
+struct Net {
+  DistFlags f;  // transport, gpus_per_node, timeout, inject; f.world is the G every column uses
+  std::shared_ptr<dist::World> world;  // NCCL only
+  std::string dead;                    // the first failure on `world` ("" while it is usable)
 };
 
 check::Candidate candidate_of(Dtype t, Layout layout) {
@@ -71,6 +88,19 @@ Column impl_column(const Impl& m) {
   return col;
 }
 
+// A distributed run's outputs, gathered from the ranks' shards into global BHSD, as a candidate.
+template <class T>
+check::Candidate candidate_of(const dist::DistResult<T>& res, Dtype t) {
+  check::Candidate c = candidate_of(t, Layout::BHSD);
+  c.O = widen(dist::gather(res.O, res.qp));
+  c.LSE = widen(dist::gather(res.LSE, res.qp));
+  c.dQ = widen(dist::gather(res.dQ, res.qp));
+  c.dK = widen(dist::gather(res.dK, res.kp));
+  c.dV = widen(dist::gather(res.dV, res.kp));
+  c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
+  return c;
+}
+
 // One distributed session (dist::Session of an algorithm of the table)
 // on SimComm threads, with the engine of an implementation; outputs gathered back to global BHSD.
 template <class T, class Session, class Options>
@@ -89,15 +119,7 @@ RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> eng
   return [s, t] {
     s->session->forward();
     s->session->backward();
-    const auto res = s->session->result();
-    check::Candidate c = candidate_of(t, Layout::BHSD);
-    c.O = widen(dist::gather(res.O, res.qp));
-    c.LSE = widen(dist::gather(res.LSE, res.qp));
-    c.dQ = widen(dist::gather(res.dQ, res.qp));
-    c.dK = widen(dist::gather(res.dK, res.kp));
-    c.dV = widen(dist::gather(res.dV, res.kp));
-    c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
-    return c;
+    return candidate_of(s->session->result(), t);
   };
 }
 
@@ -109,15 +131,34 @@ RunFn dist_prepare_any(const CaseData& cd, const dist::AlgoOptions& o, const Eng
   });
 }
 
+// One session on the NCCL World: each rank makes its engine on its own device, then the
+// forward, the backward, and every rank's outputs gathered into every process (a collective).
+// Nothing here runs before the closure: the column's refusals (n/a) are decided without the World.
+template <class T>
+RunFn nccl_prepare(const CaseData& cd, const dist::AlgoOptions& o, const EngineMakers& mk,
+                   const std::shared_ptr<Net>& net) {
+  const CaseData* c = &cd;  // the closure runs while the row's case is alive
+  return [c, o, mk, net] {
+    dist::Session<T> session(c->meta.p, c->in.Q.view(), c->in.K.view(), c->in.V.view(), c->in.dO.view(), o,
+                             *net->world, [&mk] { return mk.make<T>(ImplOptions{}); });
+    session.forward();
+    session.backward();
+    return candidate_of(session.result(), c->meta.dtype);
+  };
+}
+
 // Every algorithm of the table (distributed/algorithm.hpp), on the engine of each implementation
 // in `engines` (the layers cpu and cuda, and the engine plug-ins --impl names). attention2d runs on
 // the cyclic partition it needs, distflash on the contiguous one, usp with groups of 2 (when 2
-// divides G).
-std::vector<Column> dist_columns(int world, const std::string& partition, const std::vector<const Impl*>& engines) {
+// divides G). On NCCL only the engines whose buffers live in device memory (a transport copy).
+std::vector<Column> dist_columns(const std::string& partition, const std::vector<const Impl*>& engines,
+                                 const std::shared_ptr<Net>& net) {
+  const int world = net->f.world;
+  const bool nccl = net->f.transport == Transport::Nccl;
   std::vector<Column> out;
   for (const Impl* mp : engines) {
     const Impl& m = *mp;
-    if (!m.engines.any()) continue;
+    if (!m.engines.any() || (nccl && !m.engines.copy)) continue;
     const EngineMakers mk = m.engines;
     for (const dist::Algorithm& a : dist::algorithms()) {
       const std::string name = a.name;
@@ -125,6 +166,7 @@ std::vector<Column> dist_columns(int world, const std::string& partition, const 
       o.algo = name;
       o.partition = dist::parse_partition(partition);
       o.world = world;
+      o.gpus_per_node = o.sim.gpus_per_node = net->f.gpus_per_node;
       o.backward = true;
       Column col;
       col.name = name + "/" + m.name + " G=" + std::to_string(world);
@@ -139,6 +181,21 @@ std::vector<Column> dist_columns(int world, const std::string& partition, const 
       }
       col.dtypes = mk.dtypes();
       col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint);
+      col.transport = to_string(net->f.transport);
+      if (nccl) {
+        col.on_nccl = true;
+        // The engine's refusals (cuda: a GPU, d) and the algorithm's (make_plan: partition,
+        // heads, mask) before any rank runs: a refusal is n/a, a throw inside the World a FAIL.
+        col.prepare = [o, mk, mp, net](const CaseData& cd) -> RunFn {
+          if (mp->check) mp->check(cd.meta.p, cd.meta.dtype, ImplOptions{});
+          dist::make_plan(cd.meta.p, o);
+          return dispatch_dtype(cd.meta.dtype, [&](auto t) {
+            return nccl_prepare<typename decltype(t)::type>(cd, o, mk, net);
+          });
+        };
+        out.push_back(col);
+        continue;
+      }
       // A plug-in's refusals of the whole problem (plugin.h's supports) make the cell n/a, as alone.
       const bool plugin = m.name.rfind("plugin:", 0) == 0;
       col.prepare = [o, mk, plugin, mp](const CaseData& cd) {
@@ -151,14 +208,40 @@ std::vector<Column> dist_columns(int world, const std::string& partition, const 
   return out;
 }
 
+// Under NCCL every process must take the same branch for every cell (a process that skipped a
+// session the others ran would leave them waiting): the refusal of any process, the lowest
+// rank's, is every process's. One small collective per cell.
+std::string agreed_refusal(dist::World& w, const std::string& mine, const std::string& what) {
+  const std::vector<std::vector<char>> all =
+      w.allgather([&](int) { return std::vector<char>(mine.begin(), mine.end()); }, what);
+  for (const std::vector<char>& b : all)
+    if (!b.empty()) return std::string(b.begin(), b.end());
+  return "";
+}
+
+// "--timeout (5), --inject-failure (1:0)": the options of `given` that were on the command line.
+std::string given_flags(const std::vector<const CLI::Option*>& given) {
+  std::string s;
+  for (const CLI::Option* o : given) {
+    if (o->count() == 0) continue;
+    std::string value;
+    for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
+    s += (s.empty() ? "" : ", ") + o->get_name() + " (" + value + ")";
+  }
+  return s;
+}
+
 Command add_conform(CLI::App& app) {
   struct S {
     std::string suite_dir, dtype = "fp64,fp32", impl, partition = "contiguous";
     bool full = false, json = false;
-    int world = 2;
     RunFlags run;  // --threads
+    std::shared_ptr<Net> net = std::make_shared<Net>();  // --world, --transport, --gpus-per-node, ...
+    std::vector<const CLI::Option*> nccl_only;  // refused with --transport sim
   };
   auto s = std::make_shared<S>();
+  DistFlags& f = s->net->f;
+  f.world = 2;
   CLI::App* sub = app.add_subcommand(
       "conform", "Run every built-in implementation over the case suite: one PASS/FAIL matrix (worst err/bound)");
   // --case as in oracle and check (a case directory or a suite of them); --suite is its old name.
@@ -169,11 +252,37 @@ Command add_conform(CLI::App& app) {
                                        "with --suite: its cases name theirs)")
       ->capture_default_str();
   sub->add_option("--impl", s->impl, "only these columns (comma-separated names as printed)");
-  int_range(sub->add_option("--world", s->world, "ranks of the distributed columns (SimComm)")->capture_default_str(),
+  DistFlags* fp = &f;
+  int_range(sub->add_option("--world", f.world,
+                            "ranks G of the distributed columns (sim: threads of this process; nccl: one per GPU, at "
+                            "most the GPUs this process sees; under mpirun: mpirun's -np, the default there)")
+                ->capture_default_str()
+                ->each([fp](const std::string&) { fp->world_given = true; }),
             "world", 1, kMaxWorld);
   sub->add_option("--partition", s->partition,
                   "contiguous | zigzag | striped: partition of the distributed columns (attention2d, attention2d-o: always striped)")
       ->capture_default_str();
+  int_range(sub->add_option("--gpus-per-node", f.gpus_per_node,
+                            "GPUs per node K (0 = one node): double-ring's K (must divide --world), the link class "
+                            "of each transfer; nccl: which ranks share a node (0: from the host names)")
+                ->capture_default_str(),
+            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
+  sub->add_option("--transport", f.transport_flag,
+                  "where the distributed columns' ranks talk. sim: SimComm, ranks as threads of this process, every "
+                  "engine (cpu, cuda); nccl: NcclComm, one rank per GPU, the columns of the engines in device memory "
+                  "only (cuda, a device plug-in), as threads of this process or one process per GPU under mpirun -np "
+                  "G (as `run --transport nccl`)")
+      ->capture_default_str();
+  s->nccl_only.push_back(real_range(
+      sub->add_option("--timeout", f.timeout,
+                      "nccl: seconds one transfer or collective may take before the watchdog aborts the "
+                      "communicator and every rank exits with an error naming the rank, operation, phase and step")
+          ->capture_default_str(),
+      "timeout", 0, 86400, true));
+  s->nccl_only.push_back(sub->add_option(
+      "--inject-failure", f.inject,
+      "nccl: RANK:STEP[:bwd][:hang] makes that rank fail when it enters step STEP of the forward (:bwd: of the "
+      "backward) of the first cell; :hang makes it stop communicating instead; tests the failure paths"));
   sub->add_flag("--json", s->json, "one JSON object per cell instead of the matrix");
   add_threads_flag(sub, s->run);
   sub->footer(
@@ -181,34 +290,75 @@ Command add_conform(CLI::App& app) {
       "not run that dtype; 'n/a' = it cannot run that problem (reason listed below the matrix).\n"
       "Exit: 0 every cell passed, 1 a cell failed or no cell was judged (every cell '-' or 'n/a'), 2 bad\n"
       "input: among it a case that would not fit in memory with the columns that run it (the message\n"
-      "names what fits), inputs that are not finite or whose logits overflow fp64 (spec §1.4).\n\n"
+      "names what fits), inputs that are not finite or whose logits overflow fp64 (spec §1.4).\n"
+      "--json: one object per cell {case, impl, cell, note, transport, pass, worst_err_bound}; transport is\n"
+      "sim or nccl for a distributed column, none for one device.\n\n"
+      "--transport nccl judges every schedule through the real transport: the columns are the algorithms on\n"
+      "the engines in device memory (cuda), each case's sessions run on one NCCL world that every cell\n"
+      "reuses, and the other columns are left out. Without mpirun the ranks are threads of this process, one\n"
+      "per GPU (--world at most the GPUs it sees). Under mpirun -np G every process runs the same cases and\n"
+      "columns in the same order and gathers every rank's outputs; each cell's refusals (n/a) are agreed\n"
+      "between the processes, rank 0 alone prints, and every process exits with the same status. A throw\n"
+      "inside the world (a rank's failure, --timeout) fails that cell and aborts the communicators: the\n"
+      "NCCL cells after it are FAIL 'not run', and under mpirun every process then ends with a non-zero exit.\n\n"
       "Examples:\n"
       "  burstlab conform                                   the quick suite, generated in memory, fp64 and fp32\n"
-      "  burstlab conform --case cases --impl cpu,ring       the cases `burstlab gen --out cases` wrote");
+      "  burstlab conform --case cases --impl cpu,ring       the cases `burstlab gen --out cases` wrote\n"
+      "  burstlab conform --transport nccl --world 2 --dtype bf16             every algorithm on 2 GPUs, threads\n"
+      "  mpirun -np 2 burstlab conform --transport nccl --dtype bf16,fp16     one process per GPU\n"
+      "  mpirun -np 2 burstlab conform --transport nccl --case cases --impl ring,burst --partition zigzag");
   Command c;
   c.app = sub;
   c.run = [s]() -> int {
-    if (s->world < 1) fail("world (", s->world, ") must be >= 1");
+    const std::shared_ptr<Net> net = s->net;
+    DistFlags& f = net->f;
+    if (f.world < 1) fail("world (", f.world, ") must be >= 1");
+    f.transport = parse_transport(f.transport_flag);  // nccl: refused here in a build without NCCL
+    const bool nccl = f.transport == Transport::Nccl;
+    if (!nccl) {
+      const std::string extra = given_flags(s->nccl_only);
+      if (!extra.empty())
+        fail(extra, extra.find(", ") == std::string::npos ? " is a --transport nccl option" : " are --transport nccl options",
+             " (the transport is ", f.transport_flag, ")");
+    }
+    f.world = world_of(f);  // under mpirun with nccl: the processes it started, unless --world says
+    bool by_mpi = false;
+    int mpi_rank = 0;
+#ifdef BURSTLAB_HAVE_NCCL
+    const nccl::Launch launch = nccl::launch();
+    by_mpi = launch.by_mpi;
+    mpi_rank = launch.rank;
+    if (nccl && by_mpi && f.world != launch.size)
+      fail("world (", f.world, ") must equal the number of processes mpirun started (", launch.size,
+           "): leave --world out under mpirun, or run mpirun -np ", f.world);
+#endif
     apply_threads(s->run.threads);
     std::vector<Column> cols;
     std::vector<const Impl*> engines;
     for (const Impl& m : registry()) {
-      if (m.op == Operator::Attention) cols.push_back(impl_column(m));
+      if (m.op == Operator::Attention && !nccl) cols.push_back(impl_column(m));
       if (m.name == "cpu" || m.name == "cuda") engines.push_back(&m);
     }
     // An engine plug-in (plugin:PATH.so) is a column only when --impl names it, with its engine
     // under every algorithm: plugin:X keeps "plugin:X" and every "<algo>/plugin:X G=...".
     const auto is_plugin = [](const std::string& one) { return one.rfind("plugin:", 0) == 0; };
+    std::string host_plugins;  // --transport nccl: the plug-ins named whose memory is the host's
     for (size_t at = 0; at < s->impl.size();) {
       const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
       const std::string one = s->impl.substr(at, comma - at);
       at = comma + 1;
       if (!is_plugin(one)) continue;
       const Impl* m = find_impls(one).at(0);
-      cols.push_back(impl_column(*m));
+      if (!nccl) cols.push_back(impl_column(*m));
+      else if (!m->engines.copy) host_plugins += (host_plugins.empty() ? "" : ", ") + one;
       engines.push_back(m);
     }
-    for (Column& col : dist_columns(s->world, s->partition, engines)) cols.push_back(col);
+    for (Column& col : dist_columns(s->partition, engines, net)) cols.push_back(col);
+    if (nccl && !host_plugins.empty())
+      fail("impl (", host_plugins, ") keeps its buffers in host memory: --transport nccl moves device memory "
+           "only (an engine in device memory, e.g. cuda, or --transport sim)");
+    if (nccl && cols.empty())
+      fail("transport (nccl) needs an engine in device memory (cuda): this binary has none; use --transport sim");
     if (!s->impl.empty()) {
       std::vector<Column> keep;
       std::string names;
@@ -224,7 +374,12 @@ Command add_conform(CLI::App& app) {
                  (is_plugin(one) && col.name.find("/" + one + " G=") != std::string::npos);
         };
         auto it = std::find_if(cols.begin(), cols.end(), named);
-        if (it == cols.end()) fail("impl (", one, ") is not a column; columns: ", names);
+        if (it == cols.end()) {
+          if (nccl)
+            fail("impl (", one, ") is not a column of --transport nccl, whose columns are the algorithms on the "
+                 "engines in device memory: ", names);
+          fail("impl (", one, ") is not a column; columns: ", names);
+        }
         for (; it != cols.end(); ++it)
           if (named(*it)) keep.push_back(*it);
       }
@@ -272,54 +427,161 @@ Command add_conform(CLI::App& app) {
         });
       }
     }
+    // The NCCL world, last before running: every flag and case above was valid in every process.
+    std::string transport_line;  // the matrix's first line under NCCL
+    if (nccl) {
+#ifdef BURSTLAB_HAVE_NCCL
+      if (!by_mpi && nccl::device_count() < f.world) {
+        const int n = nccl::device_count();
+        fail("transport (nccl) with world (", f.world, ") needs ", f.world,
+             " GPUs in this process (one rank per GPU); it sees ", n, ": use ",
+             n > 0 ? "--world " + std::to_string(n) + ", or " : std::string(),
+             "one process per GPU on a machine with ", f.world, " GPUs: mpirun -np ", f.world,
+             " burstlab conform --transport nccl ...");
+      }
+      net->world = nccl::nccl_world(f.world, f.gpus_per_node, f.timeout, f.inject);
+      transport_line = "transport: NCCL (" + net->world->describe() + "), G=" + std::to_string(f.world);
+#endif
+    }
     struct Cell { std::string text; bool fail = false; double worst = 0; std::string note; };
     std::vector<std::vector<Cell>> cells(metas.size(), std::vector<Cell>(cols.size()));
     std::vector<std::string> notes;
     std::map<std::pair<std::string, std::string>, std::vector<std::string>> na;  // (column, reason) -> cases
+    // Under mpirun the processes run the same rows; rank 0 alone reports progress (as it prints).
+    const bool quiet = by_mpi && mpi_rank != 0;
     Progress progress(static_cast<int>(metas.size()));
-    int failed = 0, passed = 0;
-    for (size_t r = 0; r < metas.size(); ++r) {
-      progress.step(metas[r].name);
-      const CaseData cd = dirs.empty() ? check::make_case(metas[r]) : check::read_case(dirs[r]);
-      const check::Expected e = !dirs.empty() && check::has_expected(dirs[r])
-                                    ? check::read_expected(dirs[r], cd.meta)
-                                    : check::compute_expected(cd);
-      for (size_t k = 0; k < cols.size(); ++k) {
-        Cell& cell = cells[r][k];
-        const Column& col = cols[k];
-        if (std::find(col.dtypes.begin(), col.dtypes.end(), cd.meta.dtype) == col.dtypes.end()) { cell.text = "-"; continue; }
-        RunFn run;
-        try {
-          run = col.prepare(cd);
-        } catch (const Error& ex) {
-          cell.text = "n/a";
-          cell.note = ex.what();
-          na[{col.name, ex.what()}].push_back(cd.meta.name);
-          continue;
+    int failed = 0, passed = 0, not_run = 0;
+    std::string dead_at;  // "<column> on <case>": the NCCL cell whose throw ended the world
+    try {
+      for (size_t r = 0; r < metas.size(); ++r) {
+        if (!quiet) progress.step(metas[r].name);
+        const auto runs = [&](const Column& col) {
+          return std::find(col.dtypes.begin(), col.dtypes.end(), metas[r].dtype) != col.dtypes.end();
+        };
+        // After the world died its columns run nothing: neither the case nor its oracle is needed.
+        const bool any = std::any_of(cols.begin(), cols.end(),
+                                     [&](const Column& col) { return runs(col) && !(col.on_nccl && !net->dead.empty()); });
+        std::unique_ptr<CaseData> cdp;
+        std::unique_ptr<check::Expected> ep;
+        if (any) {
+          cdp = std::make_unique<CaseData>(dirs.empty() ? check::make_case(metas[r]) : check::read_case(dirs[r]));
+          ep = std::make_unique<check::Expected>(!dirs.empty() && check::has_expected(dirs[r])
+                                                     ? check::read_expected(dirs[r], cdp->meta)
+                                                     : check::compute_expected(*cdp));
         }
-        try {
-          const check::CheckResult res = check::check_candidate(cd, e, run(), cd.meta.dtype);
-          cell.fail = !res.pass();
-          cell.worst = res.worst_err_bound();
-          cell.text = std::string(cell.fail ? "FAIL " : "PASS ") + fmt_ratio(cell.worst);
-          if (cell.fail)
-            for (const check::TensorCheck& t : res.tensors)
-              if (!t.pass()) {
-                cell.note = t.m.tensor + (t.missing ? " missing" : " " + (t.mismatches.empty() ? t.m.first_wrong : t.mismatches[0]));
-                notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": " + cell.note);
-                break;
-              }
-        } catch (const std::exception& ex) {
-          cell.fail = true;
-          cell.worst = HUGE_VAL;
-          cell.text = "FAIL error";
-          cell.note = ex.what();
-          notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+        for (size_t k = 0; k < cols.size(); ++k) {
+          Cell& cell = cells[r][k];
+          const Column& col = cols[k];
+          if (!runs(col)) { cell.text = "-"; continue; }
+          if (col.on_nccl && !net->dead.empty()) {
+            cell.text = "FAIL not run";
+            cell.fail = true;
+            cell.worst = HUGE_VAL;
+            cell.note = "not run: the NCCL transport failed earlier (" + dead_at + ")";
+            ++not_run;
+            ++failed;
+            continue;
+          }
+          const CaseData& cd = *cdp;
+          RunFn run;
+          std::string refusal;
+          try {
+            run = col.prepare(cd);
+          } catch (const Error& ex) {
+            refusal = ex.what();
+          }
+          // A throw inside the NCCL world: that cell fails, the world is no longer usable, and the
+          // other processes are told (their next wait ends) instead of waiting for this one.
+          const auto world_failed = [&](const std::exception& ex) {
+            net->dead = ex.what();
+            dead_at = col.name + " on " + cd.meta.name;
+            net->world->failed(ex.what());
+            cell.fail = true;
+            cell.worst = HUGE_VAL;
+            cell.text = "FAIL error";
+            cell.note = ex.what();
+            notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+            ++failed;
+          };
+          if (col.on_nccl) {
+            try {
+              refusal = agreed_refusal(*net->world, refusal, "the refusals of " + col.name + " on " + cd.meta.name);
+            } catch (const std::exception& ex) {
+              world_failed(ex);
+              continue;
+            }
+          }
+          if (!refusal.empty()) {
+            cell.text = "n/a";
+            cell.note = refusal;
+            na[{col.name, refusal}].push_back(cd.meta.name);
+            continue;
+          }
+          check::Candidate got;
+          if (col.on_nccl) {
+            try {
+              got = run();
+            } catch (const std::exception& ex) {
+              world_failed(ex);
+              continue;
+            }
+          }
+          try {
+            if (!col.on_nccl) got = run();
+            const check::CheckResult res = check::check_candidate(cd, *ep, got, cd.meta.dtype);
+            cell.fail = !res.pass();
+            cell.worst = res.worst_err_bound();
+            cell.text = std::string(cell.fail ? "FAIL " : "PASS ") + fmt_ratio(cell.worst);
+            if (cell.fail)
+              for (const check::TensorCheck& t : res.tensors)
+                if (!t.pass()) {
+                  cell.note = t.m.tensor + (t.missing ? " missing" : " " + (t.mismatches.empty() ? t.m.first_wrong : t.mismatches[0]));
+                  notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": " + cell.note);
+                  break;
+                }
+          } catch (const std::exception& ex) {
+            cell.fail = true;
+            cell.worst = HUGE_VAL;
+            cell.text = "FAIL error";
+            cell.note = ex.what();
+            notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+          }
+          (cell.fail ? failed : passed) += 1;
         }
-        (cell.fail ? failed : passed) += 1;
+      }
+    } catch (const std::exception& e) {
+      // A throw outside a cell (reading a case, its oracle, an allocation) in one process: the
+      // others are told (their next collective ends) instead of waiting for it.
+      if (net->world && net->dead.empty()) net->world->failed(e.what());
+      throw;
+    }
+    if (!quiet) progress.done();
+    if (not_run > 0)
+      notes.push_back("FAIL: the NCCL transport failed at " + dead_at + "; the " + std::to_string(not_run) +
+                      " NCCL cell" + (not_run == 1 ? "" : "s") + " after it were not run");
+    // Every process judged the same gathered outputs against the same oracle: the matrices agree,
+    // and so do the exit statuses. Checked, since a process that judged otherwise would exit
+    // otherwise.
+    if (net->world && net->dead.empty() && by_mpi) {
+      std::string digest = std::to_string(passed) + " passed, " + std::to_string(failed) + " failed";
+      for (const auto& row : cells)
+        for (const Cell& cell : row) digest += "|" + cell.text;
+      try {
+        const std::vector<std::vector<char>> all =
+            net->world->allgather([&](int) { return std::vector<char>(digest.begin(), digest.end()); }, "the matrices");
+        for (size_t r = 0; r < all.size(); ++r) {
+          const std::string theirs(all[r].begin(), all[r].end());
+          if (theirs == digest) continue;
+          notes.push_back("FAIL: rank " + std::to_string(r) + " judged the matrix otherwise (" +
+                          theirs.substr(0, theirs.find('|')) + ")");
+          ++failed;
+        }
+      } catch (const std::exception& ex) {
+        net->world->failed(ex.what());
+        notes.push_back(std::string("FAIL: the matrices of the processes could not be compared: ") + ex.what());
+        ++failed;
       }
     }
-    progress.done();
     // A matrix of '-' and 'n/a' checked nothing: it must not pass.
     std::string nothing_judged;
     if (passed + failed == 0) {
@@ -348,7 +610,8 @@ Command add_conform(CLI::App& app) {
       for (size_t r = 0; r < metas.size(); ++r)
         for (size_t k = 0; k < cols.size(); ++k) {
           const Cell& cell = cells[r][k];
-          Json j = {{"case", metas[r].name}, {"impl", cols[k].name}, {"cell", cell.text}, {"note", cell.note}};
+          Json j = {{"case", metas[r].name}, {"impl", cols[k].name}, {"cell", cell.text}, {"note", cell.note},
+                    {"transport", cols[k].transport}};
           if (cell.text != "-" && cell.text != "n/a") {
             j["pass"] = !cell.fail;
             j["worst_err_bound"] = std::isfinite(cell.worst) ? Json(cell.worst) : Json("inf");
@@ -362,6 +625,7 @@ Command add_conform(CLI::App& app) {
       }
       return failed ? kExitFail : kExitPass;
     }
+    if (!transport_line.empty()) std::printf("%s\n", transport_line.c_str());
     size_t w0 = 4;
     for (const CaseMeta& m : metas) w0 = std::max(w0, m.name.size());
     std::printf("%-*s", static_cast<int>(w0), "case");
