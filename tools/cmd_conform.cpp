@@ -331,6 +331,10 @@ Command add_conform(CLI::App& app) {
     if (nccl && by_mpi && f.world != launch.size)
       fail("world (", f.world, ") must equal the number of processes mpirun started (", launch.size,
            "): leave --world out under mpirun, or run mpirun -np ", f.world);
+    if (nccl && !f.inject.empty()) {
+      const nccl::Injection in = nccl::parse_injection(f.inject);
+      if (in.rank >= f.world) fail("inject-failure (", f.inject, ") names rank ", in.rank, " of a world of ", f.world);
+    }
 #endif
     apply_threads(s->run.threads);
     std::vector<Column> cols;
@@ -431,13 +435,13 @@ Command add_conform(CLI::App& app) {
     std::string transport_line;  // the matrix's first line under NCCL
     if (nccl) {
 #ifdef BURSTLAB_HAVE_NCCL
-      if (!by_mpi && nccl::device_count() < f.world) {
-        const int n = nccl::device_count();
-        fail("transport (nccl) with world (", f.world, ") needs ", f.world,
-             " GPUs in this process (one rank per GPU); it sees ", n, ": use ",
-             n > 0 ? "--world " + std::to_string(n) + ", or " : std::string(),
-             "one process per GPU on a machine with ", f.world, " GPUs: mpirun -np ", f.world,
-             " burstlab conform --transport nccl ...");
+      if (const int n = nccl::device_count(); !by_mpi && n < f.world) {
+        const auto gpus = [](int k) { return std::to_string(k) + (k == 1 ? " GPU" : " GPUs"); };
+        fail("transport (nccl) with world (", f.world, ") needs ", gpus(f.world),
+             " in this process (one rank per GPU); it sees ", n, ": ",
+             n > 0 ? "use --world " + std::to_string(n) + ", or " : std::string("run it "),
+             "on a machine with ", gpus(f.world), ", as threads or one process per GPU (mpirun -np ", f.world,
+             " burstlab conform --transport nccl ...)");
       }
       net->world = nccl::nccl_world(f.world, f.gpus_per_node, f.timeout, f.inject);
       transport_line = "transport: NCCL (" + net->world->describe() + "), G=" + std::to_string(f.world);
