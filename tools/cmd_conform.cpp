@@ -282,7 +282,8 @@ Command add_conform(CLI::App& app) {
   s->nccl_only.push_back(sub->add_option(
       "--inject-failure", f.inject,
       "nccl: RANK:STEP[:bwd][:hang] makes that rank fail when it enters step STEP of the forward (:bwd: of the "
-      "backward) of the first cell; :hang makes it stop communicating instead; tests the failure paths"));
+      "backward) of the first cell; :hang makes it stop communicating instead; tests the failure paths (as "
+      "threads, the next cell runs on a new world without it)"));
   sub->add_flag("--json", s->json, "one JSON object per cell instead of the matrix");
   add_threads_flag(sub, s->run);
   sub->footer(
@@ -294,13 +295,14 @@ Command add_conform(CLI::App& app) {
       "--json: one object per cell {case, impl, cell, note, transport, pass, worst_err_bound}; transport is\n"
       "sim or nccl for a distributed column, none for one device.\n\n"
       "--transport nccl judges every schedule through the real transport: the columns are the algorithms on\n"
-      "the engines in device memory (cuda), each case's sessions run on one NCCL world that every cell\n"
-      "reuses, and the other columns are left out. Without mpirun the ranks are threads of this process, one\n"
+      "the engines in device memory (cuda), every cell's session runs on one NCCL world made before the\n"
+      "first case, and the other columns are left out. Without mpirun the ranks are threads of this process, one\n"
       "per GPU (--world at most the GPUs it sees). Under mpirun -np G every process runs the same cases and\n"
       "columns in the same order and gathers every rank's outputs; each cell's refusals (n/a) are agreed\n"
       "between the processes, rank 0 alone prints, and every process exits with the same status. A throw\n"
-      "inside the world (a rank's failure, --timeout) fails that cell and aborts the communicators: the\n"
-      "NCCL cells after it are FAIL 'not run', and under mpirun every process then ends with a non-zero exit.\n\n"
+      "inside the world (a rank's failure, --timeout) fails that cell and aborts the communicators: as\n"
+      "threads the next cell runs on a new world; under mpirun the NCCL cells after it are FAIL 'not run'\n"
+      "and every process ends with a non-zero exit.\n\n"
       "Examples:\n"
       "  burstlab conform                                   the quick suite, generated in memory, fp64 and fp32\n"
       "  burstlab conform --case cases --impl cpu,ring       the cases `burstlab gen --out cases` wrote\n"
@@ -494,18 +496,33 @@ Command add_conform(CLI::App& app) {
           } catch (const Error& ex) {
             refusal = ex.what();
           }
-          // A throw inside the NCCL world: that cell fails, the world is no longer usable, and the
-          // other processes are told (their next wait ends) instead of waiting for this one.
+          // A throw inside the NCCL world: that cell fails and its communicators are aborted. As
+          // threads of this process the next cell gets a new world (without the injection, which
+          // fired); under mpirun the other processes are told (their next wait ends) and this one
+          // ends non-zero at exit, so no further cell runs on it.
           const auto world_failed = [&](const std::exception& ex) {
-            net->dead = ex.what();
-            dead_at = col.name + " on " + cd.meta.name;
-            net->world->failed(ex.what());
             cell.fail = true;
             cell.worst = HUGE_VAL;
             cell.text = "FAIL error";
             cell.note = ex.what();
             notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
             ++failed;
+            net->world->failed(ex.what());
+            dead_at = col.name + " on " + cd.meta.name;
+#ifdef BURSTLAB_HAVE_NCCL
+            if (!by_mpi) {
+              try {
+                net->world.reset();  // aborted communicators are freed, not finalized
+                net->world = nccl::nccl_world(f.world, f.gpus_per_node, f.timeout, "");
+                notes.push_back("the NCCL world was made anew after " + dead_at);
+                return;
+              } catch (const std::exception& again) {
+                net->dead = std::string("a new world after ") + ex.what() + " failed too: " + again.what();
+                return;
+              }
+            }
+#endif
+            net->dead = ex.what();
           };
           if (col.on_nccl) {
             try {

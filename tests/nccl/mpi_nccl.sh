@@ -278,5 +278,52 @@ expect_failure "mpirun injected hang, --timeout 5" 60 "did not complete within t
   "${launch[@]}" "$bin" run --transport nccl --algo burst --inject-failure 1:0:hang --timeout 5 "${shape[@]}" \
   --dtype bf16 --partition zigzag --mask causal
 
+# ---- 4. conform through NCCL (checks mode) ------------------------------------------------------
+# `burstlab conform --transport nccl`: the quick suite's cases (the adversarial ones included),
+# every algorithm's column on the cuda engine, judged by the fp64 oracle, in bf16 and in fp16,
+# under mpirun (one process per GPU) and, with 2 GPUs or more, as threads of one process. Passes
+# when it exits 0, prints one matrix (rank 0 alone) under its "transport: NCCL" line, and ends with
+# "N passed, 0 failed", N >= 1 ('n/a' cells are the algorithms' refusals, listed under the matrix).
+# Then the failure path: rank 1 throws, or hangs, in the first cell; every process ends non-zero
+# within the bound (under mpirun the later cells are reported 'not run'; as threads they run on a
+# new world).
+conform_run() {  # name, then the command
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$@" >"$log" 2>&1
+  local rc=$? t=$(( $(date +%s) - t0 ))
+  local summary matrices
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | head -1)
+  matrices=$(grep -c '^case ' "$log")
+  # a FAIL cell or note line ("PASS/FAIL" in the summary line is neither)
+  if [ $rc -eq 0 ] && ! grep -qE '(^|[[:space:]])FAIL' "$log" && [[ $summary =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]] &&
+     [ "$matrices" -eq 1 ] && grep -q '^transport: NCCL (' "$log"; then
+    echo "pass $name (${t}s): $(grep -m1 '^transport: ' "$log"); ${summary%% (*}; $(grep -c '^n/a ' "$log") n/a groups"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name (exit $rc, ${t}s, $matrices matrices, '$summary')"; sed 's/^/    /' "$log" | tail -60
+    failures=$((failures + 1))
+  fi
+}
+for dt in bf16 fp16; do
+  conform_run "conform mpirun np=$np quick $dt" "${launch[@]}" "$bin" conform --transport nccl --dtype $dt
+  [ "$gpus" -ge 2 ] &&
+    conform_run "conform threads world=2 quick $dt" "$bin" conform --transport nccl --world 2 --dtype $dt
+done
+conform_run "conform mpirun np=$np quick bf16 zigzag" "${launch[@]}" "$bin" conform --transport nccl --dtype bf16 \
+  --partition zigzag
+expect_failure "conform mpirun injected failure" 60 "(--inject-failure 1:0)" "forward step 0: injected failure" \
+  "were not run||MPI_ABORT was invoked on rank 1" -- \
+  "${launch[@]}" "$bin" conform --transport nccl --impl ring --dtype bf16 --inject-failure 1:0 --timeout 60
+expect_failure "conform mpirun injected hang, --timeout 5" 60 "did not complete within the timeout of 5.0 s" -- \
+  "${launch[@]}" "$bin" conform --transport nccl --impl ring --dtype bf16 --inject-failure 1:0:hang --timeout 5
+if [ "$gpus" -ge 2 ]; then
+  # As threads the failed cell's world is replaced: the other 10 cells run and pass.
+  expect_failure "conform threads injected failure" 60 "(--inject-failure 1:0)" \
+    "the NCCL world was made anew after ring/cuda G=2 on 01_full_mha_bf16" "10 passed, 1 failed" -- \
+    "$bin" conform --transport nccl --world 2 --impl ring --dtype bf16 --inject-failure 1:0 --timeout 60
+fi
+# ---- end of 4 -----------------------------------------------------------------------------------
+
 echo "$passed passed, $failures failed"
 [ $failures -eq 0 ]
