@@ -302,7 +302,27 @@ void Session<T>::backward() {
 }
 
 template <class T>
-DistResult<T> Session<T>::result() const {
+void Session<T>::read_output(int r, Output which, int64_t at, int64_t n, void* host) const {
+  if (r < 0 || r >= plan_.o.world || !e_[r]) fail("read_output: rank ", r, " is not held by this process");
+  const Shard<T>& x = shards_[r];
+  auto read = [&](const auto& b, const char* name) {
+    using U = std::remove_pointer_t<decltype(b.data)>;
+    if (!b.data) fail("read_output: rank ", r, "'s ", name, " has not been computed");
+    if (at < 0 || n < 0 || at + n > b.n)
+      fail("read_output: elements [", at, ", ", at + n, ") of rank ", r, "'s ", name, " (", b.n, ")");
+    download(*e_[r], static_cast<U*>(host), b.data + at, n);
+  };
+  switch (which) {
+    case Output::O: return read(x.O, "O");
+    case Output::LSE: return read(x.LSE, "LSE");
+    case Output::dQ: return read(x.dQ, "dQ");
+    case Output::dK: return read(x.dK, "dK");
+    case Output::dV: return read(x.dV, "dV");
+  }
+}
+
+template <class T>
+DistResult<T> Session<T>::result(bool outputs) const {
   using A = acc_t<T>;
   const Problem& p = plan_.p;
   const bool backward = plan_.o.backward;
@@ -321,7 +341,7 @@ DistResult<T> Session<T>::result() const {
   };
   res.O.resize(G);
   res.LSE.resize(G);
-  if (backward) {
+  if (backward && outputs) {
     res.dQ.resize(G);
     res.dK.resize(G);
     res.dV.resize(G);
@@ -341,13 +361,18 @@ DistResult<T> Session<T>::result() const {
   };
   bool all_here = true;
   for (int r = 0; r < G; ++r) all_here = all_here && w_->holds(r);
-  for (int r = 0; r < G; ++r)
-    if (e_[r]) download_rank(r);
+  if (outputs)
+    for (int r = 0; r < G; ++r)
+      if (e_[r]) download_rank(r);
   if (all_here) return res;
   // The other processes' ranks: every process sends its ranks' outputs and logs to every other.
   const std::vector<std::vector<char>> all = w_->allgather(
       [&](int r) {
         std::vector<char> b;
+        if (!outputs) {
+          put_log(b, logs_[r]);
+          return b;
+        }
         put(b, res.O[r].data);
         put(b, res.LSE[r].data);
         if (backward) {
@@ -358,10 +383,14 @@ DistResult<T> Session<T>::result() const {
         put_log(b, logs_[r]);
         return b;
       },
-      "the ranks' outputs and logs");
+      outputs ? "the ranks' outputs and logs" : "the ranks' logs");
   for (int k = 0; k < G; ++k) {
     if (w_->holds(k)) continue;
     size_t at = 0;
+    if (!outputs) {
+      res.logs[k] = take_log(all[k], at);
+      continue;
+    }
     const int64_t nq = res.qp.local_size(k), nk = res.kp.local_size(k);
     auto t4 = [&](auto u, int64_t H, int64_t n) {
       using U = decltype(u);

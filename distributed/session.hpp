@@ -38,6 +38,9 @@ struct DistResult {
   std::vector<std::vector<Transfer>> logs;  // [rank]
 };
 
+// One of a rank's outputs (DistResult's members).
+enum class Output { O, LSE, dQ, dK, dV };
+
 // Makes one rank's engine; called on that rank's thread with its device current.
 template <class T>
 using EngineMaker = std::function<std::unique_ptr<Engine<T>>()>;
@@ -72,8 +75,13 @@ class Session {
   // One rank's pass of `phase` on `comm` (what forward() and backward() run on every rank).
   void rank_pass(Phase phase, Communicator& comm);
   // Every rank's outputs and logs so far, on every process (a World of several processes
-  // gathers them: a collective).
-  DistResult<T> result() const;
+  // gathers them: a collective). outputs = false: the logs alone (O, LSE, dQ, dK, dV empty), for
+  // a caller that reads what it needs of the held ranks' outputs with read_output.
+  DistResult<T> result(bool outputs = true) const;
+  // Elements [at, at + n) of held rank r's output `which` where it lies in engine memory, BHSD
+  // over the rank's local length (O in T, the others in acc_t<T>), into host (n of that type):
+  // a reader of a few rows never downloads a whole shard.
+  void read_output(int r, Output which, int64_t at, int64_t n, void* host) const;
   const std::vector<std::string>& errors() const { return errors_; }
   const Plan& plan() const { return plan_; }
   const Partition& qp() const { return plan_.qp; }

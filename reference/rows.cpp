@@ -275,11 +275,59 @@ RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, c
   return out;
 }
 
+void validate_columns(const Problem& p, const std::vector<ColumnId>& columns) {
+  for (const ColumnId& q : columns)
+    if (q.b < 0 || q.b >= p.B || q.h < 0 || q.h >= p.H_kv || q.j < 0 || q.j >= p.N_k)
+      fail("column (b=", q.b, ", h=", q.h, ", j=", q.j, ") must lie in (B, H_kv, N_k) = (", p.B, ", ", p.H_kv, ", ",
+           p.N_k, ")");
+}
+
+// RunRows of a run's O (any accessor) and LSE: each row's d values of dO and O through row_D.
+template <class A, class OA>
+RunRows run_rows_on(const Problem& p, const A& dO, const OA& O, View3<const double> LSE,
+                    const std::vector<ColumnId>& columns) {
+  validate_columns(p, columns);
+  const int64_t N_q = p.N_q, d = p.d;
+  RunRows run;
+  run.heads = column_heads(p, columns);
+  const int64_t nh = static_cast<int64_t>(run.heads.size());
+  run.LSE.assign(static_cast<size_t>(nh * N_q), 0.0);
+  run.D.assign(static_cast<size_t>(nh * N_q), 0.0);
+  run.Dmag.assign(static_cast<size_t>(nh * N_q), 0.0);
+  FirstError err;
+#pragma omp parallel for schedule(static) if (nh * N_q * d >= 65536)
+  for (int64_t t = 0; t < nh; ++t) err.run([&] {
+    const int64_t b = run.heads[t] / p.H_q, h = run.heads[t] % p.H_q;
+    std::vector<double> dOr(static_cast<size_t>(d)), Or(static_cast<size_t>(d));
+    for (int64_t i = 0; i < N_q; ++i) {
+      for (int64_t k = 0; k < d; ++k) {
+        dOr[k] = dO(b, h, i, k);
+        Or[k] = O(b, h, i, k);
+      }
+      row_D(dOr.data(), Or.data(), d, &run.D[t * N_q + i], &run.Dmag[t * N_q + i]);
+      run.LSE[t * N_q + i] = LSE(b, h, i);
+    }
+  });
+  err.rethrow();
+  return run;
+}
+
+// RunRows must hold the sample's heads, N_q values each.
+void validate_run_rows(const Problem& p, const RunRows& run, const std::vector<ColumnId>& columns) {
+  if (run.heads != column_heads(p, columns))
+    fail("RunRows holds ", run.heads.size(), " (b, q-head)s, not the ", column_heads(p, columns).size(),
+         " of the sampled columns' groups");
+  const size_t n = run.heads.size() * static_cast<size_t>(p.N_q);
+  if (run.LSE.size() != n || run.D.size() != n || run.Dmag.size() != n)
+    fail("RunRows: LSE, D, Dmag (", run.LSE.size(), ", ", run.D.size(), ", ", run.Dmag.size(), ") must hold ", n,
+         " values (heads x N_q)");
+}
+
 // eq. (5.3), (5.7) for each sampled column from the run's LSE and D = rowsum(dO o O) of its O,
 // with the conditional bounds eq. (9.10)-(9.13).
-template <class A, class OA>
+template <class A>
 ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, const A& V, const A& dO,
-                              const OA& O, View3<const double> LSE, const std::vector<ColumnId>& columns) {
+                              const RunRows& run, const std::vector<ColumnId>& columns) {
   const MaskData md = compile_mask(p);
   const MaskParams mask = md.params();
   const RuleConstants c = rule_constants(dtype);
@@ -287,40 +335,13 @@ ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A
   const double scale = scale_of(p), ascale = std::fabs(scale);
   const double g_d = c.gamma(double(d)), g_d1 = c.gamma(double(d) + 1), g_d2 = c.gamma(double(d) + 2);
   const double g_exp = c.gamma(16);
-  for (const ColumnId& q : columns)
-    if (q.b < 0 || q.b >= p.B || q.h < 0 || q.h >= p.H_kv || q.j < 0 || q.j >= p.N_k)
-      fail("column (b=", q.b, ", h=", q.h, ", j=", q.j, ") must lie in (B, H_kv, N_k) = (", p.B, ", ", p.H_kv, ", ",
-           p.N_k, ")");
-
-  // D_i (eq. 5.1) of the run's O and sum_k |dO_ik||O_ik|, for the (b, q-head)s of sampled groups.
-  std::map<int64_t, std::vector<double>> Drow, Dmag;  // key b * H_q + h -> (N_q)
-  for (const ColumnId& q : columns)
-    for (int64_t g = 0; g < G; ++g) {
-      Drow[q.b * p.H_q + q.h * G + g];
-      Dmag[q.b * p.H_q + q.h * G + g];
-    }
-  std::vector<int64_t> keys;
-  for (const auto& kv : Drow) keys.push_back(kv.first);
-  for (int64_t key : keys) {
-    Drow[key].assign(static_cast<size_t>(N_q), 0.0);
-    Dmag[key].assign(static_cast<size_t>(N_q), 0.0);
-  }
-  {
-    FirstError err;
-    const int64_t nk = static_cast<int64_t>(keys.size());
-#pragma omp parallel for schedule(static) if (nk * N_q * d >= 65536)
-    for (int64_t t = 0; t < nk; ++t) err.run([&] {
-      const int64_t b = keys[t] / p.H_q, h = keys[t] % p.H_q;
-      std::vector<double>& Dr = Drow.at(keys[t]);
-      std::vector<double>& Dm = Dmag.at(keys[t]);
-      for (int64_t i = 0; i < N_q; ++i)
-        for (int64_t k = 0; k < d; ++k) {
-          Dr[i] += dO(b, h, i, k) * O(b, h, i, k);
-          Dm[i] += std::fabs(dO(b, h, i, k)) * std::fabs(O(b, h, i, k));
-        }
-    });
-    err.rethrow();
-  }
+  validate_columns(p, columns);
+  validate_run_rows(p, run, columns);
+  // The run's N_q values of (b, q-head) bh.
+  auto of = [&](const std::vector<double>& v, int64_t bh) {
+    const size_t t = static_cast<size_t>(std::lower_bound(run.heads.begin(), run.heads.end(), bh) - run.heads.begin());
+    return v.data() + t * static_cast<size_t>(N_q);
+  };
 
   ColumnOracle out;
   out.columns = columns;
@@ -340,11 +361,12 @@ ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A
     bool undefined = false;  // a row that sees j has a non-finite LSE: no P_ij to recompute
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = hk * G + g;
-      const std::vector<double>& Dr = Drow.at(b * p.H_q + h);
-      const std::vector<double>& Dm = Dmag.at(b * p.H_q + h);
+      const double* Dr = of(run.D, b * p.H_q + h);
+      const double* Dm = of(run.Dmag, b * p.H_q + h);
+      const double* Lr = of(run.LSE, b * p.H_q + h);
       for (int64_t i = 0; i < N_q; ++i) {
         if (!visible(mask, i, j)) continue;
-        const double L = LSE(b, h, i);
+        const double L = Lr[i];
         if (!std::isfinite(L)) {
           undefined = true;
           continue;
@@ -421,13 +443,46 @@ RowOracle row_oracle(const Problem& p, const StoredInputs& in, const std::vector
   return row_oracle_on(p, in.dtype, in.Q, in.K, in.V, in.dO, rows, backward);
 }
 
+std::vector<int64_t> column_heads(const Problem& p, const std::vector<ColumnId>& columns) {
+  const int64_t G = group_size(p);
+  std::set<int64_t> heads;
+  for (const ColumnId& q : columns)
+    for (int64_t g = 0; g < G; ++g) heads.insert(q.b * p.H_q + q.h * G + g);
+  return std::vector<int64_t>(heads.begin(), heads.end());
+}
+
+void row_D(const double* dO, const double* O, int64_t d, double* D, double* Dmag) {
+  double s = 0, m = 0;
+  for (int64_t k = 0; k < d; ++k) {
+    s += dO[k] * O[k];  // eq. (5.1)
+    m += std::fabs(dO[k]) * std::fabs(O[k]);
+  }
+  *D = s;
+  *Dmag = m;
+}
+
+RunRows run_rows(const Problem& p, View4<const double> dO, View4<const double> O, View3<const double> LSE,
+                 const std::vector<ColumnId>& columns) {
+  validate(p);
+  validate_q_side(p, "dO", dO);
+  validate_q_side(p, "O", O);
+  validate_rows(p, "LSE", LSE);
+  return run_rows_on(p, dO, O, LSE, columns);
+}
+
+ColumnOracle column_oracle(const Problem& p, const Inputs& in, const RunRows& run, const std::vector<ColumnId>& columns) {
+  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
+  validate_q_side(p, "dO", in.dO.view());
+  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), run, columns);
+}
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns) {
   validate_views(p, in.Q.view(), in.K.view(), in.V.view());
   validate_q_side(p, "dO", in.dO.view());
   validate_q_side(p, "O", O);
   validate_rows(p, "LSE", LSE);
-  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), O, LSE, columns);
+  const RunRows run = run_rows_on(p, in.dO.view(), O, LSE, columns);
+  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), run, columns);
 }
 ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Stored4& O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns) {
@@ -436,7 +491,8 @@ ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Store
   expect_q_side(p, qs);
   validate_stored("O", O, qs);
   validate_rows(p, "LSE", LSE);
-  return column_oracle_on(p, in.dtype, in.Q, in.K, in.V, in.dO, O, LSE, columns);
+  const RunRows run = run_rows_on(p, in.dO, O, LSE, columns);
+  return column_oracle_on(p, in.dtype, in.Q, in.K, in.V, in.dO, run, columns);
 }
 
 namespace {
@@ -449,59 +505,109 @@ void check_holds(const char* name, const int64_t* dim, int rank, int64_t b, int6
            ", d=", d, ")");
 }
 
-// The sampled rows (or columns) of got, (b, h, n_of(id), k) for every id, against want and bound
-// (one d-wide row per id).
+// The d-wide rows of got at (b, h, n_of(id), .) for every id, in the ids' order.
 template <class Id, class N>
-Metrics sampled_metrics(const char* name, const std::vector<Id>& ids, const std::vector<double>& want,
-                        const std::vector<double>& bound, View4<const double> got, N n_of) {
-  Metrics m;
-  m.tensor = name;
+std::vector<double> rows_at(const char* name, const std::vector<Id>& ids, int64_t d, View4<const double> got, N n_of) {
   if (!got.data) fail(name, " (null) must point to data");
-  const int64_t d = ids.empty() ? 0 : static_cast<int64_t>(want.size() / ids.size());
+  std::vector<double> out(ids.size() * static_cast<size_t>(d));
   for (size_t r = 0; r < ids.size(); ++r) {
     const int64_t b = ids[r].b, h = ids[r].h, n = n_of(ids[r]);
     check_holds(name, got.dim, 4, b, h, n, d);
+    for (int64_t k = 0; k < d; ++k) out[r * d + k] = got(b, h, n, k);
+  }
+  return out;
+}
+std::vector<double> lse_at(const std::vector<RowId>& rows, View3<const double> LSE) {
+  if (!LSE.data) fail("LSE (null) must point to data");
+  std::vector<double> out(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowId& q = rows[r];
+    check_holds("LSE", LSE.dim, 3, q.b, q.h, q.i, 0);
+    out[r] = LSE(q.b, q.h, q.i);
+  }
+  return out;
+}
+const auto row_i = [](const RowId& x) { return x.i; };
+const auto column_j = [](const ColumnId& x) { return x.j; };
+
+// The sampled rows (or columns) got, one d-wide row per id in the ids' order, against want and
+// bound; first_wrong names (b, h, n_of(id), k).
+template <class Id, class N>
+Metrics sampled_metrics(const char* name, const std::vector<Id>& ids, const std::vector<double>& want,
+                        const std::vector<double>& bound, const std::vector<double>& got, N n_of) {
+  Metrics m;
+  m.tensor = name;
+  if (got.size() != want.size())
+    fail(name, " holds ", got.size(), " sampled values, not the ", want.size(), " of the sample");
+  const int64_t d = ids.empty() ? 0 : static_cast<int64_t>(want.size() / ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const int64_t b = ids[r].b, h = ids[r].h, n = n_of(ids[r]);
     for (int64_t k = 0; k < d; ++k) {
       const int64_t idx[4] = {b, h, n, k};
-      compare_element(m, got(b, h, n, k), want[r * d + k], bound[r * d + k], idx, 4);
+      compare_element(m, got[r * d + k], want[r * d + k], bound[r * d + k], idx, 4);
     }
   }
   return m;
 }
-Metrics rows_metrics(const char* name, const std::vector<RowId>& rows, const std::vector<double>& want,
-                     const std::vector<double>& bound, View4<const double> got) {
-  return sampled_metrics(name, rows, want, bound, got, [](const RowId& x) { return x.i; });
-}
-Metrics columns_metrics(const char* name, const std::vector<ColumnId>& cols, const std::vector<double>& want,
-                        const std::vector<double>& bound, View4<const double> got) {
-  return sampled_metrics(name, cols, want, bound, got, [](const ColumnId& x) { return x.j; });
-}
+int64_t width(size_t values, size_t ids) { return ids == 0 ? 0 : static_cast<int64_t>(values / ids); }
 }  // namespace
 
-std::vector<Metrics> check_rows_forward(const RowOracle& want, View4<const double> O, View3<const double> LSE) {
+SampledOutputs sampled_outputs(const Sample& s, int64_t d, View4<const double> O, View3<const double> LSE,
+                               View4<const double> dQ, View4<const double> dK, View4<const double> dV) {
+  SampledOutputs got;
+  if (O.data) got.O = rows_at("O", s.rows, d, O, row_i);
+  if (LSE.data) got.LSE = lse_at(s.rows, LSE);
+  if (dQ.data) got.dQ = rows_at("dQ", s.rows, d, dQ, row_i);
+  if (dK.data) got.dK = rows_at("dK", s.columns, d, dK, column_j);
+  if (dV.data) got.dV = rows_at("dV", s.columns, d, dV, column_j);
+  return got;
+}
+
+std::vector<Metrics> check_rows_forward(const RowOracle& want, const SampledOutputs& got) {
   std::vector<Metrics> out;
-  out.push_back(rows_metrics("O", want.rows, want.O, want.bound_O, O));
+  out.push_back(sampled_metrics("O", want.rows, want.O, want.bound_O, got.O, row_i));
   Metrics m;
   m.tensor = "LSE";
-  if (!LSE.data) fail("LSE (null) must point to data");
+  if (got.LSE.size() != want.LSE.size())
+    fail("LSE holds ", got.LSE.size(), " sampled values, not the ", want.LSE.size(), " of the sample");
   for (size_t r = 0; r < want.rows.size(); ++r) {
     const RowId& q = want.rows[r];
-    check_holds("LSE", LSE.dim, 3, q.b, q.h, q.i, 0);
     const int64_t idx[3] = {q.b, q.h, q.i};
-    compare_element(m, LSE(q.b, q.h, q.i), want.LSE[r], want.bound_LSE[r], idx, 3);
+    compare_element(m, got.LSE[r], want.LSE[r], want.bound_LSE[r], idx, 3);
   }
   out.push_back(m);
   return out;
 }
 
+std::vector<Metrics> check_rows_backward(const RowOracle& want, const SampledOutputs& got) {
+  if (want.dQ.size() != want.O.size()) fail("check_rows_backward: the row oracle was run with backward = false");
+  return {sampled_metrics("dQ", want.rows, want.dQ, want.bound_dQ, got.dQ, row_i)};
+}
+
+std::vector<Metrics> check_columns(const ColumnOracle& want, const SampledOutputs& got) {
+  return {sampled_metrics("dK", want.columns, want.dK, want.bound_dK, got.dK, column_j),
+          sampled_metrics("dV", want.columns, want.dV, want.bound_dV, got.dV, column_j)};
+}
+
+std::vector<Metrics> check_rows_forward(const RowOracle& want, View4<const double> O, View3<const double> LSE) {
+  SampledOutputs got;
+  got.O = rows_at("O", want.rows, width(want.O.size(), want.rows.size()), O, row_i);
+  got.LSE = lse_at(want.rows, LSE);
+  return check_rows_forward(want, got);
+}
+
 std::vector<Metrics> check_rows_backward(const RowOracle& want, View4<const double> dQ) {
   if (want.dQ.size() != want.O.size()) fail("check_rows_backward: the row oracle was run with backward = false");
-  return {rows_metrics("dQ", want.rows, want.dQ, want.bound_dQ, dQ)};
+  SampledOutputs got;
+  got.dQ = rows_at("dQ", want.rows, width(want.dQ.size(), want.rows.size()), dQ, row_i);
+  return check_rows_backward(want, got);
 }
 
 std::vector<Metrics> check_columns(const ColumnOracle& want, View4<const double> dK, View4<const double> dV) {
-  return {columns_metrics("dK", want.columns, want.dK, want.bound_dK, dK),
-          columns_metrics("dV", want.columns, want.dV, want.bound_dV, dV)};
+  SampledOutputs got;
+  got.dK = rows_at("dK", want.columns, width(want.dK.size(), want.columns.size()), dK, column_j);
+  got.dV = rows_at("dV", want.columns, width(want.dV.size(), want.columns.size()), dV, column_j);
+  return check_columns(want, got);
 }
 
 SampledOracle sampled_oracle(const Problem& p, const Inputs& in, int64_t K, uint64_t seed, bool backward) {
@@ -511,11 +617,23 @@ SampledOracle sampled_oracle(const Problem& p, const Inputs& in, int64_t K, uint
   return s;
 }
 
+std::vector<Metrics> check_sampled_forward(const SampledOracle& s, const SampledOutputs& got) {
+  return check_rows_forward(s.rows, got);
+}
+
+std::vector<Metrics> check_sampled_backward(const SampledOracle& s, const Problem& p, const Inputs& in,
+                                            const RunRows& run, const SampledOutputs& got) {
+  std::vector<Metrics> out = check_rows_backward(s.rows, got);
+  const ColumnOracle cols = column_oracle(p, in, run, s.sample.columns);
+  for (Metrics& m : check_columns(cols, got)) out.push_back(m);
+  return out;
+}
+
 std::vector<Metrics> check_sampled_forward(const SampledOracle& s, const Problem& p, View4<const double> O,
                                            View3<const double> LSE) {
   validate_q_side(p, "O", O);
   validate_rows(p, "LSE", LSE);
-  return check_rows_forward(s.rows, O, LSE);
+  return check_sampled_forward(s, sampled_outputs(s.sample, p.d, O, LSE, {}, {}, {}));
 }
 
 std::vector<Metrics> check_sampled_backward(const SampledOracle& s, const Problem& p, const Inputs& in,
@@ -525,10 +643,8 @@ std::vector<Metrics> check_sampled_backward(const SampledOracle& s, const Proble
   validate_q_side(p, "dQ", dQ);
   validate_kv_side(p, "dK", dK);
   validate_kv_side(p, "dV", dV);
-  std::vector<Metrics> out = check_rows_backward(s.rows, dQ);
-  const ColumnOracle cols = column_oracle(p, in, O, LSE, s.sample.columns);
-  for (Metrics& m : check_columns(cols, dK, dV)) out.push_back(m);
-  return out;
+  return check_sampled_backward(s, p, in, run_rows(p, in.dO.view(), O, LSE, s.sample.columns),
+                                sampled_outputs(s.sample, p.d, {}, {}, dQ, dK, dV));
 }
 
 }  // namespace burstlab

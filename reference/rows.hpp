@@ -5,8 +5,10 @@
 //            §9 bounds of those rows (eq. 9.3, 9.4, 9.9);
 //   columns  dK_j, dV_j in fp64 from the inputs and the RUN's own LSE and O (a conditional check,
 //            eq. 9.10-9.13): the accumulation and communication of dK, dV given the forward.
-// Every mask kind (§3), GQA/MQA (§1.3), empty rows (§2.3). Candidates are passed as GLOBAL
-// tensors (B, H, N, d) in any layout: a distributed transport gathers its ranks' shards first.
+// Every mask kind (§3), GQA/MQA (§1.3), empty rows (§2.3). A candidate enters as what the check
+// reads of it, SampledOutputs (its values at the sample) and RunRows (its per-row LSE and D for
+// the column oracle), so a distributed transport sends only those (tools/gather.cpp); the forms
+// over GLOBAL tensors (B, H, N, d) in any layout extract them and call the same code.
 #pragma once
 
 #include <cmath>
@@ -100,6 +102,24 @@ struct ColumnOracle {
   std::vector<double> dK, dV;              // (n, d)
   std::vector<double> bound_dK, bound_dV;  // (n, d)
 };
+
+// What the column oracle reads of a run's forward: for every q-head of a sampled column's group,
+// each row's LSE_i, D_i = rowsum(dO o O)_i (eq. 5.1) and sum_k |dO_ik||O_ik| (eq. 9.11), of the
+// run's own O and LSE. O(B H_q N_q), never (B, H_q, N_q, d).
+struct RunRows {
+  std::vector<int64_t> heads;        // b * H_q + h, ascending: column_heads of the sample
+  std::vector<double> LSE, D, Dmag;  // (heads, N_q)
+};
+// The (b, q-head)s of the sampled columns' groups, b * H_q + h ascending.
+std::vector<int64_t> column_heads(const Problem& p, const std::vector<ColumnId>& columns);
+// D_i and sum_k |dO_ik||O_ik| of one row from its d values of dO and O: the one summation every
+// RunRows uses (global tensors here, a rank's shard in tools/gather.cpp), so both give the same bits.
+void row_D(const double* dO, const double* O, int64_t d, double* D, double* Dmag);
+// RunRows of a run's GLOBAL O (B, H_q, N_q, d) and LSE (B, H_q, N_q) with the inputs' dO.
+RunRows run_rows(const Problem& p, View4<const double> dO, View4<const double> O, View3<const double> LSE,
+                 const std::vector<ColumnId>& columns);
+// The column oracle given RunRows (what the forms below call after run_rows).
+ColumnOracle column_oracle(const Problem& p, const Inputs& in, const RunRows& run, const std::vector<ColumnId>& columns);
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns);
 
@@ -107,8 +127,23 @@ ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const doubl
 ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Stored4& O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns);
 
-// A candidate's GLOBAL outputs at the sampled rows / columns against the oracles, one Metrics per
-// tensor (§9.3; first_wrong names global coordinates).
+// A candidate's outputs at a sample, in the sample's order: all the sampled check reads of its O,
+// LSE, dQ (at the rows) and dK, dV (at the columns); a tensor not fetched stays empty.
+struct SampledOutputs {
+  std::vector<double> O, LSE, dQ;  // at Sample::rows: (K, d), (K), (K, d)
+  std::vector<double> dK, dV;      // at Sample::columns: (K, d)
+};
+// SampledOutputs of GLOBAL tensors, any layout (a view with null data is skipped); throws when a
+// view does not hold a sampled position.
+SampledOutputs sampled_outputs(const Sample& s, int64_t d, View4<const double> O, View3<const double> LSE,
+                               View4<const double> dQ, View4<const double> dK, View4<const double> dV);
+
+// A candidate at the sampled rows / columns against the oracles, one Metrics per tensor (§9.3;
+// first_wrong names global coordinates).
+std::vector<Metrics> check_rows_forward(const RowOracle& want, const SampledOutputs& got);
+std::vector<Metrics> check_rows_backward(const RowOracle& want, const SampledOutputs& got);
+std::vector<Metrics> check_columns(const ColumnOracle& want, const SampledOutputs& got);
+// The same on GLOBAL outputs (sampled_outputs, then the above).
 std::vector<Metrics> check_rows_forward(const RowOracle& want, View4<const double> O, View3<const double> LSE);
 std::vector<Metrics> check_rows_backward(const RowOracle& want, View4<const double> dQ);
 std::vector<Metrics> check_columns(const ColumnOracle& want, View4<const double> dK, View4<const double> dV);
@@ -121,6 +156,12 @@ struct SampledOracle {
 };
 SampledOracle sampled_oracle(const Problem& p, const Inputs& in, int64_t K, uint64_t seed, bool backward);
 // O, LSE on the sampled rows.
+std::vector<Metrics> check_sampled_forward(const SampledOracle& s, const SampledOutputs& got);
+// dQ on the sampled rows; dK, dV on the sampled columns against column_oracle(run) of the
+// candidate's own forward.
+std::vector<Metrics> check_sampled_backward(const SampledOracle& s, const Problem& p, const Inputs& in,
+                                            const RunRows& run, const SampledOutputs& got);
+// The same on GLOBAL outputs (sampled_outputs and run_rows, then the above).
 std::vector<Metrics> check_sampled_forward(const SampledOracle& s, const Problem& p, View4<const double> O,
                                            View3<const double> LSE);
 // dQ on the sampled rows; dK, dV on the sampled columns against column_oracle(O, LSE) of the

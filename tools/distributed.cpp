@@ -42,8 +42,9 @@ std::shared_ptr<dist::World> make_world(const DistFlags& f, const dist::AlgoOpti
 }
 
 // One Session on the transport's World: one plan, one engine per device, every pass timed
-// whole; each fetch gathers every rank's outputs (a collective under mpirun) and keeps the
-// logs and exposed wait times for the bytes table.
+// whole; each fetch (a collective under mpirun) keeps the logs and exposed wait times for the
+// bytes table and gathers every rank's outputs for the full oracle, or for the row-sampled check
+// (spec §9.11) only the sample's rows and columns and the rows' LSE and D (gather.hpp).
 template <class T>
 Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, std::shared_ptr<DistRun> st,
                    const DistFlags& f, const std::string& name, const EngineMakers& mk) {
@@ -67,9 +68,9 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   st->reports.push_back(rep);
   s->report = st->reports.size() - 1;
   // A failure while fetching (after the passes) still tells the other processes.
-  auto fetch = [s, st](dist::Phase phase, const std::function<void(const dist::DistResult<T>&)>& take) {
+  auto fetch = [s, st](dist::Phase phase, bool outputs, const std::function<void(const dist::DistResult<T>&)>& take) {
     try {
-      const dist::DistResult<T> res = s->session->result();
+      const dist::DistResult<T> res = s->session->result(outputs);
       take(res);
       DistReport& r = st->reports[s->report];
       r.logs = res.logs;
@@ -89,18 +90,30 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
   r.forward = timed([s] { s->session->forward(); });
   r.backward = timed([s] { s->session->backward(); });
   r.fetch_forward = [fetch](Tensor4<double>& O, Tensor3<double>& LSE) {
-    fetch(dist::Phase::Forward, [&](const dist::DistResult<T>& res) {
+    fetch(dist::Phase::Forward, true, [&](const dist::DistResult<T>& res) {
       GatheredOutputs g = gather_outputs(res, true, false);
       O = std::move(g.O);
       LSE = std::move(g.LSE);
     });
   };
   r.fetch_backward = [fetch](Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV) {
-    fetch(dist::Phase::Backward, [&](const dist::DistResult<T>& res) {
+    fetch(dist::Phase::Backward, true, [&](const dist::DistResult<T>& res) {
       GatheredOutputs g = gather_outputs(res, false, true);
       dQ = std::move(g.dQ);
       dK = std::move(g.dK);
       dV = std::move(g.dV);
+    });
+  };
+  // The sampled check's reads: the held ranks' rows from engine memory, the logs alone gathered.
+  const View4<const double> dO = in.dO.view();
+  r.fetch_sampled_forward = [fetch, s, p, dO](const Sample& smp, bool columns, SampledOutputs& got, RunRows& run) {
+    fetch(dist::Phase::Forward, false, [&](const dist::DistResult<T>& res) {
+      sampled_forward(*s->world, p, res.qp, smp, session_reader(*s->session), dO, got, columns ? &run : nullptr);
+    });
+  };
+  r.fetch_sampled_backward = [fetch, s, p](const Sample& smp, SampledOutputs& got) {
+    fetch(dist::Phase::Backward, false, [&](const dist::DistResult<T>& res) {
+      sampled_backward(*s->world, p, res.qp, res.kp, smp, session_reader(*s->session), got);
     });
   };
   return r;

@@ -22,6 +22,7 @@
 #include "harness.hpp"
 #include "lmhead_check.hpp"  // LmHeadInputs
 #include "resources.hpp"     // Footprint
+#include "rows.hpp"          // Sample, SampledOutputs, RunRows
 
 namespace burstlab::tools {
 
@@ -53,6 +54,12 @@ struct Runner {
   std::function<double()> fused;
   std::function<void(Tensor4<double>& O, Tensor3<double>& LSE)> fetch_forward;
   std::function<void(Tensor4<double>& dQ, Tensor4<double>& dK, Tensor4<double>& dV)> fetch_backward;
+  // What the row-sampled check (spec §9.11) reads, where an implementation provides it (a
+  // distributed run: only the sample and the rows' LSE and D cross processes, gather.hpp);
+  // otherwise run_case takes it from fetch_forward / fetch_backward. columns: also the RunRows
+  // of this forward for the backward's column check.
+  std::function<void(const Sample& s, bool columns, SampledOutputs& got, RunRows& run)> fetch_sampled_forward;
+  std::function<void(const Sample& s, SampledOutputs& got)> fetch_sampled_backward;
   std::function<void(double& L, std::vector<double>& LSE)> fetch_loss;
   std::function<void(Matrix<double>& dH, Matrix<double>& dW)> fetch_grads;
   int64_t dW_roundings = 1;              // r_W of (10.21): partial sums of dW rounded to the storage type

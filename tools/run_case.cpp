@@ -56,36 +56,74 @@ Checker attention_checker(const Case& c, int threads) {
     *want = run_oracle(c.p, *in, c.pass.bwd);
     check::require_finite_oracle(c.p, *want, c.pass.bwd, "the fp64 oracle", "scale (--scale)");
   }
-  // The run's forward outputs, kept for the sampled column check of its backward (spec §9.11).
-  struct Forward {
+  // What the sampled column check reads of the run's forward (spec §9.11), kept for its backward.
+  struct Kept {
+    bool have = false;
+    RunRows run;
+  };
+  auto kept = std::make_shared<Kept>();
+  // The run at the sample: from the implementation's own sampled fetch (a distributed run), or
+  // from its global outputs.
+  auto sampled_forward = [&c, in](const Runner& run, const Sample& s, bool columns, SampledOutputs& got, RunRows& rr) {
+    if (run.fetch_sampled_forward) return run.fetch_sampled_forward(s, columns, got, rr);
     Tensor4<double> O;
     Tensor3<double> LSE;
+    run.fetch_forward(O, LSE);
+    validate_q_side(c.p, "O", as_const(O.view()));
+    validate_rows(c.p, "LSE", as_const(LSE.view()));
+    got = sampled_outputs(s, c.p.d, as_const(O.view()), as_const(LSE.view()), {}, {}, {});
+    if (columns) rr = run_rows(c.p, as_const(in->dO.view()), as_const(O.view()), as_const(LSE.view()), s.columns);
   };
-  auto kept = std::make_shared<Forward>();
+  auto sampled_backward = [&c](const Runner& run, const Sample& s, SampledOutputs& got) {
+    if (run.fetch_sampled_backward) return run.fetch_sampled_backward(s, got);
+    Tensor4<double> dQ, dK, dV;
+    run.fetch_backward(dQ, dK, dV);
+    validate_q_side(c.p, "dQ", as_const(dQ.view()));
+    validate_kv_side(c.p, "dK", as_const(dK.view()));
+    validate_kv_side(c.p, "dV", as_const(dV.view()));
+    const SampledOutputs g = sampled_outputs(s, c.p.d, {}, {}, as_const(dQ.view()), as_const(dK.view()), as_const(dV.view()));
+    got.dQ = g.dQ;
+    got.dK = g.dK;
+    got.dV = g.dV;
+  };
   Checker k;
   k.prepare = [&c, in, kept](const Impl& m) {
-    *kept = Forward();
+    *kept = Kept();
     return m.prepare(c.p, *in, c.opt);
   };
   k.bytes = [&c, threads](const Impl& m) {
     return m.footprint ? make_need("", m.footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0;
   };
-  k.check = [&c, want, sampled_want, sampled, kept, in](const Runner& run, const std::string& pass) {
-    const bool keep = sampled && c.pass.bwd;
-    if (pass == "fwd") {
-      Forward f;
-      run.fetch_forward(f.O, f.LSE);
-      std::vector<Metrics> m = sampled ? check_sampled_forward(*sampled_want, c.p, as_const(f.O.view()), as_const(f.LSE.view()))
-                                       : check_forward(*want, f.O, f.LSE);
-      if (keep) *kept = std::move(f);
-      return m;
+  k.check = [&c, want, sampled_want, sampled, kept, in, sampled_forward, sampled_backward](const Runner& run,
+                                                                                           const std::string& pass) {
+    if (!sampled) {
+      if (pass == "fwd") {
+        Tensor4<double> O;
+        Tensor3<double> LSE;
+        run.fetch_forward(O, LSE);
+        return check_forward(*want, O, LSE);
+      }
+      Tensor4<double> dQ, dK, dV;
+      run.fetch_backward(dQ, dK, dV);
+      return check_backward(*want, dQ, dK, dV);
     }
-    if (keep && kept->O.data.empty()) run.fetch_forward(kept->O, kept->LSE);
-    Tensor4<double> dQ, dK, dV;
-    run.fetch_backward(dQ, dK, dV);
-    return sampled ? check_sampled_backward(*sampled_want, c.p, *in, as_const(kept->O.view()), as_const(kept->LSE.view()),
-                                            as_const(dQ.view()), as_const(dK.view()), as_const(dV.view()))
-                   : check_backward(*want, dQ, dK, dV);
+    const Sample& s = sampled_want->sample;
+    const bool keep = c.pass.bwd;
+    if (pass == "fwd") {
+      SampledOutputs got;
+      RunRows rr;
+      sampled_forward(run, s, keep, got, rr);
+      if (keep) *kept = Kept{true, std::move(rr)};
+      return check_sampled_forward(*sampled_want, got);
+    }
+    if (!kept->have) {
+      SampledOutputs unused;
+      sampled_forward(run, s, true, unused, kept->run);
+      kept->have = true;
+    }
+    SampledOutputs got;
+    sampled_backward(run, s, got);
+    return check_sampled_backward(*sampled_want, c.p, *in, kept->run, got);
   };
   return k;
 }
