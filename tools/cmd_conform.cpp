@@ -212,10 +212,11 @@ std::vector<Column> dist_columns(const std::string& partition, const std::vector
 // session the others ran would leave them waiting): the refusal of any process, the lowest
 // rank's, is every process's. One small collective per cell.
 std::string agreed_refusal(dist::World& w, const std::string& mine, const std::string& what) {
+  const std::string sent = "r" + mine;  // never an empty buffer through MPI
   const std::vector<std::vector<char>> all =
-      w.allgather([&](int) { return std::vector<char>(mine.begin(), mine.end()); }, what);
+      w.allgather([&](int) { return std::vector<char>(sent.begin(), sent.end()); }, what);
   for (const std::vector<char>& b : all)
-    if (!b.empty()) return std::string(b.begin(), b.end());
+    if (b.size() > 1) return std::string(b.begin() + 1, b.end());
   return "";
 }
 
