@@ -488,11 +488,28 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       std::shared_ptr<void> o_hold, q_hold, k_hold, v_hold;
       const burstlab_view4 O = scratch(Hq, nq, o_hold), dQ = scratch(Hq, nq, q_hold);
       const burstlab_view4 dK = scratch(Hkv, nk, k_hold), dV = scratch(Hkv, nk, v_hold);
-      const std::shared_ptr<Forward> f = backward_graph(*b, O, dQ, dK, dV, band, tc.handle);
+      // cuDNN before 9.26 takes the backward's statistics only as a packed (B, H, n) tensor; a
+      // block cut from a longer shard (block_split.hpp) has the shard's row strides.
+      burstlab_block packed = *b;
+      std::shared_ptr<void> lse_hold;
+      const burstlab_view3& L = b->LSE;
+      if (L.stride[2] != 1) decline("cuDNN needs unit stride along the rows of LSE");
+      if (L.stride[1] != nq || (Bn > 1 && L.stride[0] != Hq * nq)) {
+        lse_hold = e.allocate(Bn * Hq * nq * int64_t(sizeof(float)));
+        packed.LSE = burstlab_view3{lse_hold.get(), {Bn, Hq, nq}, {Hq * nq, nq, 1}};
+      }
+      const std::shared_ptr<Forward> f = backward_graph(packed, O, dQ, dK, dV, band, tc.handle);
       e.synchronize();  // the engine's stream has written the inputs and the caller's gradients
+      if (lse_hold)
+        for (int64_t i = 0; i < Bn; ++i)
+          check_cuda(cudaMemcpy2DAsync(static_cast<float*>(lse_hold.get()) + i * Hq * nq, size_t(nq) * sizeof(float),
+                                       static_cast<const float*>(L.data) + i * L.stride[0],
+                                       size_t(L.stride[1]) * sizeof(float), size_t(nq) * sizeof(float), size_t(Hq),
+                                       cudaMemcpyDeviceToDevice, tc.stream),
+                     "cudaMemcpy2DAsync (LSE)");
       cudnn_plugin::surrogate_O(b->dtype, b->dO, b->D, O, tc.stream);
       std::unordered_map<int64_t, void*> pack = {{kQ, b->Q.data},  {kK, b->K.data},   {kV, b->V.data},
-                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, b->LSE.data},
+                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, packed.LSE.data},
                                                  {kdQ, dQ.data},   {kdK, dK.data},    {kdV, dV.data}};
       check_fe(f->graph->execute(tc.handle, pack, tc.ensure(f->workspace)), "execute");
       cudnn_plugin::accumulate(b->dtype, b->dQ, dQ, tc.stream);

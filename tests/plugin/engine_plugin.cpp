@@ -111,6 +111,25 @@ Problem problem_of(const burstlab_problem& c) {
   p.scale = c.scale;
   return p;
 }
+// A block's problem, with a MaskSpec that has the parts the call's compiled mask has (band,
+// documents, block-sparse tiles): the CUDA engine checks that the two agree. The compiled arrays,
+// not this spec, decide visibility.
+Problem problem_of(const burstlab_block& b) {
+  Problem p = problem_of(b.problem);
+  const burstlab_mask& m = b.mask;
+  p.mask.window_left = m.left;
+  p.mask.window_right = m.right;
+  if (m.doc) {
+    p.mask.q_segment.assign(size_t(m.N_q), 0);
+    p.mask.k_segment.assign(size_t(m.N_k), 0);
+  }
+  if (m.block) {
+    p.mask.block_q = m.block_q;
+    p.mask.block_k = m.block_k;
+    p.mask.block_mask.assign(size_t((m.N_q + m.block_q - 1) / m.block_q * m.n_block_k), 1);
+  }
+  return p;
+}
 MaskParams mask_of_host(const burstlab_mask& c) {
   MaskParams m;
   m.N_q = c.N_q;
@@ -250,7 +269,7 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
     return with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
       using A = acc_t<T>;
-      e.forward_block(problem_of(b->problem), mask_of(*b), positions_of(b->q), positions_of(b->k),
+      e.forward_block(problem_of(*b), mask_of(*b), positions_of(b->q), positions_of(b->k),
                       view_of<const T>(b->Q), view_of<const T>(b->K), view_of<const T>(b->V), view_of<T>(b->O),
                       view_of<A>(b->LSE), accumulate != 0);
     });
@@ -283,7 +302,7 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
     return with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
       using A = acc_t<T>;
-      e.backward_block(problem_of(b->problem), mask_of(*b), positions_of(b->q), positions_of(b->k),
+      e.backward_block(problem_of(*b), mask_of(*b), positions_of(b->q), positions_of(b->k),
                        view_of<const T>(b->Q), view_of<const T>(b->K), view_of<const T>(b->V),
                        view_of<const T>(b->dO), view_of<const A>(b->LSE), view_of<const A>(b->D), view_of<A>(b->dQ),
                        view_of<A>(b->dK), view_of<A>(b->dV));
