@@ -99,7 +99,7 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Rows of O read at a time for D: the host holds one block of a rank's rows, never its shard.
-constexpr int64_t kBlockRows = 4096;
+constexpr int64_t kBlockRows = 1024;
 
 void put(std::vector<char>& b, const double* v, int64_t n) {
   const char* x = reinterpret_cast<const char*>(v);
