@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -415,8 +416,11 @@ std::vector<std::vector<char>> MpiWorld::allgather(const std::vector<char>& mine
       total += (*counts)[size_t(r)];
     }
     if (total > int64_t(1) << 31) burstlab::fail("allgather of ", total, " bytes in all (at most 2 GiB through MPI)");
-    auto all = std::make_shared<std::vector<char>>(static_cast<size_t>(total));
+    // Both buffers hold at least one byte: MPI may refuse a null address even for a count of 0
+    // (a rank with nothing to send, e.g. no sampled row of a check, or nothing sent by any).
+    auto all = std::make_shared<std::vector<char>>(static_cast<size_t>(std::max<int64_t>(total, 1)));
     auto send = std::make_shared<std::vector<char>>(mine);
+    if (send->empty()) send->push_back(0);
     const std::string data = "MPI_Iallgatherv (" + what + ")";
     mpi_check(MPI_Iallgatherv(send->data(), *n, MPI_BYTE, all->data(), counts->data(), displs.data(), MPI_BYTE,
                               MPI_COMM_WORLD, &rq),
