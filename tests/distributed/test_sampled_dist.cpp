@@ -224,11 +224,17 @@ TEST(SampledDist, HoldsNoGlobalTensor) {
   const int64_t pieces = tools::heap_peak() - base;
   tools::heap_reset_peak();
   base = tools::heap_live();
+  RunRows rg;
   {
     const dist::DistResult<float> res = s.result();
     const GatheredOutputs g = tools::gather_outputs(res, true, true);
+    rg = run_rows(p, in.dO.view(), as_const(g.O.view()), as_const(g.LSE.view()), so.sample.columns);
   }
   const int64_t gathered = tools::heap_peak() - base;
+  // D of blocks of rows formed by several threads: the bits of the one-thread global form.
+  EXPECT_TRUE(same_bits(rg.D, run.D, "RunRows.D"));
+  EXPECT_TRUE(same_bits(rg.Dmag, run.Dmag, "RunRows.Dmag"));
+  EXPECT_TRUE(same_bits(rg.LSE, run.LSE, "RunRows.LSE"));
   std::printf("  heap peak: pieces %lld bytes, gathered %lld bytes, one fp64 global tensor %lld bytes\n",
               static_cast<long long>(pieces), static_cast<long long>(gathered), static_cast<long long>(global));
   EXPECT_LT(pieces, global / 4);
