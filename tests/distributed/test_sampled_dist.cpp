@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_engine.hpp"
@@ -199,6 +203,89 @@ TEST(SampledDist, ACorruptedShardFailsAtTheSameCoordinates) {
     EXPECT_EQ(got.metrics[3].tensor, "dK");
     EXPECT_EQ(got.metrics[3].wrong, 1);
     EXPECT_EQ(got.metrics[3].first_wrong.rfind(coord(col.b, col.h, col.j, 3), 0), 0u) << got.metrics[3].first_wrong;
+  }
+}
+
+// G processes as threads, each holding one rank (as under mpirun): allgather exchanges the byte
+// images through shared slots between two barriers, as MpiWorld's MPI_Iallgatherv does.
+struct Exchange {
+  explicit Exchange(int G) : G(G), slots(size_t(G)) {}
+  int G;
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  int64_t generation = 0;
+  std::vector<std::vector<char>> slots;
+  void barrier() {
+    std::unique_lock<std::mutex> l(m);
+    const int64_t g = generation;
+    if (++arrived == G) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(l, [&] { return generation != g; });
+    }
+  }
+};
+class OneRankWorld : public dist::World {
+ public:
+  OneRankWorld(Exchange& x, int me) : x_(x), me_(me), errors_(size_t(x.G)) {}
+  int size() const override { return x_.G; }
+  bool holds(int r) const override { return r == me_; }
+  void run(const std::function<void(dist::Communicator&)>&) override { fail("OneRankWorld runs no pass"); }
+  const std::vector<std::string>& errors() const override { return errors_; }
+  std::vector<std::vector<char>> allgather(const std::function<std::vector<char>(int r)>& mine,
+                                          const std::string&) override {
+    x_.slots[size_t(me_)] = mine(me_);
+    x_.barrier();
+    std::vector<std::vector<char>> all = x_.slots;
+    x_.barrier();
+    return all;
+  }
+  std::string describe() const override { return "process " + std::to_string(me_) + " of " + std::to_string(x_.G); }
+
+ private:
+  Exchange& x_;
+  int me_;
+  std::vector<std::string> errors_;
+};
+
+// Each process reads only the rank it holds (the result's other ranks are emptied, so a read of
+// one would throw) and every process reaches the verdicts of the gathered check.
+TEST(SampledDist, EachProcessHoldingOneRankReachesTheSameVerdicts) {
+  const Problem p = testutil::make_problem(2, 8, 4, 203, 157, 8, "causal+document:4", 5);
+  const Inputs in = make_inputs(p, Layout::BSHD, Dtype::F32, 6, Values::Normal);
+  const SampledOracle so = sampled_oracle(p, in, 12, 3, true);
+  auto engine = cpu::make_engine<float>(cpu::Tiles{8, 16});
+  const int G = 4;
+  for (const char* algo : {"ring", "ulysses"}) {
+    SCOPED_TRACE(algo);
+    const dist::AlgoOptions o = dist_testutil::options(algo, PartitionKind::Zigzag, G);
+    dist::Session<float> s(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
+    s.forward();
+    s.backward();
+    const dist::DistResult<float> res = s.result();
+    const std::vector<Metrics> want = global_check(so, p, in, res);
+    Exchange x(G);
+    std::vector<std::vector<Metrics>> got(static_cast<size_t>(G));
+    std::vector<std::thread> procs;
+    for (int me = 0; me < G; ++me)
+      procs.emplace_back([&, me] {
+        try {
+          dist::DistResult<float> mine = res;  // this process's view: its own rank's outputs only
+          for (int r = 0; r < G; ++r)
+            if (r != me) mine.O[size_t(r)] = {}, mine.LSE[size_t(r)] = {}, mine.dQ[size_t(r)] = {},
+                         mine.dK[size_t(r)] = {}, mine.dV[size_t(r)] = {};
+          OneRankWorld w(x, me);
+          got[size_t(me)] = pieces_check(w, so, p, in, res.qp, res.kp, tools::result_reader(mine)).metrics;
+        } catch (const std::exception& e) {  // the others would wait at a barrier forever
+          std::fprintf(stderr, "process %d: %s\n", me, e.what());
+          std::abort();
+        }
+      });
+    for (std::thread& t : procs) t.join();
+    for (int me = 0; me < G; ++me) EXPECT_TRUE(same_metrics(want, got[size_t(me)])) << "process " << me;
   }
 }
 
