@@ -2,6 +2,7 @@
 #include "simulate.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "burstlab/error.hpp"
 #include "burstlab/names.hpp"
@@ -23,23 +24,73 @@ const std::vector<Cluster>& cluster_presets() {
     c.flops_per_s = 156e12;
     return c;
   };
-  static const std::vector<Cluster> presets = {
-      make("a100-pcie", "1 node x 8 A100 PCIe 4.0 x16 (32 GB/s)", 1, 8, 10e-6, 32e9, 10e-6, 32e9),
-      make("a100-roce", "4 nodes x 8 A100, NVLink 300 GB/s, 600 Gb/s RoCE per node (75 GB/s shared by 8 GPUs)", 4,
-           8, 5e-6, 300e9, 15e-6, 75e9 / 8),
-      make("a800-32", "4 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 4, 8, 5e-6,
-           200e9, 10e-6, 25e9),
-      make("a800-64", "8 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 8, 8, 5e-6,
-           200e9, 10e-6, 25e9),
+  // The machines this project measures on: one host of 2, 4 or 8 GPUs over NVLink (the same
+  // per-GPU figures). FLOP rates: burstlab's CUDA kernels (auto: v4 forward and backward at
+  // d = 128, what the engine's blocks run) on ONE GPU of that kind, bf16, d = 128, B = 1, counted
+  // as (7.17) over visible pairs; from the rows cited, nothing fitted to distributed runs.
+  // Causal (any masked problem): the whole 32K problem, H = 32, in burstlab-seam-bench's
+  // "one kernel" column (t_whole_ms). Unmasked: H100 from the N = 16K, H = 16 grid of a
+  // gpu-check run (no unmasked 32K one-GPU H100 run is recorded), H200 from the 32K seam rows.
+  // Links: ASSUMED, none measured in this repository: 450 GB/s per direction (the 900 GB/s
+  // bidirectional NVLink 4 of the H100 SXM / H200 data sheets) and 10 us a message; on these
+  // shapes the compute hides them (docs/performance-gpu.md, "The simulator against measurement").
+  auto tflops_32k = [](double f_phase, bool causal, double ms) {  // B = 1, H = 32, N = 32K, d = 128
+    const double N = 32768, pairs = causal ? N * (N + 1) / 2 : N * N;
+    return f_phase * 128 * 32 * pairs / (ms * 1e-3);
   };
+  auto nvlink = [&](const char* name, const char* note, int gpus, double fwd, double bwd, double fwd_full,
+                    double bwd_full) {
+    Cluster c = make(name, note, 1, gpus, 10e-6, 450e9, 0, 0);
+    c.flops_per_s = fwd;
+    c.flops_per_s_backward = bwd;
+    c.flops_per_s_full = fwd_full;
+    c.flops_per_s_backward_full = bwd_full;
+    return c;
+  };
+  // H100 80GB HBM3 (SXM): causal from docs/logs/seam-all-32k-h100.csv lines 2-3 (t_whole_ms
+  // 12.780 fwd, 51.258 bwd: 688.3, 429.0 TFLOP/s); unmasked from
+  // docs/logs/gpu-check-a56acbc-h100.csv lines 149-150 (ours_v4, N = 16K: 669.82, 446.181).
+  const double h100[4] = {tflops_32k(4, true, 12.780), tflops_32k(10, true, 51.258), 669.82e12, 446.181e12};
+  // H200: docs/logs/seam-32k-final.csv, causal lines 3-4 (12.743, 51.540 ms: 690.3, 426.7
+  // TFLOP/s), unmasked lines 7-8 (29.123, 92.664 ms: 604.1, 474.6 TFLOP/s).
+  const double h200[4] = {tflops_32k(4, true, 12.743), tflops_32k(10, true, 51.540), tflops_32k(4, false, 29.123),
+                          tflops_32k(10, false, 92.664)};
+  const char* h100_note = "1 node x %d H100 SXM, NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one H100";
+  const char* h200_note = "1 node x %d H200, NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one H200";
+  auto noted = [](const char* fmt, int g) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, fmt, g);
+    return std::string(buf);
+  };
+  static const std::vector<Cluster> presets = [&] {
+    std::vector<Cluster> v = {
+        make("a100-pcie", "1 node x 8 A100 PCIe 4.0 x16 (32 GB/s)", 1, 8, 10e-6, 32e9, 10e-6, 32e9),
+        make("a100-roce", "4 nodes x 8 A100, NVLink 300 GB/s, 600 Gb/s RoCE per node (75 GB/s shared by 8 GPUs)",
+             4, 8, 5e-6, 300e9, 15e-6, 75e9 / 8),
+        make("a800-32", "4 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 4, 8, 5e-6,
+             200e9, 10e-6, 25e9),
+        make("a800-64", "8 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 8, 8, 5e-6,
+             200e9, 10e-6, 25e9),
+    };
+    for (int g : {2, 4, 8})
+      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted(h100_note, g).c_str(), g, h100[0], h100[1],
+                         h100[2], h100[3]));
+    for (int g : {2, 4, 8})
+      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted(h200_note, g).c_str(), g, h200[0], h200[1],
+                         h200[2], h200[3]));
+    return v;
+  }();
   return presets;
 }
 
 Cluster cluster_preset(const std::string& name) { return find_named(cluster_presets(), name, "preset"); }
 
 double flops_per_pair(Phase phase, int64_t d) { return (phase == Phase::Backward ? 10.0 : 4.0) * double(d); }
-double flops_rate(const Cluster& c, Phase phase) {
-  return phase == Phase::Backward && c.flops_per_s_backward > 0 ? c.flops_per_s_backward : c.flops_per_s;
+double flops_rate(const Cluster& c, Phase phase, const Problem& p) {
+  const bool bwd = phase == Phase::Backward;
+  const double full = bwd ? c.flops_per_s_backward_full : c.flops_per_s_full;
+  if (is_full(p.mask) && full > 0) return full;
+  return bwd && c.flops_per_s_backward > 0 ? c.flops_per_s_backward : c.flops_per_s;
 }
 
 namespace {
@@ -49,9 +100,12 @@ void check_cluster(const Cluster& c, int G) {
   if (c.gpus_per_node < 1 || c.nodes < 1 || c.nodes * c.gpus_per_node != G)
     fail("cluster nodes x gpus_per_node (", c.nodes, " x ", c.gpus_per_node, ") must equal the world size G (", G,
          ")");
-  if (c.intra.bytes_per_s <= 0 || c.inter.bytes_per_s <= 0 || c.flops_per_s <= 0 ||
-      c.flops_per_s_backward < 0)
-    fail("cluster bandwidths and flops_per_s must be > 0 (flops_per_s_backward >= 0)");
+  if (c.nodes > 1 && c.inter.bytes_per_s <= 0)
+    fail("cluster ", c.name, " has no inter-node bandwidth (a one-node preset): give one (--inter-gbs) for ",
+         c.nodes, " nodes");
+  if (c.intra.bytes_per_s <= 0 || c.inter.bytes_per_s < 0 || c.flops_per_s <= 0 || c.flops_per_s_backward < 0 ||
+      c.flops_per_s_full < 0 || c.flops_per_s_backward_full < 0)
+    fail("cluster bandwidths and flops_per_s must be > 0 (the other FLOP rates >= 0)");
 }
 }  // namespace
 
@@ -77,7 +131,7 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       const RankStep& st = s.steps[r][t];
       int64_t pairs = 0;
       for (const BlockTask& b : st.blocks) pairs += b.visible;
-      const double ct = fpp * double(pairs) / flops_rate(c, s.phase);
+      const double ct = fpp * double(pairs) / flops_rate(c, s.phase, p);
       comp[r] += ct;
       step_comp = std::max(step_comp, ct);
       // Messages: (item, peer, bytes).
@@ -207,7 +261,7 @@ Prediction simulate_ulysses(Phase phase, const Problem& p, const MaskData& mask,
   const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G;
   int64_t pairs = 0;
   for (int r = 0; r < G; ++r) pairs += all_pairs(mask, qp, kp, r);
-  const double ct = flops_per_pair(phase, d) * double(B * Hg) * double(pairs) / flops_rate(c, phase);
+  const double ct = flops_per_pair(phase, d) * double(B * Hg) * double(pairs) / flops_rate(c, phase, p);
   std::vector<std::vector<Round>> rounds(G, std::vector<Round>(2));
   for (int r = 0; r < G; ++r)
     for (int s = 0; s < G; ++s) {
@@ -226,7 +280,7 @@ Prediction simulate_allgather(Phase phase, const Problem& p, const MaskData& mas
   std::vector<double> comp(G);
   std::vector<std::vector<Round>> rounds(G, std::vector<Round>(phase == Phase::Backward ? 2 : 1));
   for (int r = 0; r < G; ++r) {
-    comp[r] = flops_per_pair(phase, p.d) * double(p.B * p.H_q) * double(all_pairs(mask, qp, kp, r)) / flops_rate(c, phase);
+    comp[r] = flops_per_pair(phase, p.d) * double(p.B * p.H_q) * double(all_pairs(mask, qp, kp, r)) / flops_rate(c, phase, p);
     for (int s = 0; s < G; ++s) {
       if (s == r) continue;
       rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // K
@@ -258,7 +312,7 @@ Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& m
     for (int jj = 0; jj < g.p_c; ++jj)
       for (int ii = 0; ii < g.p_r; ++ii)
         pairs += visible_in(m, qp.chunks[g.rank(i, jj)], kp.chunks[g.row_major(g.rank(ii, j))]);
-    comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / flops_rate(c, phase);
+    comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / flops_rate(c, phase, p);
     const int64_t kv = B * Hkv * d * eb;
     if (rt != r) for (int k = 0; k < 2; ++k) rounds[r][0].msgs.push_back({holder, kv * kp.local_size(r)});  // K, V
     for (int jj = 0; jj < g.p_c; ++jj) {
@@ -304,7 +358,7 @@ Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mas
       double ct = 0;
       if (st.role != FlashRole::Idle) {
         ct = flops_per_pair(phase, d) * double(B * Hq) *
-             double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / flops_rate(c, phase);
+             double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / flops_rate(c, phase, p);
         if (st.role == FlashRole::Helper) msgs.push_back({st.q, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(st.q)});
         if (bwd && st.role == FlashRole::Owner && st.k != r)
           for (int k = 0; k < 2; ++k) msgs.push_back({st.k, B * Hkv * d * eb * kp.local_size(st.k)});

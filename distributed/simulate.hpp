@@ -4,8 +4,9 @@
 // communication, and bytes per link class. Nothing is executed.
 //   link cost      T(bytes) = alpha + bytes / bandwidth, one model per link class (intra, inter);
 //                  one message = one travelling tensor's shard (Table 1's P).
-//   compute        FLOPs / flops_per_s; forward 4 d FLOPs per visible (i, j) pair per q head
-//                  (QK^T and PV), backward 10 d (S recomputed, dP, dV, dQ, dK).
+//   compute        FLOPs / F; forward 4 d FLOPs per visible (i, j) pair per q head
+//                  (QK^T and PV), backward 10 d (S recomputed, dP, dV, dQ, dK); F per phase and,
+//                  where measured apart, per mask class (flops_rate).
 //   comm models    lockstep       (flat ring): a step lasts as long as the slowest rank's sends,
 //                                 sum over its messages: one inter-node hop slows every rank;
 //                  topology-aware (double ring, separate buffers): intra and inter links are
@@ -45,14 +46,19 @@ struct LinkCost {
 struct Cluster {
   std::string name, note;
   int nodes = 1, gpus_per_node = 1;
-  LinkCost intra, inter;
+  LinkCost intra, inter;  // inter.bytes_per_s = 0: none known (a one-node preset)
   double flops_per_s = 1e12;  // attention FLOP rate per device
   double flops_per_s_backward = 0;  // the backward's rate, when measured apart (0: flops_per_s)
+  // The rates on problems without a mask (is_full), when measured apart (0: the two above): a
+  // kernel's rate on a causal problem and on an unmasked one differ by up to ~12% (measured).
+  double flops_per_s_full = 0, flops_per_s_backward_full = 0;
 };
 // Presets for the papers' clusters (bandwidths from the papers; latencies and FLOP rates are
 // stated assumptions, see each note): a100-pcie (1 x 8 A100, PCIe), a100-roce (4 x 8 A100,
 // 600 Gb/s RoCE per node), a800-32 / a800-64 (4 or 8 x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB
-// per node).
+// per node). And the machines this project measures on, one node each: h100-x2/-x4/-x8 (H100
+// SXM over NVLink) and h200-x2/-x4/-x8 (H200 over NVLink), FLOP rates measured on one GPU of
+// that kind by burstlab's CUDA kernels (simulate.cpp cites each), link figures assumptions.
 const std::vector<Cluster>& cluster_presets();
 Cluster cluster_preset(const std::string& name);  // throws Error naming the presets
 
@@ -77,8 +83,9 @@ struct Prediction {
 
 // FLOPs of one visible pair per q head: 4 d (forward), 10 d (backward).
 double flops_per_pair(Phase phase, int64_t d);
-// The FLOP rate that prices one phase: flops_per_s_backward for the backward when set (> 0).
-double flops_rate(const Cluster& c, Phase phase);
+// The FLOP rate that prices one phase of p: the backward's rate for the backward when set (> 0),
+// and on a problem without a mask the _full rate when set (> 0).
+double flops_rate(const Cluster& c, Phase phase, const Problem& p);
 
 // Replays one phase of a ring-family schedule.
 Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,

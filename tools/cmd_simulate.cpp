@@ -33,7 +33,7 @@ struct SimFlags {
   int64_t seq = 65536, B = 1, H_q = 32, H_kv = 32, d = 128;
   std::string mask = "causal", partition = "zigzag";
   int elem_bytes = 2;
-  double intra_gbs = 0, inter_gbs = 0, intra_us = -1, inter_us = -1, tflops = 0;
+  double intra_gbs = 0, inter_gbs = 0, intra_us = -1, inter_us = -1, tflops = 0, tflops_bwd = 0;
   std::string flops;  // "measured": time the CPU engine (measure_cpu_rate) instead of the preset's rate
   bool json = false;
   bool steps = false;  // also print the predicted time of every step (overlapped model)
@@ -139,13 +139,28 @@ int run_simulate(const SimFlags& f) {
   if (f.inter_gbs > 0) c.inter.bytes_per_s = f.inter_gbs * 1e9;
   if (f.intra_us >= 0) c.intra.alpha_s = f.intra_us * 1e-6;
   if (f.inter_us >= 0) c.inter.alpha_s = f.inter_us * 1e-6;
-  if (f.tflops > 0) c.flops_per_s = f.tflops * 1e12;
+  if (c.nodes > 1 && c.inter.bytes_per_s <= 0)
+    fail("nodes (", c.nodes, ") > 1 needs an inter-node bandwidth: the preset ", c.name,
+         " is one node and has none; give --inter-gbs (and --inter-us)");
+  // A rate given replaces the preset's whole table (per phase and mask class): --tflops prices
+  // every phase unless --tflops-bwd prices the backward.
+  if (f.tflops > 0) {
+    c.flops_per_s = f.tflops * 1e12;
+    c.flops_per_s_backward = c.flops_per_s_full = c.flops_per_s_backward_full = 0;
+  }
+  if (f.tflops_bwd > 0) {
+    c.flops_per_s_backward = f.tflops_bwd * 1e12;
+    c.flops_per_s_backward_full = 0;
+  }
   if (!f.flops.empty() && f.flops != "measured") fail("flops (", f.flops, ") must be 'measured'");
   if (f.flops == "measured") {
     if (f.tflops > 0) fail("flops (measured) and tflops (", f.tflops, ") both set the compute rate: give one");
+    if (f.tflops_bwd > 0)
+      fail("flops (measured) and tflops-bwd (", f.tflops_bwd, ") both set the compute rate: give one");
     const MeasuredRate m = measure_cpu_rate(f.d);
     c.flops_per_s = m.fwd;
     c.flops_per_s_backward = m.bwd;
+    c.flops_per_s_full = c.flops_per_s_backward_full = 0;
     if (!f.json)
       std::printf("measured cpu engine (fp32, one %lld x %lld block, d=%lld, no mask): forward %.2f GFLOP/s (%d reps), "
                 "backward %.2f GFLOP/s (%d reps)\n",
@@ -252,7 +267,10 @@ int run_simulate(const SimFlags& f) {
     row("BurstAttention", dist::table1_burst(G, c.nodes, Ti, Te), replay(dist::Algo::Burst, true, true));
   }
   if (f.json) {
-    Json j = {{"cluster", c.name}, {"nodes", c.nodes}, {"gpus_per_node", K}, {"rows", t.json()}};
+    Json j = {{"cluster", c.name}, {"nodes", c.nodes}, {"gpus_per_node", K},
+              {"flops_per_s", {{"forward", dist::flops_rate(c, dist::Phase::Forward, p)},
+                               {"backward", dist::flops_rate(c, dist::Phase::Backward, p)}}},
+              {"rows", t.json()}};
     if (f.flops == "measured")
       j["measured_flops_per_s"] = {{"forward", c.flops_per_s}, {"backward", c.flops_per_s_backward}};
     if (one_p) j["table1"] = t1.json();
@@ -260,14 +278,21 @@ int run_simulate(const SimFlags& f) {
     std::printf("%s\n", j.dump(2).c_str());
     return all_match ? kExitPass : kExitFail;
   }
-  std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, inter %.1f GB/s + %.1f us, "
-              "%.4g TFLOP/s per GPU%s\n  %s, mask %s, partition %s, %d-byte elements\n\n",
+  // The rates that price this problem (its mask class picks the preset's causal or unmasked ones).
+  const double F_fwd = dist::flops_rate(c, dist::Phase::Forward, p), F_bwd = dist::flops_rate(c, dist::Phase::Backward, p);
+  char inter_text[64] = "inter none (one node)";
+  if (c.inter.bytes_per_s > 0)
+    std::snprintf(inter_text, sizeof inter_text, "inter %.1f GB/s + %.1f us", c.inter.bytes_per_s / 1e9,
+                  c.inter.alpha_s * 1e6);
+  char rate_text[96];
+  if (F_fwd == F_bwd) std::snprintf(rate_text, sizeof rate_text, "%.4g TFLOP/s per GPU", F_fwd / 1e12);
+  else
+    std::snprintf(rate_text, sizeof rate_text, "%.4g TFLOP/s per GPU forward, %.4g backward", F_fwd / 1e12,
+                  F_bwd / 1e12);
+  std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, %s, %s%s\n"
+              "  %s, mask %s, partition %s, %d-byte elements\n\n",
               c.name.c_str(), c.note.c_str(), c.nodes, K, c.intra.bytes_per_s / 1e9, c.intra.alpha_s * 1e6,
-              c.inter.bytes_per_s / 1e9, c.inter.alpha_s * 1e6, c.flops_per_s / 1e12,
-              c.flops_per_s_backward > 0
-                  ? (" forward, " + std::to_string(c.flops_per_s_backward / 1e12) + " backward (measured)").c_str()
-                  : "",
-              shape_string(p).c_str(),
+              inter_text, rate_text, f.flops == "measured" ? " (measured)" : "", shape_string(p).c_str(),
               describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
   for (const std::string& l : not_run) std::printf("not run: %s\n", l.c_str());
@@ -308,7 +333,9 @@ Command add_simulate_command(CLI::App& app) {
                   "comma-separated: " + algos + " (usp: Ulysses groups of --gpus-per-node ranks; attention2d: the "
                   "striped partition and the most square grid; distflash: the contiguous partition)")
       ->capture_default_str();
-  sub->add_option("--preset", f->preset, "a100-pcie | a100-roce | a800-32 | a800-64")->capture_default_str();
+  std::string presets;
+  for (const dist::Cluster& c : dist::cluster_presets()) presets += "\n  " + c.name + ": " + c.note;
+  sub->add_option("--preset", f->preset, "the cluster:" + presets)->capture_default_str();
   int_range(sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str(), "nodes", 0,
             kMaxWorld, ">= 1 (0 = the preset's)");
   int_range(sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)")->capture_default_str(),
@@ -336,16 +363,31 @@ Command add_simulate_command(CLI::App& app) {
              most, true);
   real_range(sub->add_option("--intra-us", f->intra_us, "override intra-node latency (us)"), "intra-us", 0, most);
   real_range(sub->add_option("--inter-us", f->inter_us, "override inter-node latency (us)"), "inter-us", 0, most);
-  real_range(sub->add_option("--tflops", f->tflops, "override attention TFLOP/s per GPU"), "tflops", 0, most, true);
+  real_range(sub->add_option("--tflops", f->tflops,
+                             "override the attention TFLOP/s per GPU: every phase and mask (the backward's too "
+                             "unless --tflops-bwd)"),
+             "tflops", 0, most, true);
+  real_range(sub->add_option("--tflops-bwd", f->tflops_bwd, "override the backward's TFLOP/s per GPU (every mask)"),
+             "tflops-bwd", 0, most, true);
   sub->add_option("--flops", f->flops,
                   "measured: time the CPU engine's forward/backward on one 512 x 512 block (~0.2 s), print and use "
                   "those rates");
   sub->add_flag("--json", f->json, "JSON instead of tables");
   sub->add_flag("--steps", f->steps, "also print the predicted time of every step of every schedule");
   sub->footer(
-      "Presets: bandwidths from the papers' clusters; latencies and the FLOP rate are assumptions\n"
-      "(override them). Nothing runs: the schedules are replayed as data.\n\n"
+      "Which preset: the papers' clusters (a100-pcie, a100-roce, a800-32, a800-64) to compare schedules\n"
+      "as BurstEngine does: bandwidths from the papers, the latencies and the 156 TFLOP/s rate are\n"
+      "assumptions. The machines burstlab measures on (h100-x2/-x4/-x8, h200-x2/-x4/-x8: one host over\n"
+      "NVLink) to predict a `burstlab run --transport nccl` there: forward and backward rates measured\n"
+      "on ONE GPU of that kind by burstlab's CUDA kernels (bf16, d = 128, N = 32K, the H100's unmasked\n"
+      "ones N = 16K; causal and unmasked apart: docs/logs/seam-all-32k-h100.csv,\n"
+      "gpu-check-a56acbc-h100.csv, seam-32k-final.csv); the link (450 GB/s, 10 us) is ASSUMED from\n"
+      "the NVLink 4 data sheet, none has been measured. How close they come: docs/performance-gpu.md,\n"
+      "\"The simulator against measurement\". For another d or kernel give --tflops and --tflops-bwd.\n"
+      "Nothing runs: the schedules are replayed as data.\n\n"
       "Examples:\n"
+      "  burstlab simulate --preset h100-x2 --seq 32768 --algo ring,burst      # 2x H100, causal zigzag\n"
+      "  burstlab simulate --preset h100-x2 --seq 131072 --mask none --partition contiguous\n"
       "  burstlab simulate --preset a800-32 --seq 1048576 --hq 32 --hkv 32\n"
       "  burstlab simulate --preset a100-pcie --algo ring,burst,ulysses --seq 131072 --hq 32 --hkv 8");
   Command c;

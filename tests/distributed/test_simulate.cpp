@@ -300,3 +300,88 @@ TEST(Simulator, UspGroupsMustFitTheNodes) {
                                     s.part, s.part, c, 2);
   EXPECT_GT(x.bytes_inter, 0);  // the all-to-all spans both nodes
 }
+
+// The presets of the machines this project measures on: one node of 2, 4 or 8 GPUs, no inter-node
+// link, the forward and backward rates per mask class (causal and unmasked measured apart), and
+// each phase priced at its own rate: on a causal problem the causal rates, on an unmasked one the
+// unmasked rates.
+TEST(Simulator, NvlinkPresetsPricePhaseAndMaskApart) {
+  for (const char* gpu : {"h100", "h200"})
+    for (int g : {2, 4, 8}) {
+      const std::string name = std::string(gpu) + "-x" + std::to_string(g);
+      const Cluster c = cluster_preset(name);
+      EXPECT_EQ(c.nodes, 1) << name;
+      EXPECT_EQ(c.gpus_per_node, g) << name;
+      EXPECT_EQ(c.inter.bytes_per_s, 0) << name;
+      EXPECT_GT(c.flops_per_s_backward, 0) << name;
+      EXPECT_GT(c.flops_per_s_full, 0) << name;
+      EXPECT_GT(c.flops_per_s_backward_full, 0) << name;
+      // The same per-GPU figures on every host size.
+      const Cluster two = cluster_preset(std::string(gpu) + "-x2");
+      EXPECT_EQ(c.flops_per_s, two.flops_per_s) << name;
+      EXPECT_EQ(c.flops_per_s_backward_full, two.flops_per_s_backward_full) << name;
+      EXPECT_EQ(c.intra.bytes_per_s, two.intra.bytes_per_s) << name;
+      for (const char* mask : {"causal", "none"}) {
+        const Problem p = testutil::make_problem(1, 4, 4, 64 * g, 64 * g, 16, mask, 1);
+        const bool full = std::string(mask) == "none";
+        EXPECT_EQ(flops_rate(c, Phase::Forward, p), full ? c.flops_per_s_full : c.flops_per_s) << name << mask;
+        EXPECT_EQ(flops_rate(c, Phase::Backward, p), full ? c.flops_per_s_backward_full : c.flops_per_s_backward)
+            << name << mask;
+        // Every rank's compute of a ring step is its visible pairs at the phase's rate (7.17).
+        const MaskData md = compile_mask(p);
+        const Partition part = make_partition(full ? PartitionKind::Contiguous : PartitionKind::Zigzag, p.N_q, g);
+        for (Phase ph : {Phase::Forward, Phase::Backward}) {
+          const Schedule s = make_schedule(Algo::Burst, ph, p, md, part, part);
+          double pairs = 0;  // the busiest rank's
+          for (int r = 0; r < g; ++r) {
+            double n = 0;
+            for (const RankStep& st : s.steps[r])
+              for (const BlockTask& b : st.blocks) n += double(b.visible);
+            pairs = std::max(pairs, n);
+          }
+          const double want = flops_per_pair(ph, p.d) * 4 * pairs / flops_rate(c, ph, p);
+          // Roundings: per step one product and quotient, g - 1 step sums; the closed form 3.
+          expect_close(simulate_schedule(s, p, part, part, c, 2, SimSpec{}).compute_s, want, 2 * g + 5,
+                       name + " " + mask + " " + to_string(ph));
+        }
+      }
+      Cluster more = c;
+      more.nodes = 2;  // no inter-node link is known for these presets
+      const Problem p = testutil::make_problem(1, 4, 4, 64 * g, 64 * g, 16, "causal", 1);
+      const Partition part = make_partition(PartitionKind::Zigzag, p.N_q, 2 * g);
+      EXPECT_THROW(simulate_schedule(make_schedule(Algo::Ring, Phase::Forward, p, compile_mask(p), part, part), p,
+                                     part, part, more, 2, SimSpec{}),
+                   Error)
+          << name;
+    }
+}
+
+// The pinned shape: 2x H100, the 32K causal problem the preset's causal rates were measured on
+// (B = 1, H = 32, d = 128, bf16, zigzag). Burst's two ranks each compute half of the visible
+// pairs, so each phase's compute is half the one-GPU time the rate came from
+// (docs/logs/seam-all-32k-h100.csv: 12.780 ms forward, 51.258 ms backward); the transfers, K and V
+// (forward; 2 x 128 MiB, one hop) and Q, dO, LSE, D (backward) at the assumed 450 GB/s + 10 us,
+// take less than a step's compute and are hidden: total = compute.
+TEST(Simulator, H100PairPinnedAt32KCausal) {
+  const Cluster c = cluster_preset("h100-x2");
+  const int64_t N = 32768;
+  const Problem p = testutil::make_problem(1, 32, 32, N, N, 128, "causal", 1);
+  const MaskData md = compile_mask(p);
+  const Partition part = make_partition(PartitionKind::Zigzag, N, 2);
+  const double one_gpu_ms[2] = {12.780, 51.258};
+  const Phase phases[2] = {Phase::Forward, Phase::Backward};
+  for (int k = 0; k < 2; ++k) {
+    const Schedule s = make_schedule(Algo::Burst, phases[k], p, md, part, part);
+    const Prediction x = simulate_schedule(s, p, part, part, c, 2, SimSpec{});
+    // The rate is the measured time's FLOPs over it, the prediction half those FLOPs over the
+    // rate: equal up to a few roundings (well under 1e-12 relative).
+    EXPECT_NEAR(x.compute_s * 1e3, one_gpu_ms[k] / 2, 1e-12 * one_gpu_ms[k]) << to_string(phases[k]);
+    EXPECT_EQ(x.total_s, x.compute_s) << to_string(phases[k]);
+    EXPECT_EQ(x.exposed_comm_s, 0) << to_string(phases[k]);
+  }
+  // The forward's one hop of K and V: two 128 MiB messages at 450 GB/s + 10 us each.
+  const Schedule f = make_schedule(Algo::Burst, Phase::Forward, p, md, part, part);
+  const double shard = 32.0 * (N / 2) * 128 * 2;
+  expect_close(simulate_schedule(f, p, part, part, c, 2, SimSpec{}).comm_s, 2 * (10e-6 + shard / 450e9), 8,
+               "forward comm");
+}
