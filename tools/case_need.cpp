@@ -123,9 +123,7 @@ std::string case_advice(const Problem& p, int threads, const MemAvailable& avail
     x.N_k = nk;
     return need(x, threads).bytes <= budget;
   });
-  std::string s;
-  for (size_t k = 0; k < ways.size(); ++k)
-    s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+  std::string s = fits_with(ways);
   if (c > 0)
     s += std::string(s.empty() ? "" : "; ") + "a case of this B, H_q, H_kv, d fits with N_q and N_k up to " +
          std::to_string(c);

@@ -120,9 +120,7 @@ Command add_bench_command(CLI::App& app) {
       "impl timed with the peak extra heap of the timed calls; one run and no warm-up with --reps 1.\n"
       "  burstlab bench --op lmhead-ce --vocab 32768 --nq 8192 -d 1024 --reps 1");
 
-  Command c;
-  c.app = sub;
-  c.run = [s, sub]() -> int {
+  return {sub, [s, sub]() -> int {
     const ShapeFlags& f = s->shape;
     const RunFlags& r = s->run;
     if (lmhead_selected(sub, s->lm)) return bench_lmhead(f, r, s->lm, s->reps, s->verify);
@@ -133,13 +131,8 @@ Command add_bench_command(CLI::App& app) {
     for (int64_t d : f.d) problems.push_back(make_problem(f.B, f.H_q, f.H_kv, f.N_q, f.N_k, d, f.mask, f.seed, scale));
     const Dtype dtype = parse_dtype(r.dtype);
     const Values values = parse_values(r.values);
-    if (s->reps < 1) fail("reps (", s->reps, ") must be >= 1");
-    if (s->gemm_n < 1) fail("gemm-n (", s->gemm_n, ") must be >= 1");
     if (s->verify != "auto" && s->verify != "same" && s->verify != "reduced")
       fail("verify (", s->verify, ") must be auto, same or reduced");
-    if (r.Br < 0) fail("br (", r.Br, ") must be >= 1, or 0 for the implementation's default");
-    if (r.Bc < 0) fail("bc (", r.Bc, ") must be >= 1, or 0 for the implementation's default");
-    if (r.threads < 0) fail("threads (", r.threads, ") must be >= 1, or 0 for all");
     const ImplOptions opt{r.Br, r.Bc};
     const std::vector<const Impl*> impls = find_impls(r.impl);
     for (const Problem& p : problems)
@@ -256,9 +249,7 @@ Command add_bench_command(CLI::App& app) {
         return need_of(s->verify, impls, all_threads, s->gemm_n, c).bytes <= budget;
       });
       if (n > 0) ways.push_back("--nq " + std::to_string(n) + " --nk " + std::to_string(n) + " (at most)");
-      std::string out;
-      for (size_t k = 0; k < ways.size(); ++k)
-        out += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+      const std::string out = fits_with(ways);
       return out.empty() ? "use fewer heads or a smaller batch (--hq, --hkv, -B) or -d" : out;
     });
     for (size_t k = 0; k < problems.size(); ++k) {  // a GPU layer's device memory, on the timed shapes
@@ -384,8 +375,7 @@ Command add_bench_command(CLI::App& app) {
     if (!counting) std::printf("peak extra heap: not measured (malloc interposition not in effect)\n");
     for (const auto& l : memory_lines) std::printf("%s\n", l.c_str());
     return kExitPass;
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

@@ -69,31 +69,31 @@ struct Outcome {
   std::string error;  // the placement did not run (e.g. sequence on a distributed attention)
 };
 
+// y and every gradient of an outcome, in one order.
+template <class T>
+std::vector<const std::vector<T>*> results(const Outcome<T>& o) {
+  return {&o.y, &o.g.dx, &o.g.dWq, &o.g.dWk, &o.g.dWv, &o.g.dWo, &o.g.dW1, &o.g.dW2};
+}
+
 template <class T>
 bool grads_equal(const Outcome<T>& a, const Outcome<T>& b) {
-  return same_bits(a.y, b.y) && same_bits(a.g.dx, b.g.dx) && same_bits(a.g.dWq, b.g.dWq) &&
-         same_bits(a.g.dWk, b.g.dWk) && same_bits(a.g.dWv, b.g.dWv) && same_bits(a.g.dWo, b.g.dWo) &&
-         same_bits(a.g.dW1, b.g.dW1) && same_bits(a.g.dW2, b.g.dW2);
+  const auto x = results(a), y = results(b);
+  for (size_t k = 0; k < x.size(); ++k)
+    if (!same_bits(*x[k], *y[k])) return false;
+  return true;
 }
 
 // max |a - b| / max |b| over every gradient and y.
 template <class T>
 double max_rel(const Outcome<T>& a, const Outcome<double>& ref) {
   double err = 0, scale = 0;
-  auto one = [&](const std::vector<T>& x, const std::vector<double>& r) {
-    for (size_t e = 0; e < r.size(); ++e) {
-      err = std::max(err, std::fabs(double(x[e]) - r[e]));
-      scale = std::max(scale, std::fabs(r[e]));
+  const auto x = results(a);
+  const auto r = results(ref);
+  for (size_t k = 0; k < x.size(); ++k)
+    for (size_t e = 0; e < r[k]->size(); ++e) {
+      err = std::max(err, std::fabs(double((*x[k])[e]) - (*r[k])[e]));
+      scale = std::max(scale, std::fabs((*r[k])[e]));
     }
-  };
-  one(a.y, ref.y);
-  one(a.g.dx, ref.g.dx);
-  one(a.g.dWq, ref.g.dWq);
-  one(a.g.dWk, ref.g.dWk);
-  one(a.g.dWv, ref.g.dWv);
-  one(a.g.dWo, ref.g.dWo);
-  one(a.g.dW1, ref.g.dW1);
-  one(a.g.dW2, ref.g.dW2);
   return err / std::max(scale, 1e-300);
 }
 
@@ -110,8 +110,6 @@ dist::AlgoOptions algo_options(const CkptFlags& f) {
   dist::AlgoOptions o;
   o.algo = f.algo;
   const dist::Algorithm& a = dist::find_algorithm(f.algo);
-  if (f.world < 1) fail("world (", f.world, ") must be >= 1");
-  if (f.gpus_per_node < 0) fail("gpus-per-node (", f.gpus_per_node, ") must be >= 0 (0 = one node)");
   o.world = f.world;
   o.gpus_per_node = f.gpus_per_node;
   o.sim.gpus_per_node = f.gpus_per_node;
@@ -124,8 +122,6 @@ template <class T>
 int run_checkpoint(const CkptFlags& f) {
   layer::Shape s;
   s.p = make_problem(f.B, f.H_q, f.H_kv, f.N, f.N, f.d, f.mask, f.seed, nullptr);
-  if (f.D < 0) fail("width (", f.D, ") must be >= 1 (0: H_q d)");
-  if (f.F < 0) fail("ffn (", f.F, ") must be >= 1 (0: 4 D)");
   // validate() has held B N H_q d to 2^48, and the flags D and F too: these products fit int64.
   // The weights and activations are held to validate()'s 2^48 elements per tensor as well.
   s.D = f.D > 0 ? f.D : s.p.H_q * s.p.d;
@@ -138,8 +134,6 @@ int run_checkpoint(const CkptFlags& f) {
     if (elems > double(kMaxExtent))
       fail("width (D = ", s.D, "), ffn (F = ", s.F, "): ", name, " would exceed 2^48 elements");
   layer::validate(s);
-  if (f.tile < 1) fail("tile (", f.tile, ") must be >= 1");
-  if (!(f.keep >= 0 && f.keep <= 1)) fail("keep (", f.keep, ") must lie in [0, 1]");
   const bool distributed = !f.algo.empty();
   dist::AlgoOptions o;
   bool flash_schedule = false;  // the run follows DistFlashAttn's schedule, which distflash_volume models
@@ -354,7 +348,7 @@ Command add_checkpoint_command(CLI::App& app) {
   auto f = std::make_shared<CkptFlags>();
   CLI::App* sub = app.add_subcommand(
       "checkpoint", "A transformer layer under four checkpoint placements, and the papers' cost models (spec §11)");
-  // Lower bounds are validate()'s and run_checkpoint's; upper bounds here.
+  // The shape's lower bounds are validate()'s; every other bound is here.
   int_range(sub->add_option("-B,-b,--batch", f->B, "batch B")->capture_default_str(),
             "B", kNoLowerBound, kMaxExtent, ">= 1");
   int_range(sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str(),
@@ -401,9 +395,7 @@ Command add_checkpoint_command(CLI::App& app) {
       "  burstlab checkpoint\n"
       "  burstlab checkpoint --algo distflash --world 4 --nq 256\n"
       "  burstlab checkpoint --dtype fp64 --hq 8 --hkv 2 --mask causal+document:3 --nq 203 --tile 32");
-  Command c;
-  c.app = sub;
-  c.run = [f]() -> int {
+  return {sub, [f]() -> int {
     if (f->algo.empty())
       for (const CLI::Option* o : f->with_algo)
         if (o->count() > 0)
@@ -412,8 +404,7 @@ Command add_checkpoint_command(CLI::App& app) {
     if (f->dtype == "fp32" || f->dtype == "float") return run_checkpoint<float>(*f);
     if (f->dtype == "fp64" || f->dtype == "double") return run_checkpoint<double>(*f);
     fail("dtype (", f->dtype, ") must be fp32 or fp64 for the layer");
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

@@ -24,9 +24,7 @@ Command add_env_command(CLI::App& app) {
       "Examples:\n"
       "  burstlab env\n"
       "  burstlab env --json");
-  Command c;
-  c.app = sub;
-  c.run = [json]() -> int {
+  return {sub, [json]() -> int {
     Table t;
     t.columns = {{"name", "name", true},       {"value", "value", true},     {"default", "default", true},
                  {"kind", "kind", true},       {"read_by", "read by", true}, {"meaning", "meaning", true}};
@@ -41,8 +39,7 @@ Command add_env_command(CLI::App& app) {
     else
       t.print(stdout);
     return kExitPass;
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

@@ -30,7 +30,6 @@ LmHeadProblem make_lmhead_problem(const ShapeFlags& s, int64_t d, const LmHeadFl
   p.z_loss = f.z_loss;
   p.reduction = parse_reduction(f.reduction);
   validate(p);
-  if (!(f.ignored >= 0 && f.ignored <= 1)) fail("ignore-fraction (", f.ignored, ") must be in [0, 1]");
   return p;
 }
 
@@ -46,8 +45,6 @@ Case lmhead_case(const ShapeFlags& s, int64_t d, const RunFlags& r, const LmHead
   c.seed = s.seed;
   c.ignored = f.ignored;
   c.pass = parse_pass(pass, Operator::LmHeadCe);
-  if (r.Br < 0) fail("br (", r.Br, ") must be >= 1, or 0 for the implementation's default");
-  if (f.Bv < 0) fail("bv (", f.Bv, ") must be >= 1, or 0 for the implementation's default");
   c.opt.Br = r.Br;
   c.opt.Bv = f.Bv;
   return c;
@@ -107,8 +104,7 @@ std::string lmhead_advice(const ShapeFlags& s, const LmHeadProblem& p,
     return fits(q, backward);
   });
   if (n > 0 && n < s.N_q) ways.push_back("--nq " + std::to_string(n));
-  std::string out;
-  for (size_t k = 0; k < ways.size(); ++k) out += (k == 0 ? "it fits with " : ", or with ") + ways[k];
+  const std::string out = fits_with(ways);
   return out.empty() ? "use a smaller --vocab or -d" : out + " (the fp64 oracle holds N x V fp64 logits)";
 }
 }  // namespace
@@ -118,7 +114,6 @@ int run_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, int
   const Case c = lmhead_case(s, s.d.at(0), r, f, r.pass);
   const LmHeadProblem& p = c.lm;
   const cpu::LmHeadTiles tiles = lmhead_tiles(c.opt);
-  if (repeat < 1) fail("repeat (", repeat, ") must be >= 1");
   apply_threads(r.threads);
   const std::vector<const Impl*> impls = find_impls(r.impl, Operator::LmHeadCe);
   for (const Impl* m : impls) check_impl(*m, p, c.dtype);
@@ -162,10 +157,8 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   const Dtype dtype = cases[0].dtype;
   const Values values = cases[0].values;
   const cpu::LmHeadTiles tiles = lmhead_tiles(cases[0].opt);
-  if (reps < 1) fail("reps (", reps, ") must be >= 1");
   if (verify != "auto" && verify != "same" && verify != "reduced")
     fail("verify (", verify, ") must be auto, same or reduced");
-  if (r.threads < 0) fail("threads (", r.threads, ") must be >= 1, or 0 for all");
   const std::vector<const Impl*> impls = find_impls(r.impl, Operator::LmHeadCe);
   for (const Impl* m : impls)
     for (const Case& c : cases) check_impl(*m, c.lm, dtype);

@@ -60,9 +60,7 @@ std::string run_advice(const Case& cs, const std::vector<const Impl*>& impls, in
     if (n < cs.p.N_k) lens += std::string(lens.empty() ? "" : " ") + "--nk " + std::to_string(n);
     ways.push_back(lens);
   }
-  std::string s;
-  for (size_t k = 0; k < ways.size(); ++k)
-    s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+  std::string s = fits_with(ways);
   if (ways.empty()) s = "it does not fit even with --nq 1 --nk 1: use fewer heads or a smaller batch (--hq, --hkv, -B) or -d";
   const bool oracle = case_need(cs, {}, threads).bytes >= case_need(cs, impls, threads).bytes;
   if (oracle && cs.check_rows == 0) s += " (the fp64 oracle checks every --impl, so it runs whatever --impl is)";
@@ -129,9 +127,7 @@ Command add_run_command(CLI::App& app) {
       "--op lmhead-ce: the fused LM head + cross-entropy (spec §10): N = B x nq rows, -d hidden size,\n"
       "--vocab V; rows fwd (L, LSE), bwd (dH, dW), fused (one call); --pass both = all three.");
 
-  Command c;
-  c.app = sub;
-  c.run = [s, sub, dist]() -> int {
+  return {sub, [s, sub, dist]() -> int {
     const ShapeFlags& f = s->shape;
     const RunFlags& r = s->run;
     if (lmhead_selected(sub, s->lm)) return run_lmhead(f, r, s->lm, s->repeat);
@@ -146,12 +142,8 @@ Command add_run_command(CLI::App& app) {
     cs.values = parse_values(r.values);
     cs.seed = f.seed;
     cs.pass = parse_pass(r.pass);
-    if (r.Br < 0) fail("br (", r.Br, ") must be >= 1, or 0 for the implementation's default");
-    if (r.Bc < 0) fail("bc (", r.Bc, ") must be >= 1, or 0 for the implementation's default");
     cs.opt.Br = r.Br;
     cs.opt.Bc = r.Bc;
-    if (s->repeat < 1) fail("repeat (", s->repeat, ") must be >= 1");
-    if (r.check_rows < 0) fail("check-rows (", r.check_rows, ") must be >= 1, or 0 for the full oracle");
     cs.check_rows = r.check_rows;
     apply_threads(r.threads);
     std::vector<const Impl*> impls = find_impls(r.impl);
@@ -205,8 +197,7 @@ Command add_run_command(CLI::App& app) {
     const bool extra_ok = distributed_report(*dist, header, r.json, rs);
     const int rc = report(rs, r, false, header);
     return extra_ok ? rc : kExitFail;
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

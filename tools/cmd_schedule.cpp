@@ -181,9 +181,7 @@ Command add_schedule_command(CLI::App& app) {
       "  burstlab schedule --algo burst --world 4 --pass bwd --svg burst.svg   (a picture: ranks x steps)\n"
       "  burstlab schedule --algo distflash --world 4 --json                    (the schedule as data)\n"
       "--json and --svg cover ring, burst, double-ring and distflash.");
-  Command c;
-  c.app = sub;
-  c.run = [s]() -> int {
+  return {sub, [s]() -> int {
     const ShapeFlags& f = s->shape;
     const double* scale = *f.scale_opt ? &f.scale : nullptr;
     const Problem p = make_problem(f.B, f.H_q, f.H_kv, f.N_q, f.N_k, f.d.at(0), f.mask, f.seed, scale);
@@ -270,8 +268,7 @@ Command add_schedule_command(CLI::App& app) {
     }
     std::fputs(t.text.c_str(), stdout);
     return t.ok ? kExitPass : kExitFail;
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

@@ -87,9 +87,7 @@ Command add_suite_command(CLI::App& app) {
       "  burstlab suite --json > suite.json  machine-readable\n"
       "  burstlab suite --list               the problems, without running them");
 
-  Command c;
-  c.app = sub;
-  c.run = [s]() -> int {
+  return {sub, [s]() -> int {
     apply_threads(s->run.threads);
     const std::vector<const Impl*> impls =
         s->run.impl.empty() ? [] {
@@ -190,8 +188,7 @@ Command add_suite_command(CLI::App& app) {
     header["skips_fail"] = skips_fail;
     const int rc = report(rs, s->run, true, header);
     return skips_fail ? kExitFail : rc;
-  };
-  return c;
+  }};
 }
 
 }  // namespace burstlab::tools

@@ -114,13 +114,6 @@ Impl reference_impl() {
 }
 
 // ---- cpu/: tiled online softmax, LAO on a CPU (spec §4, §5.3)
-cpu::Tiles tiles_of(const ImplOptions& o) {
-  cpu::Tiles t;
-  if (o.Br) t.Br = o.Br;
-  if (o.Bc) t.Bc = o.Bc;
-  return t;
-}
-
 template <class T>
 Runner cpu_runner(const Problem& p, const Inputs& in, cpu::Tiles t) {
   return host_runner<T>(
@@ -140,19 +133,19 @@ Impl cpu_impl() {
   m.suite_dtypes = m.dtypes;
   m.check = [](const Problem&, Dtype, const ImplOptions& o) {
     // Tiles given as 0 mean "default"; negative ones reach validate_tiles and are refused there.
-    cpu::Tiles t = tiles_of(o);
+    cpu::Tiles t = cpu_tiles(o);
     if (o.Br < 0) t.Br = o.Br;
     if (o.Bc < 0) t.Bc = o.Bc;
     cpu::validate_tiles(t);
   };
   m.footprint = cpu_footprint;
   m.prepare = [](const Problem& p, const Inputs& in, const ImplOptions& o) {
-    return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, tiles_of(o))
-                                  : cpu_runner<float>(p, in, tiles_of(o));
+    return in.dtype == Dtype::F64 ? cpu_runner<double>(p, in, cpu_tiles(o))
+                                  : cpu_runner<float>(p, in, cpu_tiles(o));
   };
   m.engines.footprint = cpu_engine_footprint();
-  m.engines.f64 = [](const ImplOptions& o) { return cpu::make_engine<double>(tiles_of(o)); };
-  m.engines.f32 = [](const ImplOptions& o) { return cpu::make_engine<float>(tiles_of(o)); };
+  m.engines.f64 = [](const ImplOptions& o) { return cpu::make_engine<double>(cpu_tiles(o)); };
+  m.engines.f32 = [](const ImplOptions& o) { return cpu::make_engine<float>(cpu_tiles(o)); };
   return m;
 }
 

@@ -18,6 +18,7 @@
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
+#include "cpu.hpp"         // Tiles
 #include "cpu_lmhead.hpp"  // LmHeadTiles
 #include "harness.hpp"
 #include "lmhead_check.hpp"  // LmHeadInputs
@@ -124,9 +125,15 @@ struct Impl {
 // Every implementation built into this binary, of every operator, in table order.
 const std::vector<Impl>& registry();
 std::string registry_names(Operator op = Operator::Attention);  // "reference, cpu"
-// The LM head's entries (impls_lmhead.cpp), appended to the registry; the cpu layer's tiles of
-// the knobs (Br, Bv; 0: its defaults).
+// The LM head's entries (impls_lmhead.cpp), appended to the registry. The cpu layer's tiles of
+// the knobs (attention: Br, Bc; the LM head: Br, Bv; 0: its defaults).
 void add_lmhead_impls(std::vector<Impl>& r);
+inline cpu::Tiles cpu_tiles(const ImplOptions& o) {
+  cpu::Tiles t;
+  if (o.Br > 0) t.Br = o.Br;
+  if (o.Bc > 0) t.Bc = o.Bc;
+  return t;
+}
 cpu::LmHeadTiles lmhead_tiles(const ImplOptions& opt);
 
 // "a, b,c" -> {"a", "b", "c"}, entries trimmed: the list syntax of --impl and --algo. An empty

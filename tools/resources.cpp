@@ -40,12 +40,6 @@ MemPart fetched(const Problem& p, bool backward) {
   const int64_t fwd = bytes_mul(8, bytes_add(z.Eq, z.Er)), bwd = bytes_mul(8, bytes_add(z.Eq, bytes_mul(2, z.Ek)));
   return backward && bwd > fwd ? MemPart{"fetched dQ, dK, dV in fp64", bwd} : MemPart{"fetched O, LSE in fp64", fwd};
 }
-cpu::Tiles cpu_tiles(const ImplOptions& opt) {
-  cpu::Tiles t;
-  if (opt.Br > 0) t.Br = opt.Br;
-  if (opt.Bc > 0) t.Bc = opt.Bc;
-  return t;
-}
 
 }  // namespace
 
@@ -368,6 +362,13 @@ void require_device_memory(const Case& c, const std::vector<const Impl*>& impls,
 }
 
 int64_t advice_budget(const MemAvailable& available) { return available.bytes - available.bytes / 10; }
+
+std::string fits_with(const std::vector<std::string>& ways) {
+  std::string s;
+  for (size_t k = 0; k < ways.size(); ++k)
+    s += (k == 0 ? "it fits with " : k + 1 == ways.size() ? ", or with " : ", with ") + ways[k];
+  return s;
+}
 
 int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits) {
   const int64_t hi0 = std::max(N_q, N_k);

@@ -115,6 +115,8 @@ void require_device_memory(const Case& c, const std::vector<const Impl*>& impls,
 // run it suggests starts later, when MemAvailable has moved; a suggestion at 100% left none of
 // that headroom and could itself be refused.
 int64_t advice_budget(const MemAvailable& available);
+// "it fits with A, with B, or with C": the ways a refusal names, in order; empty when none.
+std::string fits_with(const std::vector<std::string>& ways);
 // The largest c (rounded down to 3 significant digits) such that fits(min(N_q, c), min(N_k, c));
 // 0 when not even c = 1 fits. fits must be monotone in c; the returned c is checked with fits.
 int64_t largest_fitting_length(int64_t N_q, int64_t N_k, const std::function<bool(int64_t, int64_t)>& fits);
