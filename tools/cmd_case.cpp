@@ -74,12 +74,7 @@ void require_cases_fit(const std::vector<std::string>& dirs, int threads, const 
 }
 }  // namespace
 
-std::string fmt_ratio(double x) {
-  char buf[32];
-  if (std::isinf(x)) return "inf";
-  std::snprintf(buf, sizeof buf, "%.1e", x);
-  return buf;
-}
+std::string fmt_ratio(double x) { return std::isinf(x) ? "inf" : format("%.1e", x); }
 
 namespace {
 

@@ -67,11 +67,7 @@ CLI::Option* real_range(CLI::Option* o, const std::string& field, double lo, dou
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size()) refuse(quoted(field, text) + " must be a number");
         if (!std::isfinite(v)) refuse(quoted(field, text) + " must be finite");
-        auto str = [](double x) {
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%g", x);
-          return std::string(buf);
-        };
+        auto str = [](double x) { return format("%g", x); };
         const bool has_lo = lo > std::numeric_limits<double>::lowest(), has_hi = hi < std::numeric_limits<double>::max();
         const bool below = lo_open ? !(v > lo) : v < lo;
         if (has_lo && has_hi && !lo_open && (below || v > hi))

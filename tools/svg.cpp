@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "burstlab/error.hpp"
+#include "table.hpp"  // format
 
 namespace burstlab::tools {
 
@@ -26,11 +27,7 @@ std::string xml_escape(const std::string& s) {
 
 namespace {
 
-std::string num(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", v);
-  return b;
-}
+std::string num(double v) { return format("%.1f", v); }
 
 std::string attrs(const std::vector<std::pair<std::string, std::string>>& data) {
   std::string o;
@@ -44,9 +41,7 @@ std::string shade(double f) {
   f = std::clamp(f, 0.0, 1.0);
   const int r = static_cast<int>(247 - f * (247 - 140)), g = static_cast<int>(251 - f * (251 - 190)),
             b = static_cast<int>(255 - f * (255 - 230));
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", r, g, b);
-  return buf;
+  return format("#%02x%02x%02x", r, g, b);
 }
 
 constexpr double kLeft = 70, kTop = 34, kCellW = 190, kLine = 13, kPad = 6, kHead = 36;
@@ -248,10 +243,10 @@ std::string distflash_svg(const std::string& title, const dist::FlashSchedule& f
     svg.close_group();
   }
   svg.close_group();
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "idle slots %d of %d; idle fraction (eq. 7.24, over P^2) %.4f", idle, P * T,
-                dist::distflash_idle_fraction(fs));
-  svg.text(8, y0 + h * P + 18, buf, 11);
+  svg.text(8, y0 + h * P + 18,
+           format("idle slots %d of %d; idle fraction (eq. 7.24, over P^2) %.4f", idle, P * T,
+                  dist::distflash_idle_fraction(fs)),
+           11);
   return svg.str();
 }
 
