@@ -26,11 +26,9 @@ const std::vector<Cluster>& cluster_presets() {
   };
   // The machines this project measures on: one host of 2, 4 or 8 GPUs over NVLink (the same
   // per-GPU figures). FLOP rates: burstlab's CUDA kernels (auto: v4 forward and backward at
-  // d = 128, what the engine's blocks run) on ONE GPU of that kind, bf16, d = 128, B = 1, counted
-  // as (7.17) over visible pairs; from the rows cited, nothing fitted to distributed runs.
-  // Causal (any masked problem): the whole 32K problem, H = 32, in burstlab-seam-bench's
-  // "one kernel" column (t_whole_ms). Unmasked: H100 from the N = 16K, H = 16 grid of a
-  // gpu-check run (no unmasked 32K one-GPU H100 run is recorded), H200 from the 32K seam rows.
+  // d = 128, what the engine's blocks run) on the whole problem on ONE GPU of that kind: B = 1,
+  // H = 32, N = 32K, d = 128, bf16, causal and unmasked apart, counted as (7.17) over visible
+  // pairs. Nothing is fitted to a distributed run.
   // Links: ASSUMED, none measured in this repository: 450 GB/s per direction (the 900 GB/s
   // bidirectional NVLink 4 of the H100 SXM / H200 data sheets) and 10 us a message; on these
   // shapes the compute hides them (docs/performance-gpu.md, "The simulator against measurement").
@@ -38,21 +36,22 @@ const std::vector<Cluster>& cluster_presets() {
     const double N = 32768, pairs = causal ? N * (N + 1) / 2 : N * N;
     return f_phase * 128 * 32 * pairs / (ms * 1e-3);
   };
-  auto nvlink = [&](const char* name, const char* note, int gpus, double fwd, double bwd, double fwd_full,
-                    double bwd_full) {
+  auto nvlink = [&](const char* name, const char* note, int gpus, const double (&F)[4]) {
     Cluster c = make(name, note, 1, gpus, 10e-6, 450e9, 0, 0);
-    c.flops_per_s = fwd;
-    c.flops_per_s_backward = bwd;
-    c.flops_per_s_full = fwd_full;
-    c.flops_per_s_backward_full = bwd_full;
+    c.flops_per_s = F[0];
+    c.flops_per_s_backward = F[1];
+    c.flops_per_s_full = F[2];
+    c.flops_per_s_backward_full = F[3];
     return c;
   };
-  // H100 80GB HBM3 (SXM): causal from docs/logs/seam-all-32k-h100.csv lines 2-3 (t_whole_ms
-  // 12.780 fwd, 51.258 bwd: 688.3, 429.0 TFLOP/s); unmasked from
-  // docs/logs/gpu-check-a56acbc-h100.csv lines 149-150 (ours_v4, N = 16K: 669.82, 446.181).
-  const double h100[4] = {tflops_32k(4, true, 12.780), tflops_32k(10, true, 51.258), 669.82e12, 446.181e12};
-  // H200: docs/logs/seam-32k-final.csv, causal lines 3-4 (12.743, 51.540 ms: 690.3, 426.7
-  // TFLOP/s), unmasked lines 7-8 (29.123, 92.664 ms: 604.1, 474.6 TFLOP/s).
+  // H100 80GB HBM3 (SXM): plugins/cudnn/README.md, the one-GPU table's "burstlab cuda" column
+  // (`run --repeat 5`, best of 5; 2026-11-27): causal lines 43-44 (12.40 ms fwd, 48.64 ms bwd:
+  // 709.4, 452.1 TFLOP/s), unmasked lines 46-47 (25.59, 86.55 ms: 687.5, 508.2 TFLOP/s).
+  const double h100[4] = {tflops_32k(4, true, 12.40), tflops_32k(10, true, 48.64), tflops_32k(4, false, 25.59),
+                          tflops_32k(10, false, 86.55)};
+  // H200: docs/logs/seam-32k-final.csv (burstlab-seam-bench's "one kernel" column t_whole_ms,
+  // median of 3; 2026-11-25), causal lines 3-4 (12.743, 51.540 ms: 690.3, 426.7 TFLOP/s),
+  // unmasked lines 7-8 (29.123, 92.664 ms: 604.1, 474.6 TFLOP/s).
   const double h200[4] = {tflops_32k(4, true, 12.743), tflops_32k(10, true, 51.540), tflops_32k(4, false, 29.123),
                           tflops_32k(10, false, 92.664)};
   const char* h100_note = "1 node x %d H100 SXM, NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one H100";
@@ -73,11 +72,9 @@ const std::vector<Cluster>& cluster_presets() {
              200e9, 10e-6, 25e9),
     };
     for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted(h100_note, g).c_str(), g, h100[0], h100[1],
-                         h100[2], h100[3]));
+      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted(h100_note, g).c_str(), g, h100));
     for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted(h200_note, g).c_str(), g, h200[0], h200[1],
-                         h200[2], h200[3]));
+      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted(h200_note, g).c_str(), g, h200));
     return v;
   }();
   return presets;

@@ -359,7 +359,7 @@ TEST(Simulator, NvlinkPresetsPricePhaseAndMaskApart) {
 // The pinned shape: 2x H100, the 32K causal problem the preset's causal rates were measured on
 // (B = 1, H = 32, d = 128, bf16, zigzag). Burst's two ranks each compute half of the visible
 // pairs, so each phase's compute is half the one-GPU time the rate came from
-// (docs/logs/seam-all-32k-h100.csv: 12.780 ms forward, 51.258 ms backward); the transfers, K and V
+// (plugins/cudnn/README.md: 12.40 ms forward, 48.64 ms backward); the transfers, K and V
 // (forward; 2 x 128 MiB, one hop) and Q, dO, LSE, D (backward) at the assumed 450 GB/s + 10 us,
 // take less than a step's compute and are hidden: total = compute.
 TEST(Simulator, H100PairPinnedAt32KCausal) {
@@ -368,7 +368,7 @@ TEST(Simulator, H100PairPinnedAt32KCausal) {
   const Problem p = testutil::make_problem(1, 32, 32, N, N, 128, "causal", 1);
   const MaskData md = compile_mask(p);
   const Partition part = make_partition(PartitionKind::Zigzag, N, 2);
-  const double one_gpu_ms[2] = {12.780, 51.258};
+  const double one_gpu_ms[2] = {12.40, 48.64};
   const Phase phases[2] = {Phase::Forward, Phase::Backward};
   for (int k = 0; k < 2; ++k) {
     const Schedule s = make_schedule(Algo::Burst, phases[k], p, md, part, part);
