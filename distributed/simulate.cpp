@@ -2,7 +2,7 @@
 #include "simulate.hpp"
 
 #include <algorithm>
-#include <cstdio>
+#include <string>
 
 #include "burstlab/error.hpp"
 #include "burstlab/names.hpp"
@@ -54,12 +54,9 @@ const std::vector<Cluster>& cluster_presets() {
   // unmasked lines 7-8 (29.123, 92.664 ms: 604.1, 474.6 TFLOP/s).
   const double h200[4] = {tflops_32k(4, true, 12.743), tflops_32k(10, true, 51.540), tflops_32k(4, false, 29.123),
                           tflops_32k(10, false, 92.664)};
-  const char* h100_note = "1 node x %d H100 SXM, NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one H100";
-  const char* h200_note = "1 node x %d H200, NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one H200";
-  auto noted = [](const char* fmt, int g) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, fmt, g);
-    return std::string(buf);
+  auto noted = [](const char* kind, const char* gpu, int g) {
+    return "1 node x " + std::to_string(g) + " " + kind + ", NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one " +
+           gpu;
   };
   static const std::vector<Cluster> presets = [&] {
     std::vector<Cluster> v = {
@@ -72,9 +69,9 @@ const std::vector<Cluster>& cluster_presets() {
              200e9, 10e-6, 25e9),
     };
     for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted(h100_note, g).c_str(), g, h100));
+      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted("H100 SXM", "H100", g).c_str(), g, h100));
     for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted(h200_note, g).c_str(), g, h200));
+      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted("H200", "H200", g).c_str(), g, h200));
     return v;
   }();
   return presets;

@@ -280,19 +280,16 @@ int run_simulate(const SimFlags& f) {
   }
   // The rates that price this problem (its mask class picks the preset's causal or unmasked ones).
   const double F_fwd = dist::flops_rate(c, dist::Phase::Forward, p), F_bwd = dist::flops_rate(c, dist::Phase::Backward, p);
-  char inter_text[64] = "inter none (one node)";
-  if (c.inter.bytes_per_s > 0)
-    std::snprintf(inter_text, sizeof inter_text, "inter %.1f GB/s + %.1f us", c.inter.bytes_per_s / 1e9,
-                  c.inter.alpha_s * 1e6);
-  char rate_text[96];
-  if (F_fwd == F_bwd) std::snprintf(rate_text, sizeof rate_text, "%.4g TFLOP/s per GPU", F_fwd / 1e12);
-  else
-    std::snprintf(rate_text, sizeof rate_text, "%.4g TFLOP/s per GPU forward, %.4g backward", F_fwd / 1e12,
-                  F_bwd / 1e12);
+  const std::string inter_text = c.inter.bytes_per_s > 0 ? format("inter %.1f GB/s + %.1f us", c.inter.bytes_per_s / 1e9,
+                                                                   c.inter.alpha_s * 1e6)
+                                                          : "inter none (one node)";
+  const std::string rate_text =
+      F_fwd == F_bwd ? format("%.4g TFLOP/s per GPU", F_fwd / 1e12)
+                     : format("%.4g TFLOP/s per GPU forward, %.4g backward", F_fwd / 1e12, F_bwd / 1e12);
   std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, %s, %s%s\n"
               "  %s, mask %s, partition %s, %d-byte elements\n\n",
               c.name.c_str(), c.note.c_str(), c.nodes, K, c.intra.bytes_per_s / 1e9, c.intra.alpha_s * 1e6,
-              inter_text, rate_text, f.flops == "measured" ? " (measured)" : "", shape_string(p).c_str(),
+              inter_text.c_str(), rate_text.c_str(), f.flops == "measured" ? " (measured)" : "", shape_string(p).c_str(),
               describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
   for (const std::string& l : not_run) std::printf("not run: %s\n", l.c_str());
