@@ -55,8 +55,8 @@ const std::vector<Cluster>& cluster_presets() {
   const double h200[4] = {tflops_32k(4, true, 12.743), tflops_32k(10, true, 51.540), tflops_32k(4, false, 29.123),
                           tflops_32k(10, false, 92.664)};
   auto noted = [](const char* kind, const char* gpu, int g) {
-    return "1 node x " + std::to_string(g) + " " + kind + ", NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one " +
-           gpu;
+    return "1 node x " + std::to_string(g) + " " + kind +
+           ", NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one " + gpu;
   };
   static const std::vector<Cluster> presets = [&] {
     std::vector<Cluster> v = {

@@ -279,18 +279,19 @@ int run_simulate(const SimFlags& f) {
     return all_match ? kExitPass : kExitFail;
   }
   // The rates that price this problem (its mask class picks the preset's causal or unmasked ones).
-  const double F_fwd = dist::flops_rate(c, dist::Phase::Forward, p), F_bwd = dist::flops_rate(c, dist::Phase::Backward, p);
-  const std::string inter_text = c.inter.bytes_per_s > 0 ? format("inter %.1f GB/s + %.1f us", c.inter.bytes_per_s / 1e9,
-                                                                   c.inter.alpha_s * 1e6)
-                                                          : "inter none (one node)";
+  const double F_fwd = dist::flops_rate(c, dist::Phase::Forward, p);
+  const double F_bwd = dist::flops_rate(c, dist::Phase::Backward, p);
+  const std::string inter_text =
+      c.inter.bytes_per_s > 0 ? format("inter %.1f GB/s + %.1f us", c.inter.bytes_per_s / 1e9, c.inter.alpha_s * 1e6)
+                              : "inter none (one node)";
   const std::string rate_text =
       F_fwd == F_bwd ? format("%.4g TFLOP/s per GPU", F_fwd / 1e12)
                      : format("%.4g TFLOP/s per GPU forward, %.4g backward", F_fwd / 1e12, F_bwd / 1e12);
   std::printf("burstlab simulate: %s (%s)\n  %d nodes x %d GPUs; intra %.0f GB/s + %.1f us, %s, %s%s\n"
               "  %s, mask %s, partition %s, %d-byte elements\n\n",
               c.name.c_str(), c.note.c_str(), c.nodes, K, c.intra.bytes_per_s / 1e9, c.intra.alpha_s * 1e6,
-              inter_text.c_str(), rate_text.c_str(), f.flops == "measured" ? " (measured)" : "", shape_string(p).c_str(),
-              describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
+              inter_text.c_str(), rate_text.c_str(), f.flops == "measured" ? " (measured)" : "",
+              shape_string(p).c_str(), describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
   for (const std::string& l : not_run) std::printf("not run: %s\n", l.c_str());
   std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"

@@ -25,7 +25,8 @@ const char* const kNumbers[] = {"compute_ms", "comm_ms", "total_ms", "exposed_ms
 // Equal to 1e-12 relative: the same operations on the same doubles (a compiler's contraction
 // choices aside, which move the last bits only).
 void expect_same(double got, double want, const std::string& what) {
-  EXPECT_LE(std::abs(got - want), 1e-12 * std::max(std::abs(got), std::abs(want))) << what << ": " << got << " vs " << want;
+  EXPECT_LE(std::abs(got - want), 1e-12 * std::max(std::abs(got), std::abs(want)))
+      << what << ": " << got << " vs " << want;
 }
 
 TEST(SimulateCli, PapersPresetsPredictAsPinned) {
@@ -62,7 +63,8 @@ TEST(SimulateCli, PapersPresetsPredictAsPinned) {
 TEST(SimulateCli, HelpListsEveryPresetAndItsSources) {
   const Output o = burstlab("simulate --help");
   ASSERT_EQ(o.rc, 0) << o.err;
-  for (const char* p : {"a100-pcie", "a100-roce", "a800-32", "a800-64"}) EXPECT_NE(o.out.find(p), std::string::npos) << p;
+  for (const char* p : {"a100-pcie", "a100-roce", "a800-32", "a800-64"})
+    EXPECT_NE(o.out.find(p), std::string::npos) << p;
   for (const char* p : kNvlink) EXPECT_NE(o.out.find(std::string(p) + ": 1 node x "), std::string::npos) << p;
   for (const char* s : {"plugins/cudnn/README.md", "seam-32k-final.csv", "ASSUMED",
                         "--tflops-bwd", "The simulator against measurement"})
@@ -114,7 +116,8 @@ TEST(SimulateCli, H100PairPinnedAt32KCausal) {
 TEST(SimulateCli, RateOverrides) {
   // --tflops alone prices every phase and mask.
   for (const char* mask : {"causal", "none"}) {
-    const Output o = burstlab(std::string("simulate --preset h200-x2 --seq 4096 --algo ring --tflops 100 --json --mask ") + mask);
+    const Output o =
+        burstlab(std::string("simulate --preset h200-x2 --seq 4096 --algo ring --tflops 100 --json --mask ") + mask);
     ASSERT_EQ(o.rc, 0) << o.err;
     const json j = json::parse(o.out);
     EXPECT_EQ(j.at("flops_per_s").at("forward").get<double>(), 100e12) << mask;
@@ -153,7 +156,8 @@ TEST(SimulateCli, RefusesWhatTheModelCannotPrice) {
     EXPECT_EQ(o.out, "") << b.args;
   }
   // With an inter-node link given, more nodes are priced.
-  const Output o = burstlab("simulate --preset h100-x8 --nodes 2 --inter-gbs 50 --seq 65536 --algo ring,burst-double-ring");
+  const Output o =
+      burstlab("simulate --preset h100-x8 --nodes 2 --inter-gbs 50 --seq 65536 --algo ring,burst-double-ring");
   EXPECT_EQ(o.rc, 0) << o.out << o.err;
   EXPECT_NE(o.out.find("inter 50.0 GB/s"), std::string::npos) << o.out;
 }
