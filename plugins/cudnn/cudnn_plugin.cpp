@@ -128,6 +128,9 @@ const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_
   if (m.doc) return "document masks (segment ids) are not expressed to cuDNN by this plug-in";
   if (m.block) return "block-sparse masks are not expressed to cuDNN by this plug-in";
   if (indexed) return "indexed positions (a zigzag or striped shard that does not split into contiguous runs)";
+  if (p.N_q > p.N_k && (m.left >= 0 || m.right >= 0))
+    return "a causal or window mask with more queries than keys (N_q > N_k): cuDNN aligns such a band bottom-right "
+           "only when N_q <= N_k";
   return nullptr;
 }
 
@@ -146,7 +149,12 @@ Band band_of(const burstlab_block& b) {
   }
   const int64_t off = q0 - k0 + (m.N_k - m.N_q);
   if (off == 0) band.bottom_right = false;
-  else if (off == nk - nq) band.bottom_right = true;
+  else if (off == nk - nq && nq > nk) {
+    std::ostringstream s;
+    s << "a " << nq << " x " << nk << " block whose band is aligned bottom-right with more rows than keys: "
+      << "cuDNN refuses that alignment when n_q > n_k";
+    decline(s.str());
+  } else if (off == nk - nq) band.bottom_right = true;
   else {
     std::ostringstream s;
     s << "the band's diagonal sits at key offset " << off << " in this " << nq << " x " << nk
