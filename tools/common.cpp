@@ -169,8 +169,6 @@ Passes parse_pass(const std::string& s, Operator op) {
 int max_threads() { return omp_get_max_threads(); }
 
 void apply_threads(int threads) {
-  if (threads < 0) fail("threads (", threads, ") must be >= 1, or 0 for all");
-  if (threads > kMaxThreads) fail("threads (", threads, ") must be <= ", kMaxThreads);
   if (threads == 0) return;
   // Eigen's GEMMs follow it too (Eigen::setNbThreads would pin a count for every thread, SimComm
   // ranks included; cpu/cpu.cpp relies on it not being set).

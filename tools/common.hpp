@@ -89,7 +89,7 @@ struct Passes {
 };
 // attention: fwd | bwd | both; lmhead-ce: fwd | bwd | fused | both (all three).
 Passes parse_pass(const std::string& s, Operator op = Operator::Attention);
-void apply_threads(int threads);          // >= 0 (0 = leave the default); OpenMP (Eigen follows it)
+void apply_threads(int threads);          // --threads (0 = leave the default); OpenMP (Eigen follows it)
 int max_threads();
 
 // One checked problem: seeded inputs in `dtype`, the oracle, then each implementation
