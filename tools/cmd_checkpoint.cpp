@@ -4,8 +4,6 @@
 // equal to the closed forms; the layer against its fp64 reference), with what each placement kept,
 // recomputed and sent; then the cost models of distributed/checkpointing.hpp at the papers' scales
 // with the papers' numbers beside them.
-#include "cmd_checkpoint.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

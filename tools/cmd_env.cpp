@@ -1,14 +1,13 @@
 // tools/cmd_env.cpp — `burstlab env`: every environment variable the project reads, from the one
 // table (burstlab/env.hpp, src/env.cpp), with its value in this process, what unset means, its
 // kind, who reads it and what it does.
-#include "cmd_env.hpp"
-
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "burstlab/env.hpp"
+#include "common.hpp"
 #include "table.hpp"
 
 namespace burstlab::tools {

@@ -1,8 +1,6 @@
 // tools/cmd_schedule.cpp — `burstlab schedule`: a distributed schedule step by step (spec §7),
 // as the algorithm's teaching trace, or as data (--json) and a picture (--svg) for the ring-type
 // schedules and DistFlashAttn.
-#include "cmd_schedule.hpp"
-
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -11,6 +9,7 @@
 
 #include "burstlab/error.hpp"
 #include "algorithm.hpp"
+#include "common.hpp"
 #include "dist_flags.hpp"
 #include "distflash.hpp"
 #include "double_ring.hpp"

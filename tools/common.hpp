@@ -166,7 +166,12 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
-Command add_run_command(CLI::App& app);
-Command add_suite_command(CLI::App& app);
-Command add_bench_command(CLI::App& app);
+// The subcommands' makers, one file each (main.cpp registers them; cmd_case.hpp has the case-file
+// ones, cmd_simulate.hpp `simulate`).
+Command add_run_command(CLI::App& app);         // cmd_run.cpp
+Command add_suite_command(CLI::App& app);       // cmd_suite.cpp
+Command add_bench_command(CLI::App& app);       // cmd_bench.cpp
+Command add_schedule_command(CLI::App& app);    // cmd_schedule.cpp (spec §7)
+Command add_checkpoint_command(CLI::App& app);  // cmd_checkpoint.cpp (spec §11)
+Command add_env_command(CLI::App& app);         // cmd_env.cpp: the environment variables (burstlab/env.hpp)
 }  // namespace burstlab::tools

@@ -15,12 +15,9 @@
 
 #include "burstlab/env.hpp"
 #include "burstlab/error.hpp"
-#include "cmd_case.hpp"     // gen, oracle, check, conform
-#include "cmd_checkpoint.hpp"  // checkpoint
-#include "cmd_env.hpp"         // env
-#include "common.hpp"
-#include "cmd_schedule.hpp"
+#include "cmd_case.hpp"  // gen, oracle, check, conform
 #include "cmd_simulate.hpp"
+#include "common.hpp"    // the other subcommands
 #include "resources.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "thread_world.hpp"  // nccl::launch, nccl::shutdown: under mpirun, tables from rank 0 only
