@@ -7,18 +7,15 @@
 #include <map>
 #include <memory>
 
-#include "algorithm.hpp"  // the schedules of spec §7: algorithms()
-#include "burstlab/dispatch.hpp"
 #include "burstlab/error.hpp"
 #include "case.hpp"
 #include "cmd_case.hpp"
+#include "conform_columns.hpp"
 #include "common.hpp"
 #include "dist_flags.hpp"  // --transport, parsed as `run` parses it
-#include "gather.hpp"
 #include "lmhead_case.hpp"
 #include "npy.hpp"
 #include "resources.hpp"
-#include "session.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "thread_world.hpp"  // nccl::nccl_world, launch, device_count
 #endif
@@ -29,196 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using check::CaseData;
 using check::CaseMeta;
-
-// ---- conform -----------------------------------------------------------------------------------
-// A column of the matrix. prepare() validates and sets up one case (throws Error when the column
-// cannot run that problem: cell "n/a"); the closure it returns runs it (any throw: cell FAIL).
-using RunFn = std::function<check::Candidate()>;
-struct Column {
-  std::string name;
-  std::vector<Dtype> dtypes;
-  std::function<RunFn(const CaseData& cd)> prepare;
-  Footprint footprint;  // host bytes of its run (resources.hpp); empty: not estimated
-  bool on_nccl = false;  // runs on the one NCCL World (Net): its cells are collectives under mpirun
-  std::string transport = "none";  // --json's "transport": sim or nccl for a distributed column
-};
-
-// Where the distributed columns' ranks talk (--transport). SimComm: each cell's session has
-// simulated ranks of its own. NCCL: every cell's session runs on ONE World made before the first
-// case (a thread per GPU, or this process's rank under mpirun) and reuses its communicators. A
-// throw inside that World aborts its communicators (and, under mpirun, ends every process at
-// exit), so the NCCL cells after it are not run.
-struct Net {
-  DistFlags f;  // transport, gpus_per_node, timeout, inject; f.world is the G every column uses
-  std::shared_ptr<dist::World> world;  // NCCL only
-  std::string dead;                    // the first failure on `world` ("" while it is usable)
-};
-
-check::Candidate candidate_of(Dtype t, Layout layout) {
-  check::Candidate c;
-  c.dtype = t;
-  c.layout = layout;
-  return c;
-}
-
-Column impl_column(const Impl& m) {
-  Column col;
-  col.name = m.name;
-  col.dtypes = m.suite_dtypes;
-  col.footprint = m.footprint;
-  col.prepare = [&m](const CaseData& cd) -> RunFn {
-    check_impl(m, cd.meta.p, cd.meta.dtype, ImplOptions{}, m.has_backward);
-    auto r = std::make_shared<Runner>(m.prepare(cd.meta.p, cd.in, ImplOptions{}));
-    const bool bwd = m.has_backward && cd.meta.backward;
-    const Dtype t = cd.meta.dtype;
-    const Layout layout = cd.meta.layout;
-    return [r, bwd, t, layout] {
-      check::Candidate c = candidate_of(t, layout);
-      r->forward();
-      r->fetch_forward(c.O, c.LSE);
-      c.has_O = c.has_LSE = true;
-      if (bwd) {
-        r->backward();
-        r->fetch_backward(c.dQ, c.dK, c.dV);
-        c.has_dQ = c.has_dK = c.has_dV = true;
-      }
-      return c;
-    };
-  };
-  return col;
-}
-
-// A distributed run's outputs, gathered from the ranks' shards into global BHSD, as a candidate.
-template <class T>
-check::Candidate candidate_of(const dist::DistResult<T>& res, Dtype t) {
-  check::Candidate c = candidate_of(t, Layout::BHSD);
-  c.O = widen(dist::gather(res.O, res.qp));
-  c.LSE = widen(dist::gather(res.LSE, res.qp));
-  c.dQ = widen(dist::gather(res.dQ, res.qp));
-  c.dK = widen(dist::gather(res.dK, res.kp));
-  c.dV = widen(dist::gather(res.dV, res.kp));
-  c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
-  return c;
-}
-
-// One distributed session (dist::Session of an algorithm of the table)
-// on SimComm threads, with the engine of an implementation; outputs gathered back to global BHSD.
-template <class T, class Session, class Options>
-RunFn dist_prepare(const CaseData& cd, Options o, std::unique_ptr<Engine<T>> engine, const EngineMakers& mk) {
-  struct S {
-    std::unique_ptr<Engine<T>> engine;
-    std::unique_ptr<Session> session;
-  };
-  auto s = std::make_shared<S>();
-  s->engine = std::move(engine);
-  o.sim.memory.copy = mk.copy;
-  o.sim.memory.poison = mk.poison;
-  s->session = std::make_unique<Session>(cd.meta.p, cd.in.Q.view(), cd.in.K.view(), cd.in.V.view(), cd.in.dO.view(),
-                                         o, *s->engine);  // validates: Error = n/a
-  const Dtype t = cd.meta.dtype;
-  return [s, t] {
-    s->session->forward();
-    s->session->backward();
-    return candidate_of(s->session->result(), t);
-  };
-}
-
-// A Session of options o with the engine of `mk` for the case's dtype.
-RunFn dist_prepare_any(const CaseData& cd, const dist::AlgoOptions& o, const EngineMakers& mk, const ImplOptions& io) {
-  return dispatch_dtype(cd.meta.dtype, [&](auto t) {
-    using T = typename decltype(t)::type;
-    return dist_prepare<T, dist::Session<T>>(cd, o, mk.make<T>(io), mk);
-  });
-}
-
-// One session on the NCCL World: each rank makes its engine on its own device, then the
-// forward, the backward, and every rank's outputs gathered into every process (a collective).
-// Nothing here runs before the closure: the column's refusals (n/a) are decided without the World.
-template <class T>
-RunFn nccl_prepare(const CaseData& cd, const dist::AlgoOptions& o, const EngineMakers& mk,
-                   const std::shared_ptr<Net>& net) {
-  const CaseData* c = &cd;  // the closure runs while the row's case is alive
-  return [c, o, mk, net] {
-    dist::Session<T> session(c->meta.p, c->in.Q.view(), c->in.K.view(), c->in.V.view(), c->in.dO.view(), o,
-                             *net->world, [&mk] { return mk.make<T>(ImplOptions{}); });
-    session.forward();
-    session.backward();
-    return candidate_of(session.result(), c->meta.dtype);
-  };
-}
-
-// Every algorithm of the table (distributed/algorithm.hpp), on the engine of each implementation
-// in `engines` (the layers cpu and cuda, and the engine plug-ins --impl names). attention2d runs on
-// the cyclic partition it needs, distflash on the contiguous one, usp with groups of 2 (when 2
-// divides G). On NCCL only the engines whose buffers live in device memory (a transport copy).
-std::vector<Column> dist_columns(const std::string& partition, const std::vector<const Impl*>& engines,
-                                 const std::shared_ptr<Net>& net) {
-  const int world = net->f.world;
-  const bool nccl = net->f.transport == Transport::Nccl;
-  std::vector<Column> out;
-  for (const Impl* mp : engines) {
-    const Impl& m = *mp;
-    if (!m.engines.any() || (nccl && !m.engines.copy)) continue;
-    const EngineMakers mk = m.engines;
-    for (const dist::Algorithm& a : dist::algorithms()) {
-      const std::string name = a.name;
-      dist::AlgoOptions o;
-      o.algo = name;
-      o.partition = dist::parse_partition(partition);
-      o.world = world;
-      o.gpus_per_node = o.sim.gpus_per_node = net->f.gpus_per_node;
-      o.backward = true;
-      Column col;
-      col.name = name + "/" + m.name + " G=" + std::to_string(world);
-      if (a.grid && a.partition) {  // the grid's algorithms run on their own partition whatever --partition says
-        o.partition = *a.partition;
-        col.name += " " + dist::to_string(o.partition);
-      }
-      if (a.ulysses_groups) {
-        if (world % 2 != 0) continue;
-        o.ulysses_degree = 2;
-        col.name += " u=2";
-      }
-      col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint);
-      col.transport = to_string(net->f.transport);
-      if (nccl) {
-        col.on_nccl = true;
-        // The engine's refusals (cuda: a GPU, d) and the algorithm's (make_plan: partition,
-        // heads, mask) before any rank runs: a refusal is n/a, a throw inside the World a FAIL.
-        col.prepare = [o, mk, mp, net](const CaseData& cd) -> RunFn {
-          if (mp->check) mp->check(cd.meta.p, cd.meta.dtype, ImplOptions{});
-          dist::make_plan(cd.meta.p, o);
-          return dispatch_dtype(cd.meta.dtype, [&](auto t) {
-            return nccl_prepare<typename decltype(t)::type>(cd, o, mk, net);
-          });
-        };
-        out.push_back(col);
-        continue;
-      }
-      // A plug-in's refusals of the whole problem (plugin.h's supports) make the cell n/a, as alone.
-      const bool plugin = m.name.rfind("plugin:", 0) == 0;
-      col.prepare = [o, mk, plugin, mp](const CaseData& cd) {
-        if (plugin && mp->check) mp->check(cd.meta.p, cd.meta.dtype, ImplOptions{});
-        return dist_prepare_any(cd, o, mk, ImplOptions{});
-      };
-      out.push_back(col);
-    }
-  }
-  return out;
-}
-
-// Under NCCL every process must take the same branch for every cell (a process that skipped a
-// session the others ran would leave them waiting): the refusal of any process, the lowest
-// rank's, is every process's. One small collective per cell.
-std::string agreed_refusal(dist::World& w, const std::string& mine, const std::string& what) {
-  const std::string sent = "r" + mine;  // never an empty buffer through MPI
-  const std::vector<std::vector<char>> all =
-      w.allgather([&](int) { return std::vector<char>(sent.begin(), sent.end()); }, what);
-  for (const std::vector<char>& b : all)
-    if (b.size() > 1) return std::string(b.begin() + 1, b.end());
-  return "";
-}
 
 // "--timeout (5), --inject-failure (1:0)": the options of `given` that were on the command line.
 std::string given_flags(const std::vector<const CLI::Option*>& given) {
@@ -340,7 +147,7 @@ Command add_conform(CLI::App& app) {
     }
 #endif
     apply_threads(s->run.threads);
-    std::vector<Column> cols;
+    std::vector<MatrixColumn> cols;
     std::vector<const Impl*> engines;
     for (const Impl& m : registry()) {
       if (m.op == Operator::Attention && !nccl) cols.push_back(impl_column(m));
@@ -360,23 +167,23 @@ Command add_conform(CLI::App& app) {
       else if (!m->engines.copy) host_plugins += (host_plugins.empty() ? "" : ", ") + one;
       engines.push_back(m);
     }
-    for (Column& col : dist_columns(s->partition, engines, net)) cols.push_back(col);
+    for (MatrixColumn& col : dist_columns(s->partition, engines, net)) cols.push_back(col);
     if (nccl && !host_plugins.empty())
       fail("impl (", host_plugins, ") keeps its buffers in host memory: --transport nccl moves device memory "
            "only (an engine in device memory, e.g. cuda, or --transport sim)");
     if (nccl && cols.empty())
       fail("transport (nccl) needs an engine in device memory (cuda): this binary has none; use --transport sim");
     if (!s->impl.empty()) {
-      std::vector<Column> keep;
+      std::vector<MatrixColumn> keep;
       std::string names;
-      for (const Column& col : cols) names += (names.empty() ? "" : ", ") + col.name;
+      for (const MatrixColumn& col : cols) names += (names.empty() ? "" : ", ") + col.name;
       size_t at = 0;
       while (at <= s->impl.size()) {
         const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
         const std::string one = s->impl.substr(at, comma - at);
         at = comma + 1;
         if (one.empty()) continue;
-        const auto named = [&](const Column& col) {
+        const auto named = [&](const MatrixColumn& col) {
           return col.name == one || col.name.rfind(one + "/", 0) == 0 ||
                  (is_plugin(one) && col.name.find("/" + one + " G=") != std::string::npos);
         };
@@ -413,7 +220,7 @@ Command add_conform(CLI::App& app) {
         const CaseMeta& m = metas[r];
         const bool on_disk = !dirs.empty() && check::has_expected(dirs[r]);
         std::vector<ConformColumn> running;
-        for (const Column& col : cols)
+        for (const MatrixColumn& col : cols)
           if (std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end())
             running.push_back({col.name, col.footprint});
         auto need_with = [&](const std::vector<ConformColumn>& cs) {
@@ -462,12 +269,12 @@ Command add_conform(CLI::App& app) {
     try {
       for (size_t r = 0; r < metas.size(); ++r) {
         if (!quiet) progress.step(metas[r].name);
-        const auto runs = [&](const Column& col) {
+        const auto runs = [&](const MatrixColumn& col) {
           return std::find(col.dtypes.begin(), col.dtypes.end(), metas[r].dtype) != col.dtypes.end();
         };
         // After the world died its columns run nothing: neither the case nor its oracle is needed.
         const bool any = std::any_of(cols.begin(), cols.end(),
-                                     [&](const Column& col) { return runs(col) && !(col.on_nccl && !net->dead.empty()); });
+                                     [&](const MatrixColumn& col) { return runs(col) && !(col.on_nccl && !net->dead.empty()); });
         std::unique_ptr<CaseData> cdp;
         std::unique_ptr<check::Expected> ep;
         if (any) {
@@ -478,7 +285,7 @@ Command add_conform(CLI::App& app) {
         }
         for (size_t k = 0; k < cols.size(); ++k) {
           Cell& cell = cells[r][k];
-          const Column& col = cols[k];
+          const MatrixColumn& col = cols[k];
           if (!runs(col)) { cell.text = "-"; continue; }
           if (col.on_nccl && !net->dead.empty()) {
             cell.text = "FAIL not run";
@@ -613,7 +420,7 @@ Command add_conform(CLI::App& app) {
       std::string unrun;  // the cases' dtypes that no selected column runs
       for (const CaseMeta& m : metas) {
         const std::string t = to_string(m.dtype);
-        const bool runs = std::any_of(cols.begin(), cols.end(), [&](const Column& col) {
+        const bool runs = std::any_of(cols.begin(), cols.end(), [&](const MatrixColumn& col) {
           return std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end();
         });
         if (!runs && ("," + unrun + ",").find("," + t + ",") == std::string::npos) unrun += (unrun.empty() ? "" : ",") + t;
