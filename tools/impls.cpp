@@ -92,12 +92,8 @@ Runner host_runner(const Problem& p, const Inputs& in, Fwd fwd, Bwd bwd) {
 template <class T>
 Runner reference_runner(const Problem& p, const Inputs& in) {
   return host_runner<T>(
-      p, in,
-      [](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-         View3<T> LSE) { reference::forward<T>(q, Q, K, V, O, LSE); },
-      [](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V,
-         View4<const T> O, View4<const T> dO, View3<const T> LSE, View4<T> dQ, View4<T> dK,
-         View4<T> dV) { reference::backward<T>(q, Q, K, V, O, dO, LSE, dQ, dK, dV); });
+      p, in, [](const auto&... a) { reference::forward<T>(a...); },
+      [](const auto&... a) { reference::backward<T>(a...); });
 }
 
 Impl reference_impl() {
@@ -117,12 +113,8 @@ Impl reference_impl() {
 template <class T>
 Runner cpu_runner(const Problem& p, const Inputs& in, cpu::Tiles t) {
   return host_runner<T>(
-      p, in,
-      [t](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O,
-          View3<T> LSE) { cpu::forward<T>(q, Q, K, V, O, LSE, t); },
-      [t](const Problem& q, View4<const T> Q, View4<const T> K, View4<const T> V,
-          View4<const T> O, View4<const T> dO, View3<const T> LSE, View4<T> dQ, View4<T> dK,
-          View4<T> dV) { cpu::backward<T>(q, Q, K, V, O, dO, LSE, dQ, dK, dV, t); });
+      p, in, [t](const auto&... a) { cpu::forward<T>(a..., t); },
+      [t](const auto&... a) { cpu::backward<T>(a..., t); });
 }
 
 Impl cpu_impl() {
