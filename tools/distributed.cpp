@@ -132,8 +132,9 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     if (base.check) base.check(p, dtype, opt);
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
-  m.footprint = distributed_footprint(dist::find_algorithm(options_of(f).algo).gathers_kv, world_of(f),
-                                      base.engines.footprint);  // resources.hpp
+  const bool gathers_kv = dist::find_algorithm(options_of(f).algo).gathers_kv;
+  m.footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint);  // resources.hpp
+  m.sampled_footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, true);
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {

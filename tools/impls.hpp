@@ -117,6 +117,7 @@ struct Impl {
   // device). `run` and `bench` refuse a problem whose host bytes do not fit before allocating
   // anything (resources.hpp). Empty: counted as nothing.
   Footprint footprint;
+  Footprint sampled_footprint;  // the same under `--check-rows` when fetch_sampled_* serve the check; empty: footprint
   std::function<MemAvailable()> device_memory;  // a GPU layer: the device memory free now
   EngineMakers engines;             // `--algo` runs its schedules on these (cpu, cuda)
   LmHeadEntry lmhead;               // op == LmHeadCe: its entry points (check, prepare, footprint above unused)

@@ -92,8 +92,8 @@ EngineFootprint cpu_engine_footprint() {
 }
 
 
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine) {
-  return [gathers_kv, world, engine](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled) {
+  return [gathers_kv, world, engine, sampled](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
     const Sizes z(p);
     const int64_t s = bytes_of(dtype), G = std::max(world, 1);
     const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                                                   // K, V (dK, dV)
@@ -102,17 +102,20 @@ Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprin
     const int64_t outputs = bytes_sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
     const std::string where = engine.device ? " on the device" : "";
     const int64_t rows = (p.N_q + G - 1) / G;  // a rank's query rows
-    return std::vector<MemPart>{
+    std::vector<MemPart> parts = {
         {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype) + where,
          bytes_mul(s, bytes_sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs})), engine.device},
         {"blocks in flight: " + std::to_string(copies) + " copies of K, V" + (backward ? ", dK, dV" : "") +
              " and 2 of the query-side tensors in " + to_string(dtype) + where,
          bytes_mul(s, bytes_add(bytes_mul(copies, kv), bytes_mul(2, q))), engine.device},
-        {"downloaded and gathered outputs in " + to_string(dtype), bytes_mul(2, bytes_mul(s, outputs))},
-        fetched(p, backward),
         {engine.what + " on " + std::to_string(G) + " rank threads x " + threads_text(std::max(threads, 1)),
          bytes_mul(G, engine.block_call(p, rows, dtype, opt, threads)), engine.device},
-        small_allocations()};
+        small_allocations()};  // with the sample's K rows and columns of the outputs, when sampled
+    if (!sampled) {
+      parts.push_back({"downloaded and gathered outputs in " + to_string(dtype), bytes_mul(2, bytes_mul(s, outputs))});
+      parts.push_back(fetched(p, backward));
+    }
+    return parts;
   };
 }
 
@@ -145,15 +148,23 @@ MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int thre
   const std::vector<MemPart> kept = sampled ? sampled_oracle_kept(p, c.check_rows, c.pass.bwd) : oracle_kept(p, c.pass.bwd);
   base.insert(base.end(), kept.begin(), kept.end());
   if (sampled && c.pass.bwd) {
-    const Sizes z(p);
-    base.push_back({"the candidate's O, LSE in fp64 for the column check", bytes_mul(8, bytes_add(z.Eq, z.Er))});
     // column_oracle runs while the impl's run (and its fetched gradients) is still alive.
-    base.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, z.Er)});
+    base.push_back({"D of the run and its magnitude for the sampled columns' q-heads", bytes_mul(16, Sizes(p).Er)});
   }
   for (const Impl* m : impls) {
-    if (!m->footprint) continue;
+    // A run that hands the sampled check its sample (a distributed one) keeps the rows' LSE for the
+    // column check; any other hands over its whole O and LSE in fp64.
+    const bool by_sample = sampled && m->sampled_footprint;
+    const Footprint& own = by_sample ? m->sampled_footprint : m->footprint;
+    if (!own) continue;
     std::vector<MemPart> parts = base;
-    for (MemPart x : m->footprint(p, c.dtype, c.opt, c.pass.bwd, threads)) {
+    if (sampled && c.pass.bwd) {
+      const Sizes z(p);
+      parts.push_back(by_sample ? MemPart{"the run's LSE in fp64 for the column check", bytes_mul(8, z.Er)}
+                                : MemPart{"the candidate's O, LSE in fp64 for the column check",
+                                          bytes_mul(8, bytes_add(z.Eq, z.Er))});
+    }
+    for (MemPart x : own(p, c.dtype, c.opt, c.pass.bwd, threads)) {
       x.what = "impl " + m->name + ": " + x.what;
       parts.push_back(x);
     }

@@ -70,7 +70,9 @@ struct EngineFootprint {
   std::function<int64_t(const Problem& p, int64_t rows, Dtype dtype, const ImplOptions& opt, int threads)> block_call;
 };
 EngineFootprint cpu_engine_footprint();  // cpu/cpu_footprint.hpp's block_call_bytes
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine);
+// sampled: the run's row-sampled check reads only the sample and the rows' LSE, D through the World
+// (Runner::fetch_sampled_*, gather.hpp) instead of downloading and gathering every output.
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled = false);
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
 // then, one implementation at a time, its footprint next to the inputs and what the oracle keeps

@@ -118,6 +118,22 @@ TEST(Estimate, SampledOracleHasNoNxN) {
   EXPECT_GT(case_need(c, find_impls("cpu"), 2).bytes, 1000LL * 1000 * 1000 * 1000);
 }
 
+TEST(Estimate, SampledDistributedRunGathersNoOutputs) {
+  // `run --algo ring --world 2 --check-rows K`: the check reads the sample and the rows' LSE, D
+  // through the World (gather.hpp), so neither the gathered outputs nor their fp64 copies are held.
+  const Problem p = shape(1, 32, 32, 1 << 20, 1 << 20, 128);
+  const Footprint whole = distributed_footprint(false, 2, cpu_engine_footprint());
+  const Footprint sampled = distributed_footprint(false, 2, cpu_engine_footprint(), true);
+  const MemNeed w = make_need("", whole(p, Dtype::F32, ImplOptions{}, true, 2));
+  const MemNeed s = make_need("", sampled(p, Dtype::F32, ImplOptions{}, true, 2));
+  const int64_t outputs = 4LL * (2 * 32LL * (1 << 20) * 128 * 2 + 32LL * (1 << 20));  // O, dQ, dK, dV, LSE in fp32
+  EXPECT_GE(w.bytes - s.bytes, 2 * outputs);
+  for (const MemPart& x : s.parts) {
+    EXPECT_FALSE(has(x.what, "gathered outputs")) << x.what;
+    EXPECT_FALSE(has(x.what, "fetched")) << x.what;
+  }
+}
+
 TEST(Estimate, OverflowIsTooManyNotUndefined) {
   // N_q x N_k = 2^80: beyond int64 (validate() refuses such a problem; the estimate must not be UB
   // either way).
