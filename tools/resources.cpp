@@ -291,21 +291,15 @@ MemAvailable address_space_available(int threads) {
   return a;
 }
 
-MemAvailable memory_available() {
+namespace {
+// What the host's memory and this process's cgroups still allow: shared by every process there.
+MemAvailable host_available() {
   MemAvailable a;
-  if (const std::optional<std::string> e = env::text("BURSTLAB_MEMORY_AVAILABLE")) {
-    int64_t v;
-    if (!parse_count(*e, &v)) fail("BURSTLAB_MEMORY_AVAILABLE (", *e, ") must be a number of bytes");
-    a.bytes = v;
-    a.source = "BURSTLAB_MEMORY_AVAILABLE";
-    return a;
-  }
   std::string text;
   if (read_text("/proc/meminfo", &text)) {
     a.bytes = parse_meminfo_available(text);
     if (a.bytes >= 0) a.source = "MemAvailable";
   }
-  if (const MemAvailable as = address_space_available(0); as.bytes >= 0 && (a.bytes < 0 || as.bytes < a.bytes)) a = as;
   // The process's cgroups (/proc/self/cgroup: "0::/path" for v2, "N:memory:/path" for v1), and
   // their ancestors: a limit anywhere above applies too.
   if (!read_text("/proc/self/cgroup", &text)) return a;
@@ -335,6 +329,32 @@ MemAvailable memory_available() {
       path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
     }
   }
+  return a;
+}
+}  // namespace
+
+int local_processes() {
+  for (const char* n : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (env::text(n)) return static_cast<int>(std::clamp<int64_t>(env::integer(n), 1, 1 << 20));
+  return 1;
+}
+
+MemAvailable memory_available() {
+  MemAvailable a;
+  if (const std::optional<std::string> e = env::text("BURSTLAB_MEMORY_AVAILABLE")) {
+    int64_t v;
+    if (!parse_count(*e, &v)) fail("BURSTLAB_MEMORY_AVAILABLE (", *e, ") must be a number of bytes");
+    a.bytes = v;
+    a.source = "BURSTLAB_MEMORY_AVAILABLE";
+    return a;
+  }
+  // Every process mpirun starts on this host holds its own inputs and oracle: each gets its share.
+  a = host_available();
+  if (const int n = local_processes(); n > 1 && a.bytes >= 0) {
+    a.bytes /= n;
+    a.source += " / " + std::to_string(n) + " processes of this host (mpirun)";
+  }
+  if (const MemAvailable as = address_space_available(0); as.bytes >= 0 && (a.bytes < 0 || as.bytes < a.bytes)) a = as;
   return a;
 }
 

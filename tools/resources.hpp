@@ -90,9 +90,13 @@ struct MemAvailable {
 // BURSTLAB_MEMORY_AVAILABLE (bytes) when set; else the smallest of /proc/meminfo's MemAvailable,
 // the address-space limit (RLIMIT_AS, `ulimit -v`) less what the process maps already, and what
 // the process's cgroup (v2 memory.max, v1 memory.limit_in_bytes, itself or an ancestor) still
-// allows: limit - usage + inactive file cache. Throws Error on a malformed
-// BURSTLAB_MEMORY_AVAILABLE.
+// allows: limit - usage + inactive file cache. The host's figures (MemAvailable, cgroup) are
+// divided among the processes an MPI launcher started on this host (local_processes). Throws
+// Error on a malformed BURSTLAB_MEMORY_AVAILABLE.
 MemAvailable memory_available();
+// The processes of this launch on this host: OMPI_COMM_WORLD_LOCAL_SIZE (Open MPI) or
+// MPI_LOCALNRANKS (MPICH), else 1.
+int local_processes();
 // RLIMIT_AS's soft limit less the process's mapped size (/proc/self/statm) and the address space
 // `threads` OpenMP threads will map beyond the first (stacks, malloc arenas; 0: OpenMP's current
 // team size); bytes -1 when there is no limit (or the mapped size cannot be read).

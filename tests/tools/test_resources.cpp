@@ -297,6 +297,34 @@ TEST(Available, EnvironmentOverridesAndIsValidated) {
 #endif
 }
 
+TEST(Available, ProcessesOfOneHostShareIt) {
+  // mpirun -np 2 on one host: each process holds its own inputs and oracle, so each may count on
+  // half of what the host has (an over-estimate let both start and the kernel's OOM killer end them).
+  unsetenv("BURSTLAB_MEMORY_AVAILABLE");
+  unsetenv("MPI_LOCALNRANKS");
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const MemAvailable one = memory_available();
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  const MemAvailable two = memory_available();
+  EXPECT_EQ(local_processes(), 2);
+#ifdef __linux__
+  if (one.source.rfind("RLIMIT_AS", 0) != 0 && two.source.rfind("RLIMIT_AS", 0) != 0) {
+    EXPECT_NE(two.source.find(" / 2 processes of this host (mpirun)"), std::string::npos) << two.source;
+    EXPECT_NEAR(double(two.bytes) / double(one.bytes), 0.5, 0.05) << one.bytes << " " << two.bytes;  // MemAvailable moves a little
+  }
+#endif
+  setenv("BURSTLAB_MEMORY_AVAILABLE", "1000", 1);  // the user's figure is this process's own
+  EXPECT_EQ(memory_available().bytes, 1000);
+  unsetenv("BURSTLAB_MEMORY_AVAILABLE");
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "two", 1);
+  EXPECT_THROW(memory_available(), Error);
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  setenv("MPI_LOCALNRANKS", "4", 1);
+  EXPECT_EQ(local_processes(), 4);
+  unsetenv("MPI_LOCALNRANKS");
+  EXPECT_EQ(local_processes(), 1);
+}
+
 TEST(Available, AddressSpaceLimitLessWhatIsMappedAndThreads) {
   EXPECT_EQ(parse_statm_size("765 431 403 5 0 123 0\n", 4096), 765LL * 4096);
   EXPECT_EQ(parse_statm_size("", 4096), -1);
