@@ -86,15 +86,11 @@ Command add_bench_command(CLI::App& app) {
   add_values_flag(sub, s->run);
   add_impl_flag(sub, s->run);
   add_tile_flags(sub, s->run);
-  int_range(sub->add_option("--threads", s->run.threads, "the 'all threads' setting (0 = OMP_NUM_THREADS or every core)")
-                ->capture_default_str(),
-            "threads", 0, kMaxThreads, ">= 1, or 0 for all");
-  int_range(sub->add_option("--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up")
-                ->capture_default_str(),
-            "reps", 1, kMaxRepeat);
+  int_flag(sub, "--threads", s->run.threads, "the 'all threads' setting (0 = OMP_NUM_THREADS or every core)", "threads",
+           0, kMaxThreads, ">= 1, or 0 for all");
+  int_flag(sub, "--reps", s->reps, "timed runs per measurement (best is kept), after one warm-up", "reps", 1, kMaxRepeat);
   // n^2 elements per matrix: validate()'s 2^48 per tensor.
-  int_range(sub->add_option("--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)")->capture_default_str(), "gemm-n",
-            1, int64_t(1) << 24);
+  int_flag(sub, "--gemm-n", s->gemm_n, "SGEMM size n (n x n times n x n)", "gemm-n", 1, int64_t(1) << 24);
   sub->add_option("--verify", s->verify,
                   "auto | same | reduced: check on the timed shape, or on N <= 1024 (auto: same when "
                   "B*H_q*visible_pairs*d <= 2^30)")

@@ -27,13 +27,7 @@ using check::CaseMeta;
 
 std::vector<Dtype> parse_dtypes(const std::string& list) {
   std::vector<Dtype> out;
-  size_t at = 0;
-  while (at <= list.size()) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    const std::string one = list.substr(at, comma - at);
-    if (!one.empty()) out.push_back(parse_dtype(one));
-    at = comma + 1;
-  }
+  for (const std::string& one : split_commas(list)) out.push_back(parse_dtype(one));
   if (out.empty()) fail("dtype (", list, ") must name at least one dtype");
   return out;
 }
@@ -79,9 +73,34 @@ std::string fmt_ratio(double x) { return std::isinf(x) ? "inf" : format("%.1e", 
 namespace {
 
 // ---- gen ---------------------------------------------------------------------------------------
+struct GenFlags { std::string out, dtype = "fp32", op = "attention"; bool quick = false, oracle = false, list = false; };
+
+// One operator's suite: suite(quick, dtype) its cases, line(meta) a case's --list line, write(dir,
+// meta) its directory.
+template <class Suite, class Line, class Write>
+int gen_suite(const GenFlags& s, Suite suite, Line line, Write write) {
+  std::vector<typename decltype(suite(false, Dtype::F32))::value_type> metas;
+  for (Dtype t : parse_dtypes(s.dtype)) {
+    const auto part = suite(s.quick, t);
+    metas.insert(metas.end(), part.begin(), part.end());
+  }
+  if (s.list) {
+    for (const auto& m : metas) std::printf("%s\n", line(m).c_str());
+    return kExitPass;
+  }
+  if (s.out.empty()) fail("out (empty) must name a directory: gen --out DIR");
+  Progress progress(static_cast<int>(metas.size()));
+  for (const auto& m : metas) {
+    progress.step(m.name);
+    write((fs::path(s.out) / m.name).string(), m);
+  }
+  progress.done();
+  std::printf("wrote %zu cases to %s%s\n", metas.size(), s.out.c_str(), s.oracle ? " (with expected outputs)" : "");
+  return kExitPass;
+}
+
 Command add_gen(CLI::App& app) {
-  struct S { std::string out, dtype = "fp32", op = "attention"; bool quick = false, oracle = false, list = false; };
-  auto s = std::make_shared<S>();
+  auto s = std::make_shared<GenFlags>();
   CLI::App* sub = app.add_subcommand("gen", "Write the conformance suite as case directories (.npy + case.json)");
   sub->add_option("--out", s->out, "directory to write the cases into (created; required unless --list)");
   sub->add_flag("--quick", s->quick, "the quick subset (CI)");
@@ -98,54 +117,30 @@ Command add_gen(CLI::App& app) {
       "  burstlab gen --out cases-bf16 --dtype bf16 --oracle\n"
       "  burstlab gen --op lmhead-ce --out lm-cases --quick --oracle   h.npy w.npy y.npy per case (spec §10)");
   return {sub, [s]() -> int {
-    if (parse_operator(s->op) == Operator::LmHeadCe) {
-      std::vector<check::LmHeadCaseMeta> metas;
-      for (Dtype t : parse_dtypes(s->dtype)) {
-        const auto part = check::lmhead_suite(s->quick, t);
-        metas.insert(metas.end(), part.begin(), part.end());
-      }
-      if (s->list) {
-        for (const check::LmHeadCaseMeta& m : metas)
-          std::printf("%-44s %s values=%s g=%g\n", m.name.c_str(), shape_string(m.p).c_str(), to_string(m.values).c_str(),
-                      m.g);
-        return kExitPass;
-      }
-      if (s->out.empty()) fail("out (empty) must name a directory: gen --out DIR");
-      Progress progress(static_cast<int>(metas.size()));
-      for (const check::LmHeadCaseMeta& m : metas) {
-        progress.step(m.name);
-        const check::LmHeadCaseData cd = check::make_lmhead_case(m);
-        const std::string dir = (fs::path(s->out) / m.name).string();
-        check::write_lmhead_case(dir, cd);
-        if (s->oracle) check::write_lmhead_expected(dir, check::compute_lmhead_expected(cd));
-      }
-      progress.done();
-      std::printf("wrote %zu cases to %s%s\n", metas.size(), s->out.c_str(), s->oracle ? " (with expected outputs)" : "");
-      return kExitPass;
-    }
-    std::vector<CaseMeta> metas;
-    for (Dtype t : parse_dtypes(s->dtype)) {
-      const auto part = check::suite(s->quick, t);
-      metas.insert(metas.end(), part.begin(), part.end());
-    }
-    if (s->list) {
-      for (const CaseMeta& m : metas)
-        std::printf("%-40s %s %s mask=%s values=%s\n", m.name.c_str(), shape_string(m.p).c_str(),
-                    to_string(m.layout).c_str(), m.mask_spec.c_str(), to_string(m.values).c_str());
-      return kExitPass;
-    }
-    if (s->out.empty()) fail("out (empty) must name a directory: gen --out DIR");
-    Progress progress(static_cast<int>(metas.size()));
-    for (const CaseMeta& m : metas) {
-      progress.step(m.name);
-      const CaseData cd = check::make_case(m);
-      const std::string dir = (fs::path(s->out) / m.name).string();
-      check::write_case(dir, cd);
-      if (s->oracle) check::write_expected(dir, cd, check::compute_expected(cd));
-    }
-    progress.done();
-    std::printf("wrote %zu cases to %s%s\n", metas.size(), s->out.c_str(), s->oracle ? " (with expected outputs)" : "");
-    return kExitPass;
+    const bool oracle = s->oracle;
+    if (parse_operator(s->op) == Operator::LmHeadCe)
+      return gen_suite(
+          *s, check::lmhead_suite,
+          [](const check::LmHeadCaseMeta& m) {
+            return format("%-44s %s values=%s g=%g", m.name.c_str(), shape_string(m.p).c_str(),
+                          to_string(m.values).c_str(), m.g);
+          },
+          [oracle](const std::string& dir, const check::LmHeadCaseMeta& m) {
+            const check::LmHeadCaseData cd = check::make_lmhead_case(m);
+            check::write_lmhead_case(dir, cd);
+            if (oracle) check::write_lmhead_expected(dir, check::compute_lmhead_expected(cd));
+          });
+    return gen_suite(
+        *s, check::suite,
+        [](const CaseMeta& m) {
+          return format("%-40s %s %s mask=%s values=%s", m.name.c_str(), shape_string(m.p).c_str(),
+                        to_string(m.layout).c_str(), m.mask_spec.c_str(), to_string(m.values).c_str());
+        },
+        [oracle](const std::string& dir, const CaseMeta& m) {
+          const CaseData cd = check::make_case(m);
+          check::write_case(dir, cd);
+          if (oracle) check::write_expected(dir, cd, check::compute_expected(cd));
+        });
   }};
 }
 
@@ -211,15 +206,12 @@ Command add_check(CLI::App& app) {
   sub->add_option("--lse-base", s->lse_base, "LSE units of the candidate: e (natural log) | 2 (log2)")->capture_default_str();
   sub->add_option("--layout", s->layout, "layout of the candidate's O, dQ, dK, dV (default: the case's)");
   sub->add_option("--tensors", s->tensors, "only these tensors, comma-separated (default: O,LSE and, for backward cases, dQ,dK,dV)");
-  int_range(sub->add_option("--max-list", s->max_list, "mismatches listed per tensor")->capture_default_str(),
-            "max-list",
-            0, kMaxRepeat);
-  int_range(sub->add_option("--dw-roundings", s->dW_roundings,
-                            "LM head cases: how often the candidate rounds a partial sum of dW to its storage type (r_W "
-                            "of spec (10.21)): 1 when it sums in fp32 and stores once; the number of row chunks when it "
-                            "adds each chunk into a bf16/fp16 dW (as liger-kernel does)")
-                ->capture_default_str(),
-            "dw-roundings", 1, kMaxExtent);
+  int_flag(sub, "--max-list", s->max_list, "mismatches listed per tensor", "max-list", 0, kMaxRepeat);
+  int_flag(sub, "--dw-roundings", s->dW_roundings,
+           "LM head cases: how often the candidate rounds a partial sum of dW to its storage type (r_W of spec "
+           "(10.21)): 1 when it sums in fp32 and stores once; the number of row chunks when it adds each chunk into a "
+           "bf16/fp16 dW (as liger-kernel does)",
+           "dw-roundings", 1, kMaxExtent);
   sub->add_flag("--json", s->json, "one JSON object per case on stdout");
   add_threads_flag(sub, s->run);
   sub->footer(
@@ -240,16 +232,11 @@ Command add_check(CLI::App& app) {
     else if (s->lse_base != "e") fail("lse-base (", s->lse_base, ") must be e or 2");
     if (!s->dtype.empty()) { parse_dtype(s->dtype); over.dtype = s->dtype; }
     if (!s->layout.empty()) { parse_layout(s->layout); over.layout = s->layout; }
-    std::vector<std::string> only;
-    for (size_t at = 0; at <= s->tensors.size() && !s->tensors.empty();) {
-      const size_t comma = std::min(s->tensors.find(',', at), s->tensors.size());
-      const std::string one = s->tensors.substr(at, comma - at);
-      at = comma + 1;
+    const std::vector<std::string> only = split_commas(s->tensors, true);
+    for (const std::string& one : only)
       if (one != "O" && one != "LSE" && one != "dQ" && one != "dK" && one != "dV" && one != "L" && one != "dH" &&
           one != "dW")
         fail("tensors (", s->tensors, ") has '", one, "'; names: O, LSE, dQ, dK, dV (attention), L, LSE, dH, dW (LM head)");
-      only.push_back(one);
-    }
     apply_threads(s->run.threads);
     const auto dirs = case_dirs(s->case_dir);
     require_cases_fit(dirs, max_threads(), [](const CaseMeta& m, int t) {

@@ -347,28 +347,18 @@ Command add_checkpoint_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "checkpoint", "A transformer layer under four checkpoint placements, and the papers' cost models (spec §11)");
   // The shape's lower bounds are validate()'s; every other bound is here.
-  int_range(sub->add_option("-B,-b,--batch", f->B, "batch B")->capture_default_str(),
-            "B", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str(),
-            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str(), "H_kv", kNoLowerBound,
-            kMaxExtent, ">= 1");
-  int_range(sub->add_option("--nq", f->N, "sequence length N (N_k = N_q: self-attention)")->capture_default_str(),
-            "N_q",
-            kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("-d", f->d, "head dimension d")->capture_default_str(),
-            "d", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("--width", f->D, "model width D (0: H_q d)")->capture_default_str(), "width", 0, kMaxExtent,
-            ">= 1 (0: H_q d)");
-  int_range(sub->add_option("--ffn", f->F, "MLP width F (0: 4 D)")->capture_default_str(), "ffn", 0, kMaxExtent,
-            ">= 1 (0: 4 D)");
+  extent_flag(sub, "-B,-b,--batch", f->B, "batch B", "B");
+  extent_flag(sub, "--hq", f->H_q, "query heads H_q", "H_q");
+  extent_flag(sub, "--hkv", f->H_kv, "key/value heads H_kv", "H_kv");
+  extent_flag(sub, "--nq", f->N, "sequence length N (N_k = N_q: self-attention)", "N_q");
+  extent_flag(sub, "-d", f->d, "head dimension d", "d");
+  int_flag(sub, "--width", f->D, "model width D (0: H_q d)", "width", 0, kMaxExtent, ">= 1 (0: H_q d)");
+  int_flag(sub, "--ffn", f->F, "MLP width F (0: 4 D)", "ffn", 0, kMaxExtent, ">= 1 (0: 4 D)");
   sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
   sub->add_option("--dtype", f->dtype, "fp32 | fp64")->capture_default_str();
-  int_range(sub->add_option("--seed", f->seed, "seed of weights and inputs")->capture_default_str(), "seed", 0,
-            std::numeric_limits<uint64_t>::max());
-  int_range(sub->add_option("--tile", f->tile, "cpu attention tiles Br = Bc; the sequence placement's segment length")
-                ->capture_default_str(),
-            "tile", 1, kMaxExtent);
+  int_flag(sub, "--seed", f->seed, "seed of weights and inputs", "seed", 0, std::numeric_limits<uint64_t>::max());
+  int_flag(sub, "--tile", f->tile, "cpu attention tiles Br = Bc; the sequence placement's segment length", "tile", 1,
+           kMaxExtent);
   real_range(sub->add_option("--keep", f->keep, "sequence placement: the fraction of rows whose attention output is kept")
                  ->capture_default_str(),
              "keep", 0, 1);
@@ -377,14 +367,12 @@ Command add_checkpoint_command(CLI::App& app) {
                       " (default: on one device)");
   // These three mean nothing on one device: refused without --algo.
   f->with_algo = {
-      int_range(sub->add_option("--world", f->world, "ranks G (with --algo)")->capture_default_str(), "world", 1,
-                kMaxWorld),
+      int_flag(sub, "--world", f->world, "ranks G (with --algo)", "world", 1, kMaxWorld),
       sub->add_option("--partition", f->partition,
                       "contiguous | zigzag | striped, with --algo (default: the algorithm's own, else contiguous)"),
-      int_range(sub->add_option("--gpus-per-node", f->gpus_per_node,
-                                "GPUs per node K, with --algo (0 = one node): double-ring's K, usp's group size")
-                    ->capture_default_str(),
-                "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)")};
+      int_flag(sub, "--gpus-per-node", f->gpus_per_node,
+               "GPUs per node K, with --algo (0 = one node): double-ring's K, usp's group size", "gpus-per-node", 0,
+               kMaxWorld, ">= 0 (0 = one node)")};
   sub->add_flag("--json", f->json, "JSON instead of tables");
   sub->footer(
       "Exit: 0 when every placement's gradients equal those of `none` bitwise, every distributed pass sent\n"

@@ -61,20 +61,18 @@ Command add_conform(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--impl", s->impl, "only these columns (comma-separated names as printed)");
   DistFlags* fp = &f;
-  int_range(sub->add_option("--world", f.world,
-                            "ranks G of the distributed columns (sim: threads of this process; nccl: one per GPU, at "
-                            "most the GPUs this process sees; under mpirun: mpirun's -np, the default there)")
-                ->capture_default_str()
-                ->each([fp](const std::string&) { fp->world_given = true; }),
-            "world", 1, kMaxWorld);
+  int_flag(sub, "--world", f.world,
+           "ranks G of the distributed columns (sim: threads of this process; nccl: one per GPU, at most the GPUs "
+           "this process sees; under mpirun: mpirun's -np, the default there)",
+           "world", 1, kMaxWorld)
+      ->each([fp](const std::string&) { fp->world_given = true; });
   sub->add_option("--partition", s->partition,
                   "contiguous | zigzag | striped: partition of the distributed columns (attention2d, attention2d-o: always striped)")
       ->capture_default_str();
-  int_range(sub->add_option("--gpus-per-node", f.gpus_per_node,
-                            "GPUs per node K (0 = one node): double-ring's K (must divide --world), the link class "
-                            "of each transfer; nccl: which ranks share a node (0: from the host names)")
-                ->capture_default_str(),
-            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
+  int_flag(sub, "--gpus-per-node", f.gpus_per_node,
+           "GPUs per node K (0 = one node): double-ring's K (must divide --world), the link class of each transfer; "
+           "nccl: which ranks share a node (0: from the host names)",
+           "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
   sub->add_option("--transport", f.transport_flag,
                   "where the distributed columns' ranks talk. sim: SimComm, ranks as threads of this process, every "
                   "engine (cpu, cuda); nccl: NcclComm, one rank per GPU, the columns of the engines in device memory "
@@ -157,10 +155,7 @@ Command add_conform(CLI::App& app) {
     // under every algorithm: plugin:X keeps "plugin:X" and every "<algo>/plugin:X G=...".
     const auto is_plugin = [](const std::string& one) { return one.rfind("plugin:", 0) == 0; };
     std::string host_plugins;  // --transport nccl: the plug-ins named whose memory is the host's
-    for (size_t at = 0; at < s->impl.size();) {
-      const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
-      const std::string one = s->impl.substr(at, comma - at);
-      at = comma + 1;
+    for (const std::string& one : split_commas(s->impl)) {
       if (!is_plugin(one)) continue;
       const Impl* m = find_impls(one).at(0);
       if (!nccl) cols.push_back(impl_column(*m));
@@ -177,12 +172,7 @@ Command add_conform(CLI::App& app) {
       std::vector<MatrixColumn> keep;
       std::string names;
       for (const MatrixColumn& col : cols) names += (names.empty() ? "" : ", ") + col.name;
-      size_t at = 0;
-      while (at <= s->impl.size()) {
-        const size_t comma = std::min(s->impl.find(',', at), s->impl.size());
-        const std::string one = s->impl.substr(at, comma - at);
-        at = comma + 1;
-        if (one.empty()) continue;
+      for (const std::string& one : split_commas(s->impl)) {
         const auto named = [&](const MatrixColumn& col) {
           return col.name == one || col.name.rfind(one + "/", 0) == 0 ||
                  (is_plugin(one) && col.name.find("/" + one + " G=") != std::string::npos);

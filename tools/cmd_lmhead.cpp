@@ -57,9 +57,8 @@ void add_lmhead_flags(CLI::App* sub, LmHeadFlags& f) {
       ->capture_default_str();
   int_range(sub->add_option("--vocab", f.V, "lmhead-ce: vocabulary size V (required); rows N = B x nq, hidden size -d"),
             "vocab", 1, kMaxExtent);
-  int_range(sub->add_option("--ignore-index", f.ignore_index, "lmhead-ce: the label of rows that do not count")
-                ->capture_default_str(),
-            "ignore-index", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  int_flag(sub, "--ignore-index", f.ignore_index, "lmhead-ce: the label of rows that do not count", "ignore-index",
+           std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   real_range(sub->add_option("--ignore-fraction", f.ignored, "lmhead-ce: fraction of rows labelled ignore-index (seeded)")
                  ->capture_default_str(),
              "ignore-fraction", 0, 1);
@@ -69,9 +68,8 @@ void add_lmhead_flags(CLI::App* sub, LmHeadFlags& f) {
   real_range(sub->add_option("--z-loss", f.z_loss, "lmhead-ce: z-loss weight lambda >= 0")->capture_default_str(),
              "z_loss", 0, std::numeric_limits<double>::max());
   sub->add_option("--reduction", f.reduction, "lmhead-ce: mean | sum")->capture_default_str();
-  int_range(sub->add_option("--bv", f.Bv, "lmhead-ce: vocabulary entries per tile Bv (0 = the implementation's default)")
-                ->capture_default_str(),
-            "bv", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
+  int_flag(sub, "--bv", f.Bv, "lmhead-ce: vocabulary entries per tile Bv (0 = the implementation's default)", "bv", 0,
+           kMaxExtent, ">= 1, or 0 for the implementation's default");
 }
 
 bool lmhead_selected(const CLI::App* sub, const LmHeadFlags& f) {

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,14 +122,6 @@ const SimAlgo& find_sim_algo(const std::vector<SimAlgo>& all, const std::string&
   fail("algo (", name, ") must be one of ", names);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ',')) if (!x.empty()) out.push_back(x);
-  return out;
-}
-
 int run_simulate(const SimFlags& f) {
   dist::Cluster c = dist::cluster_preset(f.preset);
   if (f.nodes > 0) c.nodes = f.nodes;
@@ -184,7 +175,7 @@ int run_simulate(const SimFlags& f) {
   std::vector<std::string> step_lines;  // --steps
   std::vector<std::string> not_run;     // algorithms whose requirements the problem misses
   const std::vector<SimAlgo> all = sim_algos();
-  for (const std::string& a : split(f.algos)) {
+  for (const std::string& a : split_commas(f.algos)) {
     const SimAlgo& sa = find_sim_algo(all, a);
     dist::AlgoOptions o;
     o.algo = sa.algo->name;
@@ -297,7 +288,7 @@ int run_simulate(const SimFlags& f) {
   std::printf("\nper GPU, busiest rank; total = with compute/communication overlap; exposed = total - compute;\n"
               "intra/inter = bytes sent per link class (max over ranks). Model: spec §7.10.\n");
   if (f.steps) {
-    const std::vector<std::string> step_names = split(f.algos);
+    const std::vector<std::string> step_names = split_commas(f.algos);
     bool groups = false;  // a Ulysses-in-groups algorithm among them (usp)
     for (const SimAlgo& a : sim_algos())
       groups = groups || (a.algo->ulysses_groups && std::count(step_names.begin(), step_names.end(), a.name));
@@ -334,25 +325,18 @@ Command add_simulate_command(CLI::App& app) {
   std::string presets;
   for (const dist::Cluster& c : dist::cluster_presets()) presets += "\n  " + c.name + ": " + c.note;
   sub->add_option("--preset", f->preset, "the cluster:" + presets)->capture_default_str();
-  int_range(sub->add_option("--nodes", f->nodes, "nodes M (0 = the preset's)")->capture_default_str(), "nodes", 0,
-            kMaxWorld, ">= 1 (0 = the preset's)");
-  int_range(sub->add_option("--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)")->capture_default_str(),
-            "gpus-per-node", 0, kMaxWorld, ">= 1 (0 = the preset's)");
+  int_flag(sub, "--nodes", f->nodes, "nodes M (0 = the preset's)", "nodes", 0, kMaxWorld, ">= 1 (0 = the preset's)");
+  int_flag(sub, "--gpus-per-node", f->gpus_per_node, "GPUs per node K (0 = the preset's)", "gpus-per-node", 0,
+           kMaxWorld, ">= 1 (0 = the preset's)");
   // Lower bounds are validate()'s; upper bounds here.
-  int_range(sub->add_option("--seq", f->seq, "sequence length N")->capture_default_str(),
-            "seq", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("-B,-b,--batch", f->B, "batch B")->capture_default_str(),
-            "B", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("--hq", f->H_q, "query heads H_q")->capture_default_str(),
-            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(sub->add_option("--hkv", f->H_kv, "key/value heads H_kv")->capture_default_str(), "H_kv", kNoLowerBound,
-            kMaxExtent, ">= 1");
-  int_range(sub->add_option("-d", f->d, "head dimension")->capture_default_str(),
-            "d", kNoLowerBound, kMaxExtent, ">= 1");
+  extent_flag(sub, "--seq", f->seq, "sequence length N", "seq");
+  extent_flag(sub, "-B,-b,--batch", f->B, "batch B", "B");
+  extent_flag(sub, "--hq", f->H_q, "query heads H_q", "H_q");
+  extent_flag(sub, "--hkv", f->H_kv, "key/value heads H_kv", "H_kv");
+  extent_flag(sub, "-d", f->d, "head dimension", "d");
   sub->add_option("--mask", f->mask, "mask spec (docs/spec.md §3)")->capture_default_str();
   sub->add_option("--partition", f->partition, "contiguous | zigzag | striped")->capture_default_str();
-  int_range(sub->add_option("--elem-bytes", f->elem_bytes, "bytes per element (2 = bf16)")->capture_default_str(),
-            "elem-bytes", 1, 64);
+  int_flag(sub, "--elem-bytes", f->elem_bytes, "bytes per element (2 = bf16)", "elem-bytes", 1, 64);
   // The overrides: a value given is used, so it must be one the model can use.
   const double most = std::numeric_limits<double>::max();
   real_range(sub->add_option("--intra-gbs", f->intra_gbs, "override intra-node bandwidth (GB/s)"), "intra-gbs", 0, most,

@@ -80,19 +80,22 @@ CLI::Option* real_range(CLI::Option* o, const std::string& field, double lo, dou
   return o;
 }
 
+std::vector<std::string> split_commas(const std::string& list, bool keep_empty) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size() && !list.empty();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (keep_empty || comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d) {
-  // Lower bounds are validate()'s (which names B, H_q, ... as these do); upper bounds here.
-  int_range(app->add_option("-B,--batch", f.B, "batch size B")->capture_default_str(),
-            "B", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(app->add_option("--hq", f.H_q, "query heads H_q")->capture_default_str(),
-            "H_q", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(app->add_option("--hkv", f.H_kv, "key/value heads H_kv (H_q % H_kv == 0; GQA/MQA when smaller)")
-                ->capture_default_str(),
-            "H_kv", kNoLowerBound, kMaxExtent, ">= 1");
-  int_range(app->add_option("--nq", f.N_q, "queries per (b, h), N_q")->capture_default_str(), "N_q", kNoLowerBound,
-            kMaxExtent, ">= 1");
-  int_range(app->add_option("--nk", f.N_k, "keys per (b, h), N_k")->capture_default_str(), "N_k", kNoLowerBound,
-            kMaxExtent, ">= 1");
+  extent_flag(app, "-B,--batch", f.B, "batch size B", "B");
+  extent_flag(app, "--hq", f.H_q, "query heads H_q", "H_q");
+  extent_flag(app, "--hkv", f.H_kv, "key/value heads H_kv (H_q % H_kv == 0; GQA/MQA when smaller)", "H_kv");
+  extent_flag(app, "--nq", f.N_q, "queries per (b, h), N_q", "N_q");
+  extent_flag(app, "--nk", f.N_k, "keys per (b, h), N_k", "N_k");
   CLI::Option* d = app->add_option("-d,--head-dim", f.d,
                                    multi_d ? "head dimension(s) d, e.g. -d 64,128" : "head dimension d")
                        ->capture_default_str()
@@ -105,8 +108,7 @@ void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d) {
       ->capture_default_str();
   f.scale_opt = real_range(app->add_option("--scale", f.scale, "softmax scale (default 1/sqrt(d))"), "scale",
                            std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max());
-  int_range(app->add_option("--seed", f.seed, "seed of inputs and generated masks")->capture_default_str(), "seed", 0,
-            std::numeric_limits<uint64_t>::max());
+  int_flag(app, "--seed", f.seed, "seed of inputs and generated masks", "seed", 0, std::numeric_limits<uint64_t>::max());
 }
 void add_dtype_flag(CLI::App* app, RunFlags& f) {
   app->add_option("--dtype", f.dtype, "storage dtype: fp64 | fp32 | bf16 | fp16")->capture_default_str();
@@ -127,15 +129,13 @@ void add_pass_flag(CLI::App* app, RunFlags& f) {
   app->add_option("--pass", f.pass, "fwd | bwd | both")->capture_default_str();
 }
 void add_tile_flags(CLI::App* app, RunFlags& f) {
-  int_range(app->add_option("--br", f.Br, "query rows per tile Br (0 = the implementation's default)")->capture_default_str(),
-            "br", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
-  int_range(app->add_option("--bc", f.Bc, "keys per tile Bc (0 = the implementation's default)")->capture_default_str(),
-            "bc", 0, kMaxExtent, ">= 1, or 0 for the implementation's default");
+  const char* zero = ">= 1, or 0 for the implementation's default";
+  int_flag(app, "--br", f.Br, "query rows per tile Br (0 = the implementation's default)", "br", 0, kMaxExtent, zero);
+  int_flag(app, "--bc", f.Bc, "keys per tile Bc (0 = the implementation's default)", "bc", 0, kMaxExtent, zero);
 }
 void add_threads_flag(CLI::App* app, RunFlags& f) {
-  int_range(app->add_option("--threads", f.threads, "OpenMP threads (0 = all, OMP_NUM_THREADS or every core)")
-                ->capture_default_str(),
-            "threads", 0, kMaxThreads, ">= 1, or 0 for all");
+  int_flag(app, "--threads", f.threads, "OpenMP threads (0 = all, OMP_NUM_THREADS or every core)", "threads", 0,
+           kMaxThreads, ">= 1, or 0 for all");
 }
 void add_json_flag(CLI::App* app, RunFlags& f) {
   app->add_flag("--json", f.json, "print JSON on stdout instead of the table");
@@ -237,33 +237,19 @@ Table result_table(const std::vector<Result>& rs, bool verbose, bool numbered) {
 
 Json result_json(const Result& r) {
   auto metrics = [](const Metrics& m) {
-    Json j = Json::object();
-    j["tensor"] = m.tensor;
-    j["max_abs"] = json_number(m.max_abs);
-    j["max_rel"] = json_number(m.max_rel);
-    j["err_bound"] = json_number(m.err_bound);
-    j["wrong"] = m.wrong;
-    j["checked"] = m.checked;
-    j["first_wrong"] = m.first_wrong;
-    j["pass"] = m.pass();
-    return j;
+    return Json{{"tensor", m.tensor},        {"max_abs", json_number(m.max_abs)}, {"max_rel", json_number(m.max_rel)},
+                {"err_bound", json_number(m.err_bound)}, {"wrong", m.wrong},  {"checked", m.checked},
+                {"first_wrong", m.first_wrong}, {"pass", m.pass()}};
   };
-  Json j = Json::object();
-  j["impl"] = r.impl;
-  j["dtype"] = to_string(r.dtype);
-  j["shape"] = r.shape;
-  j["layout"] = r.layout;
-  j["mask"] = r.mask;
-  j["values"] = r.values;
-  j["pass"] = r.pass;
-  j["time_ms"] = r.error.empty() ? json_number(r.ms) : Json(nullptr);
-  j["flops"] = r.flops;
-  j["gflops"] = r.error.empty() && r.ms > 0 ? json_number(r.flops / (r.ms * 1e-3) / 1e9) : Json(nullptr);
-  j["all"] = metrics(r.all);
-  j["tensors"] = Json::array();
+  const bool ran = r.error.empty();
+  Json j = {{"impl", r.impl}, {"dtype", to_string(r.dtype)}, {"shape", r.shape}, {"layout", r.layout},
+            {"mask", r.mask}, {"values", r.values}, {"pass", r.pass},
+            {"time_ms", ran ? json_number(r.ms) : Json(nullptr)}, {"flops", r.flops},
+            {"gflops", ran && r.ms > 0 ? json_number(r.flops / (r.ms * 1e-3) / 1e9) : Json(nullptr)},
+            {"all", metrics(r.all)}, {"tensors", Json::array()}};
   for (const Metrics& m : r.tensors) j["tensors"].push_back(metrics(m));
   j["error"] = r.error;
-  j["result"] = !r.error.empty() ? "ERROR" : r.all.pass() ? "PASS" : "FAIL";
+  j["result"] = !ran ? "ERROR" : r.all.pass() ? "PASS" : "FAIL";
   return j;
 }
 

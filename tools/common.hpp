@@ -66,6 +66,20 @@ constexpr int64_t kMaxRepeat = 1000000;  // --repeat, --reps
 // Lower bounds that validate() checks (naming the field the same way): only a value beyond
 // int64 is refused here.
 constexpr int64_t kNoLowerBound = std::numeric_limits<int64_t>::min();
+// An integer flag with its default shown: add_option, capture_default_str, int_range.
+template <class T>
+CLI::Option* int_flag(CLI::App* app, const std::string& names, T& v, const std::string& help, const std::string& field,
+                      int64_t lo, uint64_t hi, const std::string& at_least = "") {
+  return int_range(app->add_option(names, v, help)->capture_default_str(), field, lo, hi, at_least);
+}
+// A tensor extent (B, H_q, N_q, d, ...): >= 1 is validate()'s to refuse, <= 2^48 this flag's.
+template <class T>
+CLI::Option* extent_flag(CLI::App* app, const std::string& names, T& v, const std::string& help,
+                         const std::string& field) {
+  return int_flag(app, names, v, help, field, kNoLowerBound, kMaxExtent, ">= 1");
+}
+// "a,,b" -> {"a", "b"}: the entries of a comma-separated list, empty ones dropped (keep_empty: kept).
+std::vector<std::string> split_commas(const std::string& list, bool keep_empty = false);
 
 // -B --hq --hkv --nq --nk -d --mask --scale --seed. multi_d: -d takes a list.
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d);

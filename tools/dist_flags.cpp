@@ -62,18 +62,16 @@ void add_topology_flags(CLI::App& app, DistFlags& f) {
   app.add_flag("--overlap", f.overlap,
                "attention2d: the overlapped variant Attention2D-O, ring gather-compute-scatter (spec §7.13; = --algo "
                "attention2d-o)");
-  int_range(app.add_option("--world", f.world, "ranks G")->capture_default_str()->each([fp](const std::string&) {
+  int_flag(&app, "--world", f.world, "ranks G", "world", 1, kMaxWorld)->each([fp](const std::string&) {
     fp->world_given = true;
-  }),
-            "world", 1, kMaxWorld);
+  });
   int_range(app.add_option("--nodes", f.nodes, "nodes M: world = M x --gpus-per-node (overrides --world)"), "nodes", 1,
             kMaxWorld);
   app.add_option("--partition", f.partition, "contiguous | zigzag | striped")->capture_default_str();
-  int_range(app.add_option("--gpus-per-node", f.gpus_per_node,
-                           "GPUs per node K (0 = one node): the intra/inter-node link of each byte count, double-ring's "
-                           "K (must divide --world), usp's default --ulysses-degree, --nodes' world M x K")
-                ->capture_default_str(),
-            "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
+  int_flag(&app, "--gpus-per-node", f.gpus_per_node,
+           "GPUs per node K (0 = one node): the intra/inter-node link of each byte count, double-ring's K (must "
+           "divide --world), usp's default --ulysses-degree, --nodes' world M x K",
+           "gpus-per-node", 0, kMaxWorld, ">= 0 (0 = one node)");
   int_range(app.add_option("--ulysses-degree", f.ulysses_degree,
                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
             "ulysses-degree", 1, kMaxWorld);
