@@ -33,12 +33,8 @@ Json schedule_json(const dist::Schedule& s, const Problem& p, const dist::Partit
   auto messages = [&](const std::vector<dist::Message>& ms) {
     Json a = Json::array();
     for (const dist::Message& m : ms)
-      a.push_back({{"tensor", m.tensor},
-                   {"shard", m.shard},
-                   {"peer", m.peer},
-                   {"bytes", m.elems * eb.of(items[m.item])},
-                   {"after_compute", m.after_compute},
-                   {"lands", m.lands}});
+      a.push_back({{"tensor", m.tensor}, {"shard", m.shard}, {"peer", m.peer},
+                   {"bytes", m.elems * eb.of(items[m.item])}, {"after_compute", m.after_compute}, {"lands", m.lands}});
     return a;
   };
   Json steps = Json::array();
@@ -49,21 +45,12 @@ Json schedule_json(const dist::Schedule& s, const Problem& p, const dist::Partit
       Json blocks = Json::array();
       int64_t pairs = 0;
       for (const dist::BlockTask& b : st.blocks) {
-        blocks.push_back({{"q_chunk", b.q_chunk},
-                          {"k_chunk", b.k_chunk},
-                          {"q", dist::chunk_name(qp.chunks[b.q_chunk])},
-                          {"k", dist::chunk_name(kp.chunks[b.k_chunk])},
-                          {"pairs", b.visible}});
+        blocks.push_back({{"q_chunk", b.q_chunk}, {"k_chunk", b.k_chunk}, {"q", dist::chunk_name(qp.chunks[b.q_chunk])},
+                          {"k", dist::chunk_name(kp.chunks[b.k_chunk])}, {"pairs", b.visible}});
         pairs += b.visible;
       }
-      row.push_back({{"rank", r},
-                     {"step", t},
-                     {"q_shard", st.q_shard},
-                     {"k_shard", st.k_shard},
-                     {"blocks", blocks},
-                     {"pairs", pairs},
-                     {"skipped", st.skipped.size()},
-                     {"sends", messages(st.sends)},
+      row.push_back({{"rank", r}, {"step", t}, {"q_shard", st.q_shard}, {"k_shard", st.k_shard}, {"blocks", blocks},
+                     {"pairs", pairs}, {"skipped", st.skipped.size()}, {"sends", messages(st.sends)},
                      {"recvs", messages(st.recvs)}});
     }
     steps.push_back(row);
@@ -71,10 +58,7 @@ Json schedule_json(const dist::Schedule& s, const Problem& p, const dist::Partit
   Json ranks = Json::array();
   for (int r = 0; r < s.G; ++r) {
     const dist::Work w = dist::work(s, r);
-    Json o = {{"rank", r},
-              {"blocks", w.blocks},
-              {"pairs", w.pairs},
-              {"sent", dist::schedule_bytes(s, r, true, eb)},
+    Json o = {{"rank", r}, {"blocks", w.blocks}, {"pairs", w.pairs}, {"sent", dist::schedule_bytes(s, r, true, eb)},
               {"recv", dist::schedule_bytes(s, r, false, eb)}};
     if (closed_forms) {
       o["sent_closed_form"] = dist::closed_form_bytes(s.algo, s.phase, p, qp, kp, r, true, eb);
@@ -95,14 +79,9 @@ Json distflash_json(const dist::FlashSchedule& fs, const std::vector<std::vector
     for (size_t t = 0; t < fs.steps[r].size(); ++t) {
       const dist::FlashStep& st = fs.steps[r][t];
       const bool idle = st.role == dist::FlashRole::Idle;
-      row.push_back({{"rank", r},
-                     {"step", t},
-                     {"role", idle ? "idle" : st.role == dist::FlashRole::Owner ? "owner" : "helper"},
-                     {"q", st.q},
-                     {"k", st.k},
-                     {"pairs", idle ? 0 : pairs[st.q][st.k]},
-                     {"kv_dst", st.kv_dst},
-                     {"q_dst", st.q_dst}});
+      const char* role = idle ? "idle" : st.role == dist::FlashRole::Owner ? "owner" : "helper";
+      row.push_back({{"rank", r}, {"step", t}, {"role", role}, {"q", st.q}, {"k", st.k},
+                     {"pairs", idle ? 0 : pairs[st.q][st.k]}, {"kv_dst", st.kv_dst}, {"q_dst", st.q_dst}});
     }
     steps.push_back(row);
   }
@@ -110,22 +89,11 @@ Json distflash_json(const dist::FlashSchedule& fs, const std::vector<std::vector
   for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
     if ((ph == dist::Phase::Forward && !fwd) || (ph == dist::Phase::Backward && !bwd)) continue;
     for (int r = 0; r < fs.P; ++r)
-      bytes.push_back({{"phase", dist::to_string(ph)},
-                       {"rank", r},
+      bytes.push_back({{"phase", dist::to_string(ph)}, {"rank", r},
                        {"sent_closed_form", dist::distflash_bytes(ph, p, qp, kp, r, true, eb)},
                        {"recv_closed_form", dist::distflash_bytes(ph, p, qp, kp, r, false, eb)}});
   }
   return {{"steps", steps}, {"idle_fraction", dist::distflash_idle_fraction(fs)}, {"bytes", bytes}};
-}
-
-// "ring, burst, double-ring and distflash": the algorithms `--json` and `--svg` draw.
-std::string drawn_names() {
-  std::vector<std::string> ns;
-  for (const dist::Algorithm& a : dist::algorithms())
-    if (a.drawing != dist::Drawing::None) ns.push_back(a.name);
-  std::string s;
-  for (size_t k = 0; k < ns.size(); ++k) s += (k == 0 ? "" : k + 1 == ns.size() ? " and " : ", ") + ns[k];
-  return s;
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -196,19 +164,15 @@ Command add_schedule_command(CLI::App& app) {
     const dist::Drawing drawing = dist::find_algorithm(o.algo).drawing;
     const bool as_data = drawing != dist::Drawing::None;
     if ((s->run.json || !s->svg.empty()) && !as_data)
-      fail("algo (", algo, ") has no ", s->run.json ? "--json" : "--svg", " schedule: ", drawn_names(),
+      fail("algo (", algo, ") has no ", s->run.json ? "--json" : "--svg", " schedule: ",
+           names_where([](const dist::Algorithm& a) { return a.drawing != dist::Drawing::None; }),
            " do (the others print a trace)");
     if (as_data && (s->run.json || !s->svg.empty())) {
       const MaskData md = compile_mask(p);
       const std::string title = algo + ", G=" + std::to_string(o.world) + ", " + s->dist.partition + ", " +
                                 shape_string(p) + ", mask " + describe(p.mask);
-      Json out = {{"algo", algo},
-                  {"world", o.world},
-                  {"partition", s->dist.partition},
-                  {"N_q", p.N_q},
-                  {"N_k", p.N_k},
-                  {"mask", describe(p.mask)},
-                  {"element_bytes", eb}};
+      Json out = {{"algo", algo}, {"world", o.world}, {"partition", s->dist.partition}, {"N_q", p.N_q}, {"N_k", p.N_k},
+                  {"mask", describe(p.mask)}, {"element_bytes", eb}};
       Json q_chunks = Json::array(), k_chunks = Json::array();
       for (int r = 0; r < o.world; ++r) {
         Json qr = Json::array(), kr = Json::array();

@@ -41,17 +41,6 @@ namespace {
 
 constexpr Transport kTransports[] = {Transport::Sim, Transport::Nccl};
 
-// "a, b and c": the algorithms of the table for which `has` holds.
-template <class F>
-std::string names_where(F has) {
-  std::vector<std::string> ns;
-  for (const dist::Algorithm& a : dist::algorithms())
-    if (has(a)) ns.push_back(a.name);
-  std::string s;
-  for (size_t k = 0; k < ns.size(); ++k) s += (k == 0 ? "" : k + 1 == ns.size() ? " and " : ", ") + ns[k];
-  return s;
-}
-
 }  // namespace
 
 void add_topology_flags(CLI::App& app, DistFlags& f) {
@@ -76,6 +65,15 @@ void add_topology_flags(CLI::App& app, DistFlags& f) {
                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
             "ulysses-degree", 1, kMaxWorld);
   app.add_option("--ring", f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
+}
+
+std::string names_where(const std::function<bool(const dist::Algorithm&)>& has) {
+  std::vector<std::string> ns;
+  for (const dist::Algorithm& a : dist::algorithms())
+    if (has(a)) ns.push_back(a.name);
+  std::string s;
+  for (size_t k = 0; k < ns.size(); ++k) s += (k == 0 ? "" : k + 1 == ns.size() ? " and " : ", ") + ns[k];
+  return s;
 }
 
 const char* to_string(Transport t) { return t == Transport::Nccl ? "nccl" : "sim"; }

@@ -2,6 +2,7 @@
 // and how they become the algorithm table's options (distributed/algorithm.hpp).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -48,6 +49,9 @@ int grid_ranks(const std::string& grid);
 // G: --world, or --nodes x --gpus-per-node when --nodes is given (docs/design.md §8),
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f);
+
+// "a, b and c": the algorithms of the table for which `has` holds.
+std::string names_where(const std::function<bool(const dist::Algorithm&)>& has);
 
 // The flags as the options of the algorithm table (distributed/algorithm.hpp); --overlap turns
 // attention2d into attention2d-o. Throws Error naming a bad flag.
