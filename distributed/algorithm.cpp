@@ -19,11 +19,6 @@ void prepare_ring(Plan& pl, Algo a) {
   pl.fwd = make_schedule(a, Phase::Forward, pl.p, pl.mask, pl.qp, pl.kp);
   if (pl.o.backward) pl.bwd = make_schedule(a, Phase::Backward, pl.p, pl.mask, pl.qp, pl.kp);
 }
-template <class T>
-void ring_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  if (fwd(ph)) run_forward(pl.fwd, c, e, pl.p, m, pl.qp, pl.kp, x);
-  else run_backward(pl.bwd, c, e, pl.p, m, pl.qp, pl.kp, x);
-}
 int64_t ring_bytes(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return closed_form_bytes(pl.fwd.algo, ph, pl.p, pl.qp, pl.kp, r, sent, w);
 }

@@ -1,6 +1,8 @@
 // distributed/ring.cpp — spec §7.3.
 #include "ring.hpp"
 
+#include "algorithm.hpp"  // Plan
+
 #include "burstlab/block_split.hpp"
 
 #include <cstring>
@@ -34,16 +36,25 @@ class RingRun {
     x_.n_k = kp.local_size(r_);
   }
 
-  void forward() {
+  // The phase's outputs allocated (when empty) and zeroed, then every step of the schedule on
+  // this rank. Inlined, with run and compute, into each entry point (run_ring, ring_pass): the
+  // table's pass calls the engine from its own frame.
+  [[gnu::always_inline]] void execute() {
+    if (s_.phase == Phase::Forward) start_forward();
+    else start_backward();
+    run();
+  }
+
+ private:
+  void start_forward() {
     ensure(e_, x_.O, q_elems(x_.n_q, false));
     ensure(e_, x_.LSE, q_elems(x_.n_q, true));
     fill(e_, x_.O.data, x_.O.n, 0.0);  // the merge identity (O = 0, LSE = -inf), §4.3
     fill(e_, x_.LSE.data, x_.LSE.n, -std::numeric_limits<double>::infinity());
     home_ = {{"Q", x_.Q.data}, {"K", x_.K.data}, {"V", x_.V.data}, {"O", x_.O.data}, {"LSE", x_.LSE.data}};
-    run();
   }
 
-  void backward() {
+  void start_backward() {
     ensure(e_, x_.dQ, q_elems(x_.n_q, false));
     ensure(e_, x_.dK, kv_elems(x_.n_k));
     ensure(e_, x_.dV, kv_elems(x_.n_k));
@@ -63,10 +74,8 @@ class RingRun {
     home_ = {{"Q", x_.Q.data},   {"K", x_.K.data},   {"V", x_.V.data},   {"dO", x_.dO.data},
              {"LSE", x_.LSE.data}, {"D", D_.data},   {"dQ", x_.dQ.data}, {"dK", x_.dK.data},
              {"dV", x_.dV.data}};
-    run();
   }
 
- private:
   int64_t q_elems(int64_t n, bool per_row) const { return p_.B * p_.H_q * n * (per_row ? 1 : p_.d); }
   int64_t kv_elems(int64_t n) const { return p_.B * p_.H_kv * n * p_.d; }
   int64_t width(const Item& it) const { return it.acc ? int64_t(sizeof(A)) : int64_t(sizeof(T)); }
@@ -93,7 +102,7 @@ class RingRun {
     return static_cast<U*>(at(name, t));
   }
 
-  void run() {
+  [[gnu::always_inline]] void run() {
     const int G = s_.G;
     // Two slots per travelling tensor, each big enough for the largest shard.
     slots_.clear();
@@ -174,7 +183,7 @@ class RingRun {
     reqs.push_back(c_.irecv(dst, m.elems * width(items_[m.item]), m.peer, m.tag, m.tensor.c_str()));
   }
 
-  void compute(const RankStep& st, const BlockTask& b, int t) {
+  [[gnu::always_inline]] void compute(const RankStep& st, const BlockTask& b, int t) {
     const int64_t B = p_.B, Hq = p_.H_q, Hkv = p_.H_kv, d = p_.d;
     const Chunk& qc = qp_.chunks[b.q_chunk];
     const Chunk& kc = kp_.chunks[b.k_chunk];
@@ -226,24 +235,23 @@ void check_schedule(const Schedule& s, Phase want) {
 }  // namespace
 
 template <class T>
-void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                 const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
-  check_schedule(s, Phase::Forward);
-  RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).forward();
+void run_ring(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
+              const Partition& qp, const Partition& kp, Shard<T>& shard) {
+  RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).execute();
 }
 
 template <class T>
-void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                  const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard) {
-  check_schedule(s, Phase::Backward);
-  RingRun<T>(s, comm, engine, p, mask, qp, kp, shard).backward();
+void ring_pass(Phase phase, const Plan& plan, Communicator& comm, Engine<T>& engine, const PreparedMask& mask,
+               Shard<T>& shard) {
+  const Schedule& s = phase == Phase::Forward ? plan.fwd : plan.bwd;
+  check_schedule(s, phase);
+  RingRun<T>(s, comm, engine, plan.p, mask, plan.qp, plan.kp, shard).execute();
 }
 
-#define BURSTLAB_RING_INST(T)                                                                         \
-  template void run_forward<T>(const Schedule&, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
-                               const Partition&, const Partition&, Shard<T>&);                        \
-  template void run_backward<T>(const Schedule&, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
-                                const Partition&, const Partition&, Shard<T>&);
+#define BURSTLAB_RING_INST(T)                                                                              \
+  template void run_ring<T>(const Schedule&, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
+                            const Partition&, const Partition&, Shard<T>&);                                  \
+  template void ring_pass<T>(Phase, const Plan&, Communicator&, Engine<T>&, const PreparedMask&, Shard<T>&);
 BURSTLAB_RING_INST(float)
 BURSTLAB_RING_INST(double)
 BURSTLAB_RING_INST(bf16_t)

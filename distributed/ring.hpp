@@ -37,15 +37,18 @@ struct Shard {
                            // unless given (a schedule that moved D instead of O, e.g. usp)
 };
 
-// Forward (§7.2, either algorithm): fills shard.O, shard.LSE. Allocates them if empty.
+// One pass of either algorithm (§7.2) on one rank, its phase s.phase. Forward: fills (allocating
+// if empty) shard.O, shard.LSE. Backward (RingAttention or BurstAttention per s.algo): needs Q, K,
+// V, dO and the forward's O, LSE; fills (allocating if empty) shard.dQ, dK, dV.
 template <class T>
-void run_forward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                 const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+void run_ring(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask,
+              const Partition& qp, const Partition& kp, Shard<T>& shard);
 
-// Backward (§7.2): RingAttention or BurstAttention per s.algo. Needs Q, K, V, dO and the
-// forward's O, LSE; fills (allocating if empty) shard.dQ, dK, dV.
+struct Plan;  // algorithm.hpp
+// The pass of ring, burst and double-ring in the algorithm table (algorithm.hpp's PassFn): run_ring
+// on plan.fwd or plan.bwd, which must be of `phase`.
 template <class T>
-void run_backward(const Schedule& s, Communicator& comm, Engine<T>& engine, const Problem& p,
-                  const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& shard);
+void ring_pass(Phase phase, const Plan& plan, Communicator& comm, Engine<T>& engine, const PreparedMask& mask,
+               Shard<T>& shard);
 
 }  // namespace burstlab::dist

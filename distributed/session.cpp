@@ -172,6 +172,7 @@ void Session<T>::start(const Problem& p, View4<const double> Q, View4<const doub
   validate_views(p, Q, K, V);
   if (o.backward) validate_q_side(p, "dO", dO);
   plan_ = make_plan(p, o);
+  pass_ = pass_of<T>(find_algorithm(plan_.o.algo));
   const int G = o.world;
   e_.assign(G, nullptr);
   prepared_.assign(G, {});
@@ -243,37 +244,49 @@ Session<T>::~Session() {
 }
 
 template <class T>
-void Session<T>::rank_pass(Phase phase, Communicator& comm) {
+Engine<T>& Session<T>::held(const Communicator& comm) const {
   const int r = comm.rank();
   if (comm.size() != plan_.o.world)
     fail("communicator size (", comm.size(), ") must equal the session's world (", plan_.o.world, ")");
   if (!e_.at(r)) fail("rank ", r, "'s shard is not held by this session (local ranks only)");
-  pass_of<T>(find_algorithm(plan_.o.algo))(phase, plan_, comm, *e_[r], prepared_[r], shards_.at(r));
-  e_[r]->synchronize();  // this rank's engine work is complete before the pass ends
+  return *e_[r];
 }
 
 template <class T>
+void Session<T>::rank_pass(Phase phase, Communicator& comm) {
+  Engine<T>& e = held(comm);
+  pass_(phase, plan_, comm, e, prepared_[comm.rank()], shards_[comm.rank()]);
+  e.synchronize();  // this rank's engine work is complete before the pass ends
+}
+
+// forward() and backward() end in a call of this one, so that a backtrace from an engine shows
+// one Session frame on the calling thread.
+template <class T>
 void Session<T>::run(Phase phase) {
+  if (phase == Phase::Forward) have_forward_ = false;
   try {
+    // rank_pass written out: the rank's frame goes from this body straight to the algorithm's pass.
     w_->run([&](Communicator& c) {
       c.begin_pass(phase);
-      rank_pass(phase, c);
+      Engine<T>& e = held(c);
+      const int r = c.rank();
+      pass_(phase, plan_, c, e, prepared_[r], shards_[r]);
+      e.synchronize();
       c.set_context(Phase::Other, 0);
       c.barrier();  // the pass ends when every rank's has; every rank observes another's failure
-      keep_phase(logs_[c.rank()], c, phase);
+      keep_phase(logs_[r], c, phase);
     });
   } catch (...) {
     errors_ = w_->errors();
     throw;
   }
   errors_ = w_->errors();
+  if (phase == Phase::Forward) have_forward_ = true;
 }
 
 template <class T>
 void Session<T>::forward() {
-  have_forward_ = false;
   run(Phase::Forward);
-  have_forward_ = true;
 }
 
 template <class T>

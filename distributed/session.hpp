@@ -95,8 +95,11 @@ class Session {
   // Every held rank on engine e: the mask prepared once, each shard uploaded.
   void place_all(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
                  View4<const double> dO);
-  void run(Phase phase);
+  // The checks of a rank's pass: the communicator's size, and rank comm.rank() held here.
+  Engine<T>& held(const Communicator& comm) const;
+  void run(Phase phase);  // forward() and backward(): every held rank's pass
   Plan plan_;
+  PassFn<T> pass_ = nullptr;  // plan_'s algorithm's pass
   std::unique_ptr<World> own_world_;  // the second constructor's
   World* w_ = nullptr;
   std::vector<std::unique_ptr<Engine<T>>> own_engines_;  // [rank], or one shared

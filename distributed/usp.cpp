@@ -193,8 +193,7 @@ void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, c
   GroupRing rc(comm, u);
   const Problem hp = usp_head_problem(p, u);
   const Partition hq = usp_group_partition(qp, u), hk = usp_group_partition(kp, u);
-  if (bw) run_backward(ring, rc, e, hp, mask, hq, hk, h);
-  else run_forward(ring, rc, e, hp, mask, hq, hk, h);
+  run_ring(ring, rc, e, hp, mask, hq, hk, h);
   comm.set_context(phase, ring.G + 1);
   if (bw) {
     all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
