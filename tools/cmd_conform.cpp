@@ -211,8 +211,7 @@ Command add_conform(CLI::App& app) {
         const bool on_disk = !dirs.empty() && check::has_expected(dirs[r]);
         std::vector<ConformColumn> running;
         for (const MatrixColumn& col : cols)
-          if (std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end())
-            running.push_back({col.name, col.footprint});
+          if (col.runs(m.dtype)) running.push_back({col.name, col.footprint});
         auto need_with = [&](const std::vector<ConformColumn>& cs) {
           return [&m, on_disk, cs](const CaseMeta& x, int t) {
             return conform_case_need(x.p, m.dtype, m.backward, on_disk, cs, t);
@@ -247,7 +246,15 @@ Command add_conform(CLI::App& app) {
       transport_line = "transport: NCCL (" + net->world->describe() + "), G=" + std::to_string(f.world);
 #endif
     }
-    struct Cell { std::string text; bool fail = false; double worst = 0; std::string note; };
+    struct Cell {
+      std::string text;
+      bool fail = false;
+      double worst = 0;
+      std::string note;
+      void failed(const std::string& shown, const std::string& why) {
+        text = shown, fail = true, worst = HUGE_VAL, note = why;
+      }
+    };
     std::vector<std::vector<Cell>> cells(metas.size(), std::vector<Cell>(cols.size()));
     std::vector<std::string> notes;
     std::map<std::pair<std::string, std::string>, std::vector<std::string>> na;  // (column, reason) -> cases
@@ -259,9 +266,7 @@ Command add_conform(CLI::App& app) {
     try {
       for (size_t r = 0; r < metas.size(); ++r) {
         if (!quiet) progress.step(metas[r].name);
-        const auto runs = [&](const MatrixColumn& col) {
-          return std::find(col.dtypes.begin(), col.dtypes.end(), metas[r].dtype) != col.dtypes.end();
-        };
+        const auto runs = [&](const MatrixColumn& col) { return col.runs(metas[r].dtype); };
         // After the world died its columns run nothing: neither the case nor its oracle is needed.
         const bool any = std::any_of(cols.begin(), cols.end(),
                                      [&](const MatrixColumn& col) { return runs(col) && !(col.on_nccl && !net->dead.empty()); });
@@ -278,10 +283,7 @@ Command add_conform(CLI::App& app) {
           const MatrixColumn& col = cols[k];
           if (!runs(col)) { cell.text = "-"; continue; }
           if (col.on_nccl && !net->dead.empty()) {
-            cell.text = "FAIL not run";
-            cell.fail = true;
-            cell.worst = HUGE_VAL;
-            cell.note = "not run: the NCCL transport failed earlier (" + dead_at + ")";
+            cell.failed("FAIL not run", "not run: the NCCL transport failed earlier (" + dead_at + ")");
             ++not_run;
             ++failed;
             continue;
@@ -299,10 +301,7 @@ Command add_conform(CLI::App& app) {
           // fired); under mpirun the other processes are told (their next wait ends) and this one
           // ends non-zero at exit, so no further cell runs on it.
           const auto world_failed = [&](const std::exception& ex) {
-            cell.fail = true;
-            cell.worst = HUGE_VAL;
-            cell.text = "FAIL error";
-            cell.note = ex.what();
+            cell.failed("FAIL error", ex.what());
             notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
             ++failed;
             net->world->failed(ex.what());
@@ -359,10 +358,7 @@ Command add_conform(CLI::App& app) {
                   break;
                 }
           } catch (const std::exception& ex) {
-            cell.fail = true;
-            cell.worst = HUGE_VAL;
-            cell.text = "FAIL error";
-            cell.note = ex.what();
+            cell.failed("FAIL error", ex.what());
             notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
           }
           (cell.fail ? failed : passed) += 1;
@@ -410,9 +406,7 @@ Command add_conform(CLI::App& app) {
       std::string unrun;  // the cases' dtypes that no selected column runs
       for (const CaseMeta& m : metas) {
         const std::string t = to_string(m.dtype);
-        const bool runs = std::any_of(cols.begin(), cols.end(), [&](const MatrixColumn& col) {
-          return std::find(col.dtypes.begin(), col.dtypes.end(), m.dtype) != col.dtypes.end();
-        });
+        const bool runs = std::any_of(cols.begin(), cols.end(), [&](const MatrixColumn& c) { return c.runs(m.dtype); });
         if (!runs && ("," + unrun + ",").find("," + t + ",") == std::string::npos) unrun += (unrun.empty() ? "" : ",") + t;
       }
       std::string why;

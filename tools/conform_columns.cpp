@@ -4,7 +4,7 @@
 
 #include "algorithm.hpp"  // the schedules of spec §7: algorithms()
 #include "burstlab/dispatch.hpp"
-#include "gather.hpp"  // widen
+#include "gather.hpp"  // gather_outputs
 #include "session.hpp"
 
 namespace burstlab::tools {
@@ -21,11 +21,8 @@ check::Candidate candidate_of(Dtype t, Layout layout) {
 template <class T>
 check::Candidate candidate_of(const dist::DistResult<T>& res, Dtype t) {
   check::Candidate c = candidate_of(t, Layout::BHSD);
-  c.O = widen(dist::gather(res.O, res.qp));
-  c.LSE = widen(dist::gather(res.LSE, res.qp));
-  c.dQ = widen(dist::gather(res.dQ, res.qp));
-  c.dK = widen(dist::gather(res.dK, res.kp));
-  c.dV = widen(dist::gather(res.dV, res.kp));
+  GatheredOutputs g = gather_outputs(res, true, true);
+  c.O = std::move(g.O), c.LSE = std::move(g.LSE), c.dQ = std::move(g.dQ), c.dK = std::move(g.dK), c.dV = std::move(g.dV);
   c.has_O = c.has_LSE = c.has_dQ = c.has_dK = c.has_dV = true;
   return c;
 }

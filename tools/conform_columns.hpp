@@ -3,6 +3,7 @@
 // NCCL World (docs/conformance.md).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@ struct MatrixColumn {
   Footprint footprint;  // host bytes of its run (resources.hpp); empty: not estimated
   bool on_nccl = false;  // runs on the one NCCL World (Net): its cells are collectives under mpirun
   std::string transport = "none";  // --json's "transport": sim or nccl for a distributed column
+  bool runs(Dtype t) const { return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end(); }
 };
 
 // Where the distributed columns' ranks talk (--transport). SimComm: each cell's session has

@@ -115,6 +115,13 @@ std::vector<std::string> send_marks(const dist::RankStep& st, const std::vector<
   return out;
 }
 
+// The visible pairs a rank computes at one step.
+int64_t pairs_of(const dist::RankStep& st) {
+  int64_t n = 0;
+  for (const dist::BlockTask& b : st.blocks) n += b.visible;
+  return n;
+}
+
 }  // namespace
 
 std::string schedule_svg(const std::string& title, const std::vector<RingPanel>& panels, const dist::Partition& qp,
@@ -142,15 +149,9 @@ std::string schedule_svg(const std::string& title, const std::vector<RingPanel>&
     const int T = s.steps.empty() ? 0 : static_cast<int>(s.steps[0].size());
     int64_t most = 1;
     for (int r = 0; r < s.G; ++r)
-      for (const dist::RankStep& st : s.steps[r]) {
-        int64_t n = 0;
-        for (const dist::BlockTask& b : st.blocks) n += b.visible;
-        most = std::max(most, n);
-      }
-    svg.open_group("phase", {{"phase", dist::to_string(s.phase)},
-                             {"algo", panels[k].label},
-                             {"ranks", std::to_string(s.G)},
-                             {"steps", std::to_string(T)}});
+      for (const dist::RankStep& st : s.steps[r]) most = std::max(most, pairs_of(st));
+    svg.open_group("phase", {{"phase", dist::to_string(s.phase)}, {"algo", panels[k].label},
+                             {"ranks", std::to_string(s.G)}, {"steps", std::to_string(T)}});
     std::string moving;
     for (const dist::Item& it : items) moving += (moving.empty() ? "" : ",") + std::string(it.name);
     svg.text(8, y + 14, panels[k].label + ": travelling " + moving + "; cell = blocks Q x K (visible pairs), then what is sent",
@@ -162,13 +163,10 @@ std::string schedule_svg(const std::string& title, const std::vector<RingPanel>&
       svg.text(8, y0 + h * r + h / 2 + 4, "rank " + std::to_string(r), 11);
       for (int t = 0; t < T; ++t) {
         const dist::RankStep& st = s.steps[r][t];
-        int64_t n = 0;
-        for (const dist::BlockTask& b : st.blocks) n += b.visible;
+        const int64_t n = pairs_of(st);
         const double x = kLeft + kCellW * t, yc = y0 + h * r;
         svg.rect(x, yc, kCellW, h, st.blocks.empty() ? kIdle : shade(static_cast<double>(n) / most), "cell",
-                 {{"rank", std::to_string(r)},
-                  {"step", std::to_string(t)},
-                  {"pairs", std::to_string(n)},
+                 {{"rank", std::to_string(r)}, {"step", std::to_string(t)}, {"pairs", std::to_string(n)},
                   {"blocks", std::to_string(st.blocks.size())}});
         double ty = yc + kPad + 10;
         if (st.blocks.empty()) {
