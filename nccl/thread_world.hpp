@@ -80,11 +80,10 @@ class ThreadWorld : public dist::World {
 
  private:
   // body(r) on a thread per rank under the watchdog (run_ranks).
-  std::vector<std::string> watched(const std::function<void(int)>& body) {
+  template <class Body>
+  std::vector<std::string> watched(const Body& body) {
     return run_ranks(size(), body, board_, watch_);
   }
-  template <class Fn>
-  void run_each(const Fn& fn);  // both run()s
   std::string stalled();  // the first rank whose posted transfers stall (NcclComm::stall), or ""
 
   FailureBoard board_;
