@@ -258,12 +258,7 @@ Command add_bench_command(CLI::App& app) {
     apply_threads(all_threads);
     std::vector<Result> checked;
     Progress progress(static_cast<int>(problems.size() + thread_settings.size()));
-    for (const Case& cs : cases) {
-      progress.step("verify " + shape_string(cs.p));
-      const auto part = run_case(cs, impls, 1);
-      checked.insert(checked.end(), part.begin(), part.end());
-    }
-    if (!verified(checked, r, {{"command", "bench"}}, progress)) return kExitFail;
+    if (!verified(cases, impls, r, {{"command", "bench"}}, progress, checked)) return kExitFail;
 
     // ---- time
     std::vector<Row> rows;

@@ -205,12 +205,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   // ---- verify before timing: the forward and the fused call, as timed
   std::vector<Result> checked;
   Progress progress(static_cast<int>(2 * cases.size()));
-  for (const Case& q : checks) {
-    progress.step("verify " + shape_string(q.lm));
-    const auto part = run_case(q, impls, 1);
-    checked.insert(checked.end(), part.begin(), part.end());
-  }
-  if (!verified(checked, r, {{"command", "bench"}, {"op", "lmhead-ce"}}, progress)) return kExitFail;
+  if (!verified(checks, impls, r, {{"command", "bench"}, {"op", "lmhead-ce"}}, progress, checked)) return kExitFail;
 
   // ---- time, and count the heap of the timed calls
   struct Row {

@@ -170,9 +170,11 @@ namespace burstlab::tools {
 // merged in) on stdout and returns kExitPass or kExitFail.
 int report(const std::vector<Result>& rs, const RunFlags& f, bool numbered, Json header);
 
-// `bench`'s rule, verify before timing: true when every checked row passed; else prints the rows
-// (the table, or JSON with `header` and verified: false) and that no speed is reported.
-bool verified(const std::vector<Result>& checked, const RunFlags& f, Json header, Progress& progress);
+// `bench`'s rule, verify before timing: runs each case once (a "verify <shape>" step each) into
+// `checked`; true when every row passed; else prints the rows (the table, or JSON with `header`
+// and verified: false) and that no speed is reported.
+bool verified(const std::vector<Case>& cases, const std::vector<const Impl*>& impls, const RunFlags& f, Json header,
+              Progress& progress, std::vector<Result>& checked);
 
 // A subcommand: its CLI11 app and what to do once parsing succeeded. run() returns the exit
 // code; it throws burstlab::Error on bad input, before printing anything.

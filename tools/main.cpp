@@ -71,12 +71,10 @@ int main(int argc, char** argv) {
       "burstlab");
   app.require_subcommand(1);
   app.set_version_flag("--version", "burstlab " BURSTLAB_VERSION);
-  std::vector<Command> commands = {add_run_command(app), add_suite_command(app), add_bench_command(app)};
-  commands.push_back(add_schedule_command(app));
-  commands.push_back(add_simulate_command(app));
+  std::vector<Command> commands = {add_run_command(app), add_suite_command(app), add_bench_command(app),
+                                   add_schedule_command(app), add_simulate_command(app)};
   for (const Command& c : add_case_commands(app)) commands.push_back(c);
-  commands.push_back(add_checkpoint_command(app));
-  commands.push_back(add_env_command(app));
+  commands.insert(commands.end(), {add_checkpoint_command(app), add_env_command(app)});
   app.footer(
       "Examples:\n"
       "  burstlab suite                                 the conformance set (bash scripts/main)\n"
@@ -85,11 +83,12 @@ int main(int argc, char** argv) {
       "  burstlab <command> --help                      the flags of one command\n"
       "Implementations built here: " + registry_names() + ". Exit: 0 pass, 1 a check failed, 2 bad input.");
 
+  const std::vector<CLI::App*> subs = app.get_subcommands([](CLI::App*) { return true; });
   // An unknown command word: CLI11 would only say "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (const CLI::App* sub : subs) {
       names += (names.empty() ? "" : ", ") + sub->get_name();
       known = known || sub->get_name() == argv[1];
     }
@@ -102,7 +101,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // Name the subcommand whose help applies (the parse may have stopped inside it).
     std::string where;
-    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (const CLI::App* sub : subs)
       if (sub->parsed() || (argc > 1 && sub->get_name() == argv[1])) where = " " + sub->get_name();
     if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
       // CLI11 2.1 joins the extras in reverse on some paths ("bf16 --dtype"): list them as typed.
@@ -118,7 +117,7 @@ int main(int argc, char** argv) {
     return bad_input(where, e.what());
   } catch (const std::exception& e) {  // thrown while parsing by something other than CLI11 itself
     const CLI::App* sub = nullptr;
-    for (const CLI::App* a : app.get_subcommands([](CLI::App*) { return true; }))
+    for (const CLI::App* a : subs)
       if (a->parsed()) sub = a;
     const std::string where = sub ? " " + sub->get_name() : "";
     if (dynamic_cast<const burstlab::Error*>(&e)) return bad_input(where, e.what());
@@ -133,11 +132,9 @@ int main(int argc, char** argv) {
       return c.run();
     } catch (const burstlab::Error& e) {
       return bad_input(where, e.what());
-    } catch (const std::bad_alloc& e) {
-      return out_of_memory(where, c.app, e);
-    } catch (const std::length_error& e) {  // a vector longer than max_size(): also too big
-      return out_of_memory(where, c.app, e);
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // std::length_error: a vector longer than max_size(), also too big
+      if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const std::length_error*>(&e))
+        return out_of_memory(where, c.app, e);
       return other_error(where, e);
     }
   }
