@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,15 +40,10 @@ CLI::Option* int_range(CLI::Option* o, const std::string& field, int64_t lo, uin
         // CLI11 converts with base 0: 010 would be octal 8. Leading zeros go; the value is decimal.
         const size_t nonzero = std::min(text.find_first_not_of('0', first), text.size() - 1);
         if (nonzero > first) text.erase(first, nonzero - first);
-        if (text == "-0") text = "0";
-        // The magnitude, saturated at 2^64 - 1 (more digits than any bound allows).
+        // The magnitude; huge: beyond 2^64 - 1 (more digits than any bound allows).
         uint64_t mag = 0;
-        bool huge = false;
-        for (size_t k = first; k < text.size() && !huge; ++k) {
-          const uint64_t digit = static_cast<uint64_t>(text[k] - '0');
-          if (mag > (std::numeric_limits<uint64_t>::max() - digit) / 10) huge = true;
-          else mag = mag * 10 + digit;
-        }
+        const bool huge = std::from_chars(text.data() + first, text.data() + text.size(), mag).ec != std::errc();
+        if (text == "-0") text = "0";
         const uint64_t lo_mag = lo < 0 ? uint64_t(0) - static_cast<uint64_t>(lo) : 0;  // |lo| when lo < 0
         const bool below = negative ? (lo >= 0 ? mag != 0 : huge || mag > lo_mag)
                                     : (lo > 0 && !huge && mag < static_cast<uint64_t>(lo));

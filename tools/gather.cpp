@@ -34,15 +34,9 @@ template GatheredOutputs gather_outputs<f16_t>(const dist::DistResult<f16_t>&, b
 
 namespace {
 
-const char* name_of(dist::Output which) {
-  switch (which) {
-    case dist::Output::O: return "O";
-    case dist::Output::LSE: return "LSE";
-    case dist::Output::dQ: return "dQ";
-    case dist::Output::dK: return "dK";
-    case dist::Output::dV: return "dV";
-  }
-  return "?";
+const char* name_of(dist::Output which) {  // dist::Output's order
+  static const char* const names[] = {"O", "LSE", "dQ", "dK", "dV"};
+  return names[static_cast<int>(which)];
 }
 
 template <class U>
@@ -150,12 +144,12 @@ void check_sample(const Problem& p, const Sample& s) {
            p.N_k, ")");
 }
 
-// The d-wide rows of `which` at ids, each from the rank that holds it, on every process.
+// The d-wide rows of `which` at ids (d = 1: LSE's values), each from the rank that holds it, on
+// every process.
 template <class Id, class N>
-void rows_of(dist::World& w, const Problem& p, const dist::Partition& part, int64_t H, const std::vector<Id>& ids,
-             N n_of, const ReadOutput& read, const std::vector<std::pair<dist::Output, std::vector<double>*>>& outs,
+void rows_of(dist::World& w, int64_t d, const dist::Partition& part, int64_t H, const std::vector<Id>& ids, N n_of,
+             const ReadOutput& read, const std::vector<std::pair<dist::Output, std::vector<double>*>>& outs,
              const std::string& what) {
-  const int64_t d = p.d;
   for (const auto& o : outs) o.second->assign(ids.size() * size_t(d), kNaN);  // every id is held by one rank
   const std::vector<std::vector<char>> all = w.allgather(
       [&](int r) {
@@ -186,28 +180,8 @@ void sampled_forward(dist::World& w, const Problem& p, const dist::Partition& qp
   check_partition(w, qp, p.N_q, "query");
   check_sample(p, s);
   if (run) validate_q_side(p, "dO", dO);
-  rows_of(w, p, qp, p.H_q, s.rows, row_i, read, {{dist::Output::O, &got.O}}, "the sampled rows of O");
-  // LSE: one value per row.
-  got.LSE.assign(s.rows.size(), kNaN);
-  {
-    const std::vector<std::vector<char>> all = w.allgather(
-        [&](int r) {
-          std::vector<char> b;
-          const int64_t nl = qp.local_size(r);
-          for (const auto& [t, il] : owned(s.rows, qp, r, row_i)) {
-            double L;
-            read(r, dist::Output::LSE, (s.rows[t].b * p.H_q + s.rows[t].h) * nl + il, 1, &L);
-            put(b, &L, 1);
-          }
-          return b;
-        },
-        "the sampled rows of LSE");
-    for (int k = 0; k < w.size(); ++k) {
-      Take take{all[size_t(k)], k};
-      for (const auto& [t, il] : owned(s.rows, qp, k, row_i)) take(&got.LSE[t], 1);
-      take.done();
-    }
-  }
+  rows_of(w, p.d, qp, p.H_q, s.rows, row_i, read, {{dist::Output::O, &got.O}}, "the sampled rows of O");
+  rows_of(w, 1, qp, p.H_q, s.rows, row_i, read, {{dist::Output::LSE, &got.LSE}}, "the sampled rows of LSE");
   if (!run) return;
   // RunRows: per (b, q-head) of the sampled columns' groups, every rank's LSE_i, D_i and its
   // magnitude for its rows, placed at their global positions.
@@ -268,8 +242,8 @@ void sampled_backward(dist::World& w, const Problem& p, const dist::Partition& q
   check_partition(w, qp, p.N_q, "query");
   check_partition(w, kp, p.N_k, "key");
   check_sample(p, s);
-  rows_of(w, p, qp, p.H_q, s.rows, row_i, read, {{dist::Output::dQ, &got.dQ}}, "the sampled rows of dQ");
-  rows_of(w, p, kp, p.H_kv, s.columns, column_j, read, {{dist::Output::dK, &got.dK}, {dist::Output::dV, &got.dV}},
+  rows_of(w, p.d, qp, p.H_q, s.rows, row_i, read, {{dist::Output::dQ, &got.dQ}}, "the sampled rows of dQ");
+  rows_of(w, p.d, kp, p.H_kv, s.columns, column_j, read, {{dist::Output::dK, &got.dK}, {dist::Output::dV, &got.dV}},
           "the sampled columns of dK, dV");
 }
 
