@@ -147,10 +147,10 @@ std::vector<double> exposed_of(const NcclComm& c, Phase phase) {
   return ms;
 }
 
-void ThreadWorld::run(const std::function<void(dist::Communicator&)>& fn) {
-  // The threads started and watched here, not through run_ranks: a rank's backtrace goes from its
-  // thread straight to fn, and the calling thread's from here to the watchdog.
-  const auto body = [&](int r) {
+// Both run()s in one body, each calling its own fn on the rank's thread (no adapter between them).
+template <class Fn>
+void ThreadWorld::run_each(const Fn& fn) {
+  errors_ = watched([&](int r) {
     NcclComm& c = *comms_[r];
     if (cudaSetDevice(c.device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", c.device(), ")");
     try {
@@ -161,17 +161,12 @@ void ThreadWorld::run(const std::function<void(dist::Communicator&)>& fn) {
       c.abort(e.what());
       throw;
     }
-  };
-  RankThreads t = start_ranks(size(), body, board_);
-  errors_ = watch_ranks(t, board_, watch_);
+  });
   throw_first(errors_);
 }
 
-void ThreadWorld::run(const std::function<void(NcclComm&)>& fn) {
-  // Every rank's communicator here is an NcclComm.
-  const std::function<void(dist::Communicator&)> each = [&](dist::Communicator& c) { fn(static_cast<NcclComm&>(c)); };
-  run(each);
-}
+void ThreadWorld::run(const std::function<void(NcclComm&)>& fn) { run_each(fn); }
+void ThreadWorld::run(const std::function<void(dist::Communicator&)>& fn) { run_each(fn); }
 
 std::vector<std::vector<double>> ThreadWorld::exposed_ms(Phase phase) {
   std::vector<std::vector<double>> ms;

@@ -80,10 +80,11 @@ class ThreadWorld : public dist::World {
 
  private:
   // body(r) on a thread per rank under the watchdog (run_ranks).
-  template <class Body>
-  std::vector<std::string> watched(const Body& body) {
+  std::vector<std::string> watched(const std::function<void(int)>& body) {
     return run_ranks(size(), body, board_, watch_);
   }
+  template <class Fn>
+  void run_each(const Fn& fn);  // both run()s
   std::string stalled();  // the first rank whose posted transfers stall (NcclComm::stall), or ""
 
   FailureBoard board_;
