@@ -79,16 +79,11 @@ class ThreadWorld : public dist::World {
   std::string describe() const override;
 
  private:
-  // body(r) on a thread per rank under the watchdog (run_ranks).
-  std::vector<std::string> watched(const std::function<void(int)>& body) {
-    return run_ranks(size(), body, board_, watch_);
-  }
-  template <class Fn>
-  void run_each(const Fn& fn);  // both run()s
+  std::vector<std::string> watched(const std::function<void(int)>& body);
   std::string stalled();  // the first rank whose posted transfers stall (NcclComm::stall), or ""
 
+  double timeout_s_ = 120;
   FailureBoard board_;
-  RankWatch watch_;  // stops every communicator on the first failure; set by the constructor
   std::mutex comms_mu_;  // comms_ entries, set by the rank threads while joining
   std::vector<std::unique_ptr<NcclComm>> comms_;
   std::vector<std::string> errors_;
