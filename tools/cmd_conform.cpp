@@ -39,7 +39,9 @@ std::string given_flags(const std::vector<const CLI::Option*>& given) {
   return s;
 }
 
-Command add_conform(CLI::App& app) {
+}  // namespace
+
+Command add_conform_command(CLI::App& app) {
   struct S {
     std::string suite_dir, dtype = "fp64,fp32", impl, partition = "contiguous";
     bool full = false, json = false;
@@ -115,9 +117,7 @@ Command add_conform(CLI::App& app) {
       "  burstlab conform --transport nccl --world 2 --dtype bf16             every algorithm on 2 GPUs, threads\n"
       "  mpirun -np 2 burstlab conform --transport nccl --dtype bf16,fp16     one process per GPU\n"
       "  mpirun -np 2 burstlab conform --transport nccl --case cases --impl ring,burst --partition zigzag");
-  Command c;
-  c.app = sub;
-  c.run = [s]() -> int {
+  return {sub, [s]() -> int {
     const std::shared_ptr<Net> net = s->net;
     DistFlags& f = net->f;
     if (f.world < 1) fail("world (", f.world, ") must be >= 1");
@@ -431,12 +431,9 @@ Command add_conform(CLI::App& app) {
           }
           std::printf("%s\n", j.dump().c_str());
         }
-      if (!nothing_judged.empty()) {
-        std::fflush(stdout);
-        std::fprintf(stderr, "burstlab conform: %s\n", nothing_judged.c_str());
-        return kExitFail;
-      }
-      return failed ? kExitFail : kExitPass;
+      std::fflush(stdout);
+      if (!nothing_judged.empty()) std::fprintf(stderr, "burstlab conform: %s\n", nothing_judged.c_str());
+      return failed || !nothing_judged.empty() ? kExitFail : kExitPass;
     }
     if (!transport_line.empty()) std::printf("%s\n", transport_line.c_str());
     size_t w0 = 4;
@@ -458,17 +455,9 @@ Command add_conform(CLI::App& app) {
                   cases[0].c_str(), cases.size() > 1 ? ", ..." : "", key.second.c_str());
     for (const std::string& n : notes) std::printf("%s\n", n.c_str());
     std::printf("%d passed, %d failed (cells: PASS/FAIL worst err/bound, spec §9)\n", passed, failed);
-    if (!nothing_judged.empty()) {
-      std::printf("%s\n", nothing_judged.c_str());
-      return kExitFail;
-    }
-    return failed ? kExitFail : kExitPass;
-  };
-  return c;
+    if (!nothing_judged.empty()) std::printf("%s\n", nothing_judged.c_str());
+    return failed || !nothing_judged.empty() ? kExitFail : kExitPass;
+  }};
 }
-
-}  // namespace
-
-Command add_conform_command(CLI::App& app) { return add_conform(app); }
 
 }  // namespace burstlab::tools

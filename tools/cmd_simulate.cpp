@@ -372,10 +372,7 @@ Command add_simulate_command(CLI::App& app) {
       "  burstlab simulate --preset h100-x2 --seq 131072 --mask none --partition contiguous\n"
       "  burstlab simulate --preset a800-32 --seq 1048576 --hq 32 --hkv 32\n"
       "  burstlab simulate --preset a100-pcie --algo ring,burst,ulysses --seq 131072 --hq 32 --hkv 8");
-  Command c;
-  c.app = sub;
-  c.run = [f] { return run_simulate(*f); };  // 1: Table 1 and the replay differ
-  return c;
+  return {sub, [f] { return run_simulate(*f); }};  // 1: Table 1 and the replay differ
 }
 
 }  // namespace burstlab::tools
