@@ -207,17 +207,15 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
   Progress progress(static_cast<int>(2 * cases.size()));
   if (!verified(checks, impls, r, {{"command", "bench"}, {"op", "lmhead-ce"}}, progress, checked)) return kExitFail;
 
-  // ---- time, and count the heap of the timed calls
-  struct Row {
-    int64_t d;
-    std::string impl, pass;
-    double ms, gflops;
-    int64_t extra;  // peak extra heap bytes, -1 when not counted
-    int64_t device = -1;        // measured device workspace peak of the timed calls (a GPU layer), else -1
-    int64_t device_model = -1;  // what the layer says it allocates (lmhead_workspace_bytes), else -1
-    double vs_ref_time = NAN, vs_ref_heap = NAN;
-  };
-  std::vector<Row> rows;
+  // ---- time, and count the heap of the timed calls: one row per (d, impl, fwd | fused)
+  Table t;
+  t.columns = {{"d", "d", false},          {"impl", "impl", true},           {"pass", "pass", true},
+               {"time_ms", "best(ms)", false}, {"gflops", "GFLOP/s", false},  {"peak_extra_heap_mib", "peak heap(MiB)", false},
+               {"speedup_vs_reference", "x ref speed", false}, {"heap_vs_reference", "x ref heap", false},
+               {"device_extra_mib", "device peak(MiB)", false}, {"device_model_mib", "device model(MiB)", false}};
+  // Bytes in MiB; a negative count (not measured) is '-', as is a NaN ratio (no reference row yet).
+  const auto mib = [](int64_t b) { return b < 0 ? missing() : number(double(b) / 1048576.0, "%.1f"); };
+  const auto ratio = [](double x, const char* fmt) { return std::isnan(x) ? missing() : number(x, fmt); };
   const bool counting = heap_counting();
   for (const Case& c : cases) {
     const LmHeadProblem& p = c.lm;
@@ -230,7 +228,7 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
         const std::function<double()>& call = k == 0 ? run.forward : run.fused;
         if (reps > 1) call();  // warm-up
         double best = std::numeric_limits<double>::infinity();
-        int64_t extra = -1, device = -1;
+        int64_t extra = -1, device = -1;  // peak extra heap, measured device workspace peak (a GPU layer)
         for (int rep = 0; rep < reps; ++rep) {
           heap_reset_peak();
           const int64_t base = heap_live();
@@ -238,41 +236,21 @@ int bench_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, i
           if (counting) extra = std::max(extra, heap_peak() - base);
           if (run.device_peak) device = std::max(device, run.device_peak());
         }
-        Row row;
-        row.d = p.d;
-        row.impl = m->name;
-        row.pass = k == 0 ? "fwd" : "fused";
-        row.ms = best;
         const double flops = k == 0 ? lmhead_forward_flops(p) : lmhead_forward_flops(p) + lmhead_backward_flops(p);
-        row.gflops = flops / (best * 1e-3) / 1e9;
-        row.extra = extra;
-        row.device = device;
-        if (m->lmhead.device_bytes) row.device_model = m->lmhead.device_bytes(p, c.opt, k == 1);
+        // What the layer says it allocates (lmhead_workspace_bytes).
+        const int64_t model = m->lmhead.device_bytes ? m->lmhead.device_bytes(p, c.opt, k == 1) : -1;
         if (m->name == "reference") {
           ref_ms[k] = best;
           ref_extra[k] = counting ? double(extra) : NAN;
         }
-        row.vs_ref_time = ref_ms[k] / best;                                 // NaN until reference ran
-        row.vs_ref_heap = counting ? double(extra) / ref_extra[k] : NAN;
-        rows.push_back(row);
+        t.add({integer(p.d), text(m->name), text(k == 0 ? "fwd" : "fused"), number(best, "%.1f"),
+               number(flops / (best * 1e-3) / 1e9, "%.2f"), mib(extra), ratio(ref_ms[k] / best, "%.2f"),
+               ratio(counting ? double(extra) / ref_extra[k] : NAN, "%.4f"), mib(device), mib(model)});
       }
     }
   }
   progress.done();
 
-  // ---- print
-  Table t;
-  t.columns = {{"d", "d", false},          {"impl", "impl", true},           {"pass", "pass", true},
-               {"time_ms", "best(ms)", false}, {"gflops", "GFLOP/s", false},  {"peak_extra_heap_mib", "peak heap(MiB)", false},
-               {"speedup_vs_reference", "x ref speed", false}, {"heap_vs_reference", "x ref heap", false},
-               {"device_extra_mib", "device peak(MiB)", false}, {"device_model_mib", "device model(MiB)", false}};
-  for (const Row& x : rows)
-    t.add({integer(x.d), text(x.impl), text(x.pass), number(x.ms, "%.1f"), number(x.gflops, "%.2f"),
-           x.extra < 0 ? missing() : number(double(x.extra) / 1048576.0, "%.1f"),
-           std::isnan(x.vs_ref_time) ? missing() : number(x.vs_ref_time, "%.2f"),
-           std::isnan(x.vs_ref_heap) ? missing() : number(x.vs_ref_heap, "%.4f"),
-           x.device < 0 ? missing() : number(double(x.device) / 1048576.0, "%.1f"),
-           x.device_model < 0 ? missing() : number(double(x.device_model) / 1048576.0, "%.1f")});
   if (r.json) {
     Json j = {{"command", "bench"}, {"op", "lmhead-ce"}, {"dtype", to_string(dtype)}, {"reps", reps},
               {"threads", threads}, {"Br", tiles.Br}, {"Bv", tiles.Bv}, {"verified", true},
