@@ -131,7 +131,7 @@ std::vector<MatrixColumn> dist_columns(const std::string& partition, const std::
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint);
+      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint, false, ranks_per_device(net->f));
       col.transport = to_string(net->f.transport);
       if (nccl) {
         col.on_nccl = true;

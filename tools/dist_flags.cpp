@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "burstlab/memory.hpp"
 #include "common.hpp"
 #ifdef BURSTLAB_HAVE_NCCL
 #include "thread_world.hpp"  // nccl::launch
@@ -35,6 +36,17 @@ int world_of(const DistFlags& f) {
   if (world > kMaxWorld)
     fail("world (nodes x gpus-per-node = ", f.nodes, " x ", f.gpus_per_node, " = ", world, ") must be <= ", kMaxWorld);
   return static_cast<int>(world);
+}
+
+int ranks_per_device(const DistFlags& f) {
+  if (f.transport != Transport::Nccl) return world_of(f);
+#ifdef BURSTLAB_HAVE_NCCL
+  if (nccl::launch().by_mpi) {
+    const int n = nccl::device_count();
+    return n > 0 ? (local_processes() + n - 1) / n : 1;
+  }
+#endif
+  return 1;
 }
 
 namespace {

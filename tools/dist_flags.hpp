@@ -50,6 +50,11 @@ int grid_ranks(const std::string& grid);
 // or R x C of --grid RxC when --world is not given, or mpirun's process count (--transport nccl).
 int world_of(const DistFlags& f);
 
+// The ranks that share one device, for the device memory check: every rank on SimComm (all on
+// this process's GPU); over NCCL one (ThreadWorld gives each rank its own GPU), or under mpirun
+// this host's processes over the GPUs it has (burstlab/memory.hpp's local_processes).
+int ranks_per_device(const DistFlags& f);
+
 // "a, b and c": the algorithms of the table for which `has` holds.
 std::string names_where(const std::function<bool(const dist::Algorithm&)>& has);
 

@@ -133,8 +133,8 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
   const bool gathers_kv = dist::find_algorithm(options_of(f).algo).gathers_kv;
-  m.footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint);  // resources.hpp
-  m.sampled_footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, true);
+  m.footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, false, ranks_per_device(f));
+  m.sampled_footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, true, ranks_per_device(f));
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {

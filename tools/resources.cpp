@@ -85,24 +85,32 @@ EngineFootprint cpu_engine_footprint() {
 }
 
 
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled) {
-  return [gathers_kv, world, engine, sampled](const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward, int threads) {
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled,
+                                int ranks_per_device) {
+  return [gathers_kv, world, engine, sampled, ranks_per_device](const Problem& p, Dtype dtype, const ImplOptions& opt,
+                                                                bool backward, int threads) {
     const Sizes z(p);
     const int64_t s = bytes_of(dtype), G = std::max(world, 1);
+    // The ranks whose shards, blocks and engine share one device (the host: all of them).
+    const int64_t k = engine.device && ranks_per_device > 0 ? std::min<int64_t>(ranks_per_device, G) : G;
+    const auto share = [&](int64_t all_ranks) { return k == G ? all_ranks : bytes_mul(k, (all_ranks + G - 1) / G); };
     const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                                                   // K, V (dK, dV)
     const int64_t q = bytes_add(bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er));  // Q, O (dO, dQ), LSE (D)
     const int64_t copies = gathers_kv ? G : 2;
     const int64_t outputs = bytes_sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
-    const std::string where = engine.device ? " on the device" : "";
+    const std::string where = !engine.device ? ""
+                              : k == G       ? " on the device"
+                                             : " on each device (" + std::to_string(k) + " of the " + std::to_string(G) +
+                                             " ranks)";
     const int64_t rows = (p.N_q + G - 1) / G;  // a rank's query rows
     std::vector<MemPart> parts = {
         {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype) + where,
-         bytes_mul(s, bytes_sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs})), engine.device},
+         share(bytes_mul(s, bytes_sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs}))), engine.device},
         {"blocks in flight: " + std::to_string(copies) + " copies of K, V" + (backward ? ", dK, dV" : "") +
              " and 2 of the query-side tensors in " + to_string(dtype) + where,
-         bytes_mul(s, bytes_add(bytes_mul(copies, kv), bytes_mul(2, q))), engine.device},
-        {engine.what + " on " + std::to_string(G) + " rank threads x " + threads_text(std::max(threads, 1)),
-         bytes_mul(G, engine.block_call(p, rows, dtype, opt, threads)), engine.device},
+         share(bytes_mul(s, bytes_add(bytes_mul(copies, kv), bytes_mul(2, q)))), engine.device},
+        {engine.what + " on " + std::to_string(k) + " rank threads x " + threads_text(std::max(threads, 1)),
+         bytes_mul(k, engine.block_call(p, rows, dtype, opt, threads)), engine.device},
         small_allocations()};  // with the sample's K rows and columns of the outputs, when sampled
     if (!sampled) {
       parts.push_back({"downloaded and gathered outputs in " + to_string(dtype), bytes_mul(2, bytes_mul(s, outputs))});

@@ -75,7 +75,10 @@ struct EngineFootprint {
 EngineFootprint cpu_engine_footprint();  // cpu/cpu_footprint.hpp's block_call_bytes
 // sampled: the run's row-sampled check reads only the sample and the rows' LSE, D through the World
 // (Runner::fetch_sampled_*, gather.hpp) instead of downloading and gathering every output.
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled = false);
+// ranks_per_device: how many of the world's ranks share the device whose memory is checked (all
+// G on SimComm; 1 over NCCL, one rank per GPU), so that the device parts are that device's share.
+Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled = false,
+                                int ranks_per_device = 0);
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);
 // then, one implementation at a time, its footprint next to the inputs and what the oracle keeps

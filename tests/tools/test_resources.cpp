@@ -134,6 +134,33 @@ TEST(Estimate, SampledDistributedRunGathersNoOutputs) {
   }
 }
 
+TEST(Estimate, DistributedDevicePartsAreOneDevicesShare) {
+  // 1M tokens, H = 32, d = 128, bf16 over NCCL with one rank per GPU: each GPU holds its rank's
+  // shards, blocks and engine, half of what SimComm puts on one GPU; the host parts are the same.
+  const Problem p = shape(1, 32, 32, 1 << 20, 1 << 20, 128);
+  EngineFootprint gpu;
+  gpu.what = "a device engine";
+  gpu.device = true;
+  gpu.block_call = [](const Problem&, int64_t rows, Dtype, const ImplOptions&, int) { return 1000 * rows; };
+  const auto need = [&](int ranks_per_device) {
+    return make_need("", distributed_footprint(false, 2, gpu, true, ranks_per_device)(p, Dtype::BF16, ImplOptions{}, true, 2));
+  };
+  const MemNeed sim = need(0), one = need(1), both = need(2);
+  EXPECT_EQ(sim.device_bytes, both.device_bytes);
+  EXPECT_EQ(sim.bytes, one.bytes);  // bytes: the host parts
+  EXPECT_EQ(2 * one.device_bytes, sim.device_bytes);
+  // Q, K, V, dO, O, dQ, dK, dV of the whole problem in bf16 are 8 x 8 GiB: one GPU of two holds
+  // half of them, beside its blocks in flight.
+  EXPECT_GE(one.device_bytes, 32LL << 30);
+  bool named = false;
+  for (const MemPart& x : one.parts) named = named || has(x.what, "on each device (1 of the 2 ranks)");
+  EXPECT_TRUE(named);
+  // A host engine's parts are the whole world's whatever is asked.
+  const MemNeed cpu = make_need("", distributed_footprint(false, 2, cpu_engine_footprint(), true, 1)(p, Dtype::F32, ImplOptions{}, true, 2));
+  const MemNeed cpu_all = make_need("", distributed_footprint(false, 2, cpu_engine_footprint(), true)(p, Dtype::F32, ImplOptions{}, true, 2));
+  EXPECT_EQ(cpu.bytes, cpu_all.bytes);
+}
+
 TEST(Estimate, OverflowIsTooManyNotUndefined) {
   // N_q x N_k = 2^80: beyond int64 (validate() refuses such a problem; the estimate must not be UB
   // either way).
