@@ -202,11 +202,7 @@ int run_simulate(const SimFlags& f) {
       const dist::Phase ph = phases[k];
       if (f.steps) {
         std::string line = a + " " + dist::to_string(ph) + " (" + std::to_string(with[k].step_s.size()) + " steps, ms):";
-        char buf[32];
-        for (double x : with[k].step_s) {
-          std::snprintf(buf, sizeof buf, " %.3f", x * 1e3);
-          line += buf;
-        }
+        for (double x : with[k].step_s) line += format(" %.3f", x * 1e3);
         step_lines.push_back(line);
       }
       const dist::Prediction& x = with[k];

@@ -76,16 +76,6 @@ CLI::Option* real_range(CLI::Option* o, const std::string& field, double lo, dou
   return o;
 }
 
-std::vector<std::string> split_commas(const std::string& list, bool keep_empty) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at <= list.size() && !list.empty();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    if (keep_empty || comma > at) out.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
-
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d) {
   extent_flag(app, "-B,--batch", f.B, "batch size B", "B");
   extent_flag(app, "--hq", f.H_q, "query heads H_q", "H_q");

@@ -78,8 +78,6 @@ CLI::Option* extent_flag(CLI::App* app, const std::string& names, T& v, const st
                          const std::string& field) {
   return int_flag(app, names, v, help, field, kNoLowerBound, kMaxExtent, ">= 1");
 }
-// "a,,b" -> {"a", "b"}: the entries of a comma-separated list, empty ones dropped (keep_empty: kept).
-std::vector<std::string> split_commas(const std::string& list, bool keep_empty = false);
 
 // -B --hq --hkv --nq --nk -d --mask --scale --seed. multi_d: -d takes a list.
 void add_shape_flags(CLI::App* app, ShapeFlags& f, bool multi_d);

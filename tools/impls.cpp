@@ -386,18 +386,22 @@ std::string dtype_list(const std::vector<Dtype>& ts) {
   return s;
 }
 
-std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known) {
+std::vector<std::string> split_commas(const std::string& list, bool keep_empty) {
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string name = list.substr(start, end - start);
+  for (size_t at = 0; at <= list.size() && !list.empty();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (keep_empty || comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known) {
+  std::vector<std::string> out = list.empty() ? std::vector<std::string>{""} : split_commas(list, true);
+  for (std::string& name : out) {
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
     if (name.empty()) fail(field, " (", list, ") has an empty entry; give a comma-separated list of: ", known);
-    out.push_back(name);
-    start = end + 1;
   }
   return out;
 }

@@ -137,6 +137,8 @@ inline cpu::Tiles cpu_tiles(const ImplOptions& o) {
 }
 cpu::LmHeadTiles lmhead_tiles(const ImplOptions& opt);
 
+// "a,,b" -> {"a", "b"}: the entries of a comma-separated list, empty ones dropped (keep_empty: kept).
+std::vector<std::string> split_commas(const std::string& list, bool keep_empty = false);
 // "a, b,c" -> {"a", "b", "c"}, entries trimmed: the list syntax of --impl and --algo. An empty
 // entry is an Error naming `field`, the list and what it may hold (`known`).
 std::vector<std::string> split_list(const std::string& list, const char* field, const std::string& known);
