@@ -9,11 +9,14 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+
+#include <omp.h>
 #include <sstream>
 
 #include "burstlab/error.hpp"
 #include "burstlab/names.hpp"
 #include "reference.hpp"
+#include "fill.hpp"
 #include "streams.hpp"
 
 namespace burstlab {
@@ -21,22 +24,6 @@ namespace {
 
 using reference::stream;
 enum StreamId : uint64_t { kQ = 1, kK = 2, kV = 3, kdO = 4, kDocQ = 11, kDocK = 12, kBlock = 21 };
-
-// Fills t in LOGICAL order (b, h, n, k), so BSHD and BHSD inputs of one seed hold the same values.
-// draw() gives a double; it is rounded to dtype and redrawn while the rounded value is 0
-// (inputs are never zero, spec §9.5).
-template <class Draw>
-void fill(Tensor4<double>& t, Dtype dtype, std::mt19937_64& rng, Draw draw) {
-  View4<double> v = t.view();
-  for (int64_t b = 0; b < t.B; ++b)
-    for (int64_t h = 0; h < t.H; ++h)
-      for (int64_t n = 0; n < t.N; ++n)
-        for (int64_t k = 0; k < t.d; ++k) {
-          double x;
-          do { x = round_to(dtype, draw(rng)); } while (x == 0.0);
-          v(b, h, n, k) = x;
-        }
-}
 
 [[noreturn]] void bad_part(const std::string& spec, const std::string& part, const char* form) {
   fail("mask (", spec, ") part '", part, "' must be ", form);
@@ -101,38 +88,37 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
   in.K = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
   in.V = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
   in.dO = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
-  std::mt19937_64 rq = stream(seed, kQ), rk = stream(seed, kK), rv = stream(seed, kV), rdo = stream(seed, kdO);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  auto gauss = [&](std::mt19937_64& r) { return normal(r); };
-
   double qk_mult = 1.0;
   if (values == Values::Large) {
     double s = std::fabs(scale_of(p));
     if (!(s > 0)) s = 1.0 / std::sqrt(double(p.d));  // scale 0: use the default's magnitude
     qk_mult = 2.0 * std::sqrt(1e3 / (s * std::sqrt(double(p.d))));
   }
-  auto qk_draw = [&](std::mt19937_64& r) -> double {
-    if (values == Values::Ties) {
-      static const double choices[3] = {-1.0, 0.5, 1.0};
-      return choices[std::uniform_int_distribution<int>(0, 2)(r)];
-    }
+  // Each draw calls normal once, or never (fill.hpp). Logical order (b, h, n, k): BSHD and BHSD
+  // inputs of one seed hold the same values; inputs are never zero (spec §9.5).
+  auto qk_draw = [&](std::mt19937_64& r, auto& normal) -> double {
+    static const double choices[3] = {-1.0, 0.5, 1.0};
+    if (values == Values::Ties) return choices[std::uniform_int_distribution<int>(0, 2)(r)];
     return qk_mult * normal(r);
   };
   const double lo = dtype == Dtype::F16 ? -4.0 : -6.0, hi = dtype == Dtype::F16 ? 1.5 : 6.0;
-  auto wide = [&](std::mt19937_64& r) {
+  auto v_draw = [&](std::mt19937_64& r, auto& normal) -> double {
+    if (values != Values::WideV) return normal(r);
     const double e = std::uniform_real_distribution<double>(lo, hi)(r);
     const double sign = std::uniform_int_distribution<int>(0, 1)(r) ? 1.0 : -1.0;
     return sign * std::pow(10.0, e);
   };
-  fill(in.Q, dtype, rq, qk_draw);
-  fill(in.K, dtype, rk, qk_draw);
-  if (values == Values::WideV) {
-    fill(in.V, dtype, rv, wide);
-    fill(in.dO, dtype, rdo, wide);
-  } else {
-    fill(in.V, dtype, rv, gauss);
-    fill(in.dO, dtype, rdo, gauss);
-  }
+  // The four tensors side by side (up to 4 threads of the OpenMP team), then stitched in order.
+  Tensor4<double>* const t[4] = {&in.Q, &in.K, &in.V, &in.dO};
+  const StreamId id[4] = {kQ, kK, kV, kdO};
+  reference::Filled f[4];
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(4, omp_get_max_threads()))
+  for (int i = 0; i < 4; ++i)
+    f[i] = i < 2 ? reference::fill_alone(*t[i], dtype, stream(seed, id[i]), qk_draw)
+                 : reference::fill_alone(*t[i], dtype, stream(seed, id[i]), v_draw);
+  reference::Carry c;
+  for (int i = 0; i < 4; ++i)
+    c = i < 2 ? reference::stitch(*t[i], dtype, f[i], c, qk_draw) : reference::stitch(*t[i], dtype, f[i], c, v_draw);
   return in;
 }
 
