@@ -126,18 +126,10 @@ int run_lmhead(const ShapeFlags& s, const RunFlags& r, const LmHeadFlags& f, int
   require_memory(case_need(c, impls, threads), avail, [&] { return lmhead_advice(s, p, fits, c.pass.backward()); });
 
   const std::vector<Result> rs = run_case(c, impls, repeat);
-  Json header = Json::object();
-  header["command"] = "run";
-  header["op"] = "lmhead-ce";
-  header["shape"] = shape_string(p);
-  header["dtype"] = to_string(c.dtype);
-  header["values"] = to_string(c.values);
-  header["ignore_fraction"] = f.ignored;
-  header["seed"] = s.seed;
-  header["threads"] = threads;
-  header["repeat"] = repeat;
-  header["Br"] = tiles.Br;
-  header["Bv"] = tiles.Bv;
+  const Json header = {{"command", "run"}, {"op", "lmhead-ce"},   {"shape", shape_string(p)},
+                       {"dtype", to_string(c.dtype)}, {"values", to_string(c.values)}, {"ignore_fraction", f.ignored},
+                       {"seed", s.seed},     {"threads", threads},  {"repeat", repeat},
+                       {"Br", tiles.Br},     {"Bv", tiles.Bv}};
   if (!r.json)
     std::printf("burstlab run --op lmhead-ce: %s dtype=%s values=%s ignore-fraction=%g seed=%llu threads=%d "
                 "repeat=%d Br=%lld Bv=%lld (cpu tiles)\n",

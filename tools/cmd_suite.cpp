@@ -172,10 +172,7 @@ Command add_suite_command(CLI::App& app) {
       if (it == skipped.end()) it = skipped.insert(skipped.end(), SkipGroup{k.impl, k.reason, 0});
       ++it->runs;
     }
-    Json header = Json::object();
-    header["command"] = "suite";
-    header["threads"] = max_threads();
-    header["skipped"] = Json::array();
+    Json header = {{"command", "suite"}, {"threads", max_threads()}, {"skipped", Json::array()}};
     for (const SkipGroup& k : skipped)
       header["skipped"].push_back({{"impl", k.impl}, {"runs", k.runs}, {"reason", k.reason}});
     if (!s->run.json)
