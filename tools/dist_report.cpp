@@ -91,13 +91,9 @@ bool bytes_report(const std::vector<DistReport>& reports, const DistFlags& f, Js
               number(t1_sum / tg_sum, "%.3f"), nccl ? number(ex_sum, "%.3f") : text("-"),
               nccl ? number(100.0 * ex_sum / tg_sum, "%.1f") : text("-")});
   }
-  header["distributed"] = {{"algo", f.algo},
-                           {"world", world_of(f)},
-                           {"partition", f.partition},
-                           {"gpus_per_node", f.gpus_per_node},
-                           {"transport", reports.front().transport},
-                           {"bytes", t.json()},
-                           {"bytes_match_closed_forms", ok}};
+  header["distributed"] = {{"algo", f.algo}, {"world", world_of(f)}, {"partition", f.partition},
+                           {"gpus_per_node", f.gpus_per_node}, {"transport", reports.front().transport},
+                           {"bytes", t.json()}, {"bytes_match_closed_forms", ok}};
   if (!sc.rows.empty()) header["distributed"]["scaling"] = sc.json();
   if (!exposed_steps.empty()) header["distributed"]["exposed"] = exposed_steps;
   if (!json) {
