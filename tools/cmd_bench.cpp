@@ -129,26 +129,22 @@ Command add_bench_command(CLI::App& app) {
     if (all_threads > 1) thread_settings.push_back(all_threads);
 
     // ---- the verification cases, and the memory both steps need (refused before allocating)
-    auto verify_case = [&](const Problem& full, const std::string& verify, bool* same) {
-      *same = verify == "same" ||
-              (verify == "auto" && double(full.B) * full.H_q * double(visible_pairs(full)) * full.d <= kOracleSameShapeMax);
+    std::vector<Case> cases;
+    std::vector<std::string> verify_shape;
+    for (const Problem& full : problems) {
+      const double work = double(full.B) * full.H_q * double(visible_pairs(full)) * full.d;
+      const bool same = s->verify == "same" || (s->verify == "auto" && work <= kOracleSameShapeMax);
       Case cs;
-      cs.p = *same ? full
-                   : make_problem(full.B, full.H_q, full.H_kv, std::min(full.N_q, kReducedN),
-                                  std::min(full.N_k, kReducedN), full.d, f.mask, f.seed, scale);
+      cs.p = same ? full
+                  : make_problem(full.B, full.H_q, full.H_kv, std::min(full.N_q, kReducedN),
+                                 std::min(full.N_k, kReducedN), full.d, f.mask, f.seed, scale);
       cs.mask_spec = f.mask;
       cs.dtype = dtype;
       cs.values = values;
       cs.seed = f.seed;
       cs.opt = opt;
-      return cs;
-    };
-    std::vector<Case> cases;
-    std::vector<std::string> verify_shape;
-    for (const Problem& full : problems) {
-      bool same = false;
-      cases.push_back(verify_case(full, s->verify, &same));
-      verify_shape.push_back(same ? "same shape" : "reduced shape " + shape_string(cases.back().p));
+      cases.push_back(cs);
+      verify_shape.push_back(same ? "same shape" : "reduced shape " + shape_string(cs.p));
     }
     // The peak of verification and timing under other flags (estimates only: resized copies of
     // the problems, the estimate reads their sizes). cap: --nq and --nk at most cap.
