@@ -80,6 +80,13 @@ Values parse_values(const std::string& s) { return parse_named(s, kValuesNames, 
 //   Ties    Q, K uniform on {-1, 0.5, 1} (exact in every dtype); V, dO ~ N(0, 1).
 //   WideV   Q, K ~ N(0, 1); V, dO = random sign * 10^U(-6, 6). For F16 (max 65504) the exponent
 //           range is U(-4, 1.5) so that V, dO, dP = dO V^T and the gradients stay finite in fp16.
+double qk_multiplier(const Problem& p, Values values) {
+  if (values != Values::Large) return 1.0;
+  double s = std::fabs(scale_of(p));
+  if (!(s > 0)) s = 1.0 / std::sqrt(double(p.d));  // scale 0: use the default's magnitude
+  return 2.0 * std::sqrt(1e3 / (s * std::sqrt(double(p.d))));
+}
+
 Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, Values values) {
   validate(p);
   Inputs in;
@@ -88,12 +95,7 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
   in.K = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
   in.V = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
   in.dO = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
-  double qk_mult = 1.0;
-  if (values == Values::Large) {
-    double s = std::fabs(scale_of(p));
-    if (!(s > 0)) s = 1.0 / std::sqrt(double(p.d));  // scale 0: use the default's magnitude
-    qk_mult = 2.0 * std::sqrt(1e3 / (s * std::sqrt(double(p.d))));
-  }
+  const double qk_mult = qk_multiplier(p, values);
   // Each draw calls normal once, or never (fill.hpp). Logical order (b, h, n, k): BSHD and BHSD
   // inputs of one seed hold the same values; inputs are never zero (spec §9.5).
   auto qk_draw = [&](std::mt19937_64& r, auto& normal) -> double {

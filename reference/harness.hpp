@@ -23,6 +23,9 @@ enum class Values {
 };
 std::string to_string(Values v);
 Values parse_values(const std::string& s);  // "normal|large|ties|widev"
+// The factor on Q's and K's N(0, 1) draws: c = 2 sqrt(1e3 / (|scale| sqrt(d))) for Large (with
+// scale 0, the default scale's magnitude), 1 otherwise.
+double qk_multiplier(const Problem& p, Values values);
 
 // Generated inputs, already rounded to `dtype` and stored as double, so the oracle sees exactly
 // what the candidate sees. Q, dO (B, H_q, N_q, d); K, V (B, H_kv, N_k, d), in `layout`.

@@ -18,12 +18,8 @@ namespace {
 
 // The serial pass, as make_inputs wrote it before its tensors were filled side by side.
 Inputs serial_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, Values values) {
-  Inputs in;
-  in.dtype = dtype;
-  in.Q = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
-  in.K = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
-  in.V = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
-  in.dO = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
+  Inputs in{dtype, make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d), make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d),
+            make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d), make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d)};
   std::mt19937_64 rq = reference::stream(seed, 1), rk = reference::stream(seed, 2), rv = reference::stream(seed, 3),
                   rdo = reference::stream(seed, 4);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -38,12 +34,7 @@ Inputs serial_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed
             v(b, h, n, k) = x;
           }
   };
-  double qk_mult = 1.0;
-  if (values == Values::Large) {
-    double s = std::fabs(scale_of(p));
-    if (!(s > 0)) s = 1.0 / std::sqrt(double(p.d));
-    qk_mult = 2.0 * std::sqrt(1e3 / (s * std::sqrt(double(p.d))));
-  }
+  const double qk_mult = qk_multiplier(p, values);
   auto qk = [&](std::mt19937_64& r) -> double {
     static const double choices[3] = {-1.0, 0.5, 1.0};
     if (values == Values::Ties) return choices[std::uniform_int_distribution<int>(0, 2)(r)];
