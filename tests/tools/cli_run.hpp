@@ -44,4 +44,13 @@ inline Output run_burstlab(const std::string& args, const std::string& prefix = 
   return o;
 }
 
+// Bad input refused: exit 2, `message` (the field and value) and `hint` (the
+// pointer to a --help) on stderr, nothing on stdout.
+inline void expect_refused(const Output& o, const std::string& message, const std::string& hint) {
+  EXPECT_EQ(o.rc, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find(message), std::string::npos) << "stderr: " << o.err;
+  EXPECT_NE(o.err.find(hint), std::string::npos) << "no hint on stderr: " << o.err;
+  EXPECT_EQ(o.out, "") << "something was printed on stdout";
+}
+
 }  // namespace burstlab::cli_test
