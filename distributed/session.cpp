@@ -252,11 +252,18 @@ Engine<T>& Session<T>::held(const Communicator& comm) const {
   return *e_[r];
 }
 
+// Inlined into both callers, so that run's rank thread goes from its body straight to the
+// algorithm's pass (no frame of its own).
 template <class T>
-void Session<T>::rank_pass(Phase phase, Communicator& comm) {
+[[gnu::always_inline]] inline void Session<T>::pass_on(Phase phase, Communicator& comm) {
   Engine<T>& e = held(comm);
   pass_(phase, plan_, comm, e, prepared_[comm.rank()], shards_[comm.rank()]);
   e.synchronize();  // this rank's engine work is complete before the pass ends
+}
+
+template <class T>
+void Session<T>::rank_pass(Phase phase, Communicator& comm) {
+  pass_on(phase, comm);
 }
 
 // forward() and backward() end in a call of this one, so that a backtrace from an engine shows
@@ -265,16 +272,12 @@ template <class T>
 void Session<T>::run(Phase phase) {
   if (phase == Phase::Forward) have_forward_ = false;
   try {
-    // rank_pass written out: the rank's frame goes from this body straight to the algorithm's pass.
     w_->run([&](Communicator& c) {
       c.begin_pass(phase);
-      Engine<T>& e = held(c);
-      const int r = c.rank();
-      pass_(phase, plan_, c, e, prepared_[r], shards_[r]);
-      e.synchronize();
+      pass_on(phase, c);
       c.set_context(Phase::Other, 0);
       c.barrier();  // the pass ends when every rank's has; every rank observes another's failure
-      keep_phase(logs_[r], c, phase);
+      keep_phase(logs_[c.rank()], c, phase);
     });
   } catch (...) {
     errors_ = w_->errors();

@@ -97,6 +97,8 @@ class Session {
                  View4<const double> dO);
   // The checks of a rank's pass: the communicator's size, and rank comm.rank() held here.
   Engine<T>& held(const Communicator& comm) const;
+  // rank_pass's body: held, the algorithm's pass, the engine drained.
+  void pass_on(Phase phase, Communicator& comm);
   void run(Phase phase);  // forward() and backward(): every held rank's pass
   Plan plan_;
   PassFn<T> pass_ = nullptr;  // plan_'s algorithm's pass
