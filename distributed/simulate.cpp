@@ -9,7 +9,8 @@
 
 namespace burstlab::dist {
 
-const std::vector<Cluster>& cluster_presets() {
+namespace {
+std::vector<Cluster> make_presets() {
   // Bandwidths per direction from the papers' setups; alpha and the FLOP rate are assumptions
   // (alpha: typical NCCL small-message latency; FLOPs: ~50% of the 312 TFLOP/s bf16 peak).
   auto make = [](const char* name, const char* note, int nodes, int gpn, double a_in, double bw_in, double a_out,
@@ -58,22 +59,25 @@ const std::vector<Cluster>& cluster_presets() {
     return "1 node x " + std::to_string(g) + " " + kind +
            ", NVLink (assumed 450 GB/s, 10 us); FLOP/s measured on one " + gpu;
   };
-  static const std::vector<Cluster> presets = [&] {
-    std::vector<Cluster> v = {
-        make("a100-pcie", "1 node x 8 A100 PCIe 4.0 x16 (32 GB/s)", 1, 8, 10e-6, 32e9, 10e-6, 32e9),
-        make("a100-roce", "4 nodes x 8 A100, NVLink 300 GB/s, 600 Gb/s RoCE per node (75 GB/s shared by 8 GPUs)",
-             4, 8, 5e-6, 300e9, 15e-6, 75e9 / 8),
-        make("a800-32", "4 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 4, 8, 5e-6,
-             200e9, 10e-6, 25e9),
-        make("a800-64", "8 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 8, 8, 5e-6,
-             200e9, 10e-6, 25e9),
-    };
-    for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted("H100 SXM", "H100", g).c_str(), g, h100));
-    for (int g : {2, 4, 8})
-      v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted("H200", "H200", g).c_str(), g, h200));
-    return v;
-  }();
+  std::vector<Cluster> v = {
+      make("a100-pcie", "1 node x 8 A100 PCIe 4.0 x16 (32 GB/s)", 1, 8, 10e-6, 32e9, 10e-6, 32e9),
+      make("a100-roce", "4 nodes x 8 A100, NVLink 300 GB/s, 600 Gb/s RoCE per node (75 GB/s shared by 8 GPUs)", 4,
+           8, 5e-6, 300e9, 15e-6, 75e9 / 8),
+      make("a800-32", "4 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 4, 8, 5e-6,
+           200e9, 10e-6, 25e9),
+      make("a800-64", "8 nodes x 8 A800, NVLink 400 GB/s, 8 x 200 Gb/s IB per node (25 GB/s per GPU)", 8, 8, 5e-6,
+           200e9, 10e-6, 25e9),
+  };
+  for (int g : {2, 4, 8})
+    v.push_back(nvlink(("h100-x" + std::to_string(g)).c_str(), noted("H100 SXM", "H100", g).c_str(), g, h100));
+  for (int g : {2, 4, 8})
+    v.push_back(nvlink(("h200-x" + std::to_string(g)).c_str(), noted("H200", "H200", g).c_str(), g, h200));
+  return v;
+}
+}  // namespace
+
+const std::vector<Cluster>& cluster_presets() {
+  static const std::vector<Cluster> presets = make_presets();
   return presets;
 }
 
