@@ -106,6 +106,7 @@ std::vector<MatrixColumn> dist_columns(const std::string& partition, const std::
                                  const std::shared_ptr<Net>& net) {
   const int world = net->f.world;
   const bool nccl = net->f.transport == Transport::Nccl;
+  const int per_device = ranks_per_device(net->f);  // the same for every column
   std::vector<MatrixColumn> out;
   for (const Impl* mp : engines) {
     const Impl& m = *mp;
@@ -131,7 +132,7 @@ std::vector<MatrixColumn> dist_columns(const std::string& partition, const std::
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint, false, ranks_per_device(net->f));
+      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint, false, per_device);
       col.transport = to_string(net->f.transport);
       if (nccl) {
         col.on_nccl = true;

@@ -133,8 +133,9 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
   const bool gathers_kv = dist::find_algorithm(options_of(f).algo).gathers_kv;
-  m.footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, false, ranks_per_device(f));
-  m.sampled_footprint = distributed_footprint(gathers_kv, world_of(f), base.engines.footprint, true, ranks_per_device(f));
+  const int G = world_of(f), per_device = ranks_per_device(f);
+  m.footprint = distributed_footprint(gathers_kv, G, base.engines.footprint, false, per_device);
+  m.sampled_footprint = distributed_footprint(gathers_kv, G, base.engines.footprint, true, per_device);
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {
