@@ -269,7 +269,7 @@ Command add_conform_command(CLI::App& app) {
         const auto runs = [&](const MatrixColumn& col) { return col.runs(metas[r].dtype); };
         // After the world died its columns run nothing: neither the case nor its oracle is needed.
         const bool any = std::any_of(cols.begin(), cols.end(),
-                                     [&](const MatrixColumn& col) { return runs(col) && !(col.on_nccl && !net->dead.empty()); });
+                                     [&](const MatrixColumn& col) { return runs(col) && !(col.on_nccl() && !net->dead.empty()); });
         std::unique_ptr<CaseData> cdp;
         std::unique_ptr<check::Expected> ep;
         if (any) {
@@ -282,7 +282,7 @@ Command add_conform_command(CLI::App& app) {
           Cell& cell = cells[r][k];
           const MatrixColumn& col = cols[k];
           if (!runs(col)) { cell.text = "-"; continue; }
-          if (col.on_nccl && !net->dead.empty()) {
+          if (col.on_nccl() && !net->dead.empty()) {
             cell.failed("FAIL not run", "not run: the NCCL transport failed earlier (" + dead_at + ")");
             ++not_run;
             ++failed;
@@ -321,7 +321,7 @@ Command add_conform_command(CLI::App& app) {
 #endif
             net->dead = ex.what();
           };
-          if (col.on_nccl) {
+          if (col.on_nccl()) {
             try {
               refusal = agreed_refusal(*net->world, refusal, "the refusals of " + col.name + " on " + cd.meta.name);
             } catch (const std::exception& ex) {
@@ -336,7 +336,7 @@ Command add_conform_command(CLI::App& app) {
             continue;
           }
           check::Candidate got;
-          if (col.on_nccl) {
+          if (col.on_nccl()) {
             try {
               got = run();
             } catch (const std::exception& ex) {
@@ -345,7 +345,7 @@ Command add_conform_command(CLI::App& app) {
             }
           }
           try {
-            if (!col.on_nccl) got = run();
+            if (!col.on_nccl()) got = run();
             const check::CheckResult res = check::check_candidate(cd, *ep, got, cd.meta.dtype);
             cell.fail = !res.pass();
             cell.worst = res.worst_err_bound();

@@ -135,7 +135,6 @@ std::vector<MatrixColumn> dist_columns(const std::string& partition, const std::
       col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint, false, per_device);
       col.transport = to_string(net->f.transport);
       if (nccl) {
-        col.on_nccl = true;
         // The engine's refusals (cuda: a GPU, d) and the algorithm's (make_plan: partition,
         // heads, mask) before any rank runs: a refusal is n/a, a throw inside the World a FAIL.
         col.prepare = [o, mk, mp, net](const CaseData& cd) -> RunFn {

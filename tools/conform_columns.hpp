@@ -28,8 +28,9 @@ struct MatrixColumn {
   std::vector<Dtype> dtypes;
   std::function<RunFn(const CaseData& cd)> prepare;
   Footprint footprint;  // host bytes of its run (resources.hpp); empty: not estimated
-  bool on_nccl = false;  // runs on the one NCCL World (Net): its cells are collectives under mpirun
   std::string transport = "none";  // --json's "transport": sim or nccl for a distributed column
+  // Runs on the one NCCL World (Net): its cells are collectives under mpirun.
+  bool on_nccl() const { return transport == to_string(Transport::Nccl); }
   bool runs(Dtype t) const { return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end(); }
 };
 
