@@ -296,13 +296,16 @@ Command add_conform_command(CLI::App& app) {
           } catch (const Error& ex) {
             refusal = ex.what();
           }
+          const auto threw = [&](const std::exception& ex) {
+            cell.failed("FAIL error", ex.what());
+            notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+          };
           // A throw inside the NCCL world: that cell fails and its communicators are aborted. As
           // threads of this process the next cell gets a new world (without the injection, which
           // fired); under mpirun the other processes are told (their next wait ends) and this one
           // ends non-zero at exit, so no further cell runs on it.
           const auto world_failed = [&](const std::exception& ex) {
-            cell.failed("FAIL error", ex.what());
-            notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+            threw(ex);
             ++failed;
             net->world->failed(ex.what());
             dead_at = col.name + " on " + cd.meta.name;
@@ -358,8 +361,7 @@ Command add_conform_command(CLI::App& app) {
                   break;
                 }
           } catch (const std::exception& ex) {
-            cell.failed("FAIL error", ex.what());
-            notes.push_back("FAIL " + col.name + " on " + cd.meta.name + ": threw: " + ex.what());
+            threw(ex);
           }
           (cell.fail ? failed : passed) += 1;
         }
