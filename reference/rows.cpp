@@ -527,6 +527,8 @@ std::vector<double> lse_at(const std::vector<RowId>& rows, View3<const double> L
   }
   return out;
 }
+// d of a sample-ordered vector of d values per id (0 without ids).
+int64_t width(size_t values, size_t ids) { return ids == 0 ? 0 : static_cast<int64_t>(values / ids); }
 const auto row_i = [](const RowId& x) { return x.i; };
 const auto column_j = [](const ColumnId& x) { return x.j; };
 
@@ -539,7 +541,7 @@ Metrics sampled_metrics(const char* name, const std::vector<Id>& ids, const std:
   m.tensor = name;
   if (got.size() != want.size())
     fail(name, " holds ", got.size(), " sampled values, not the ", want.size(), " of the sample");
-  const int64_t d = ids.empty() ? 0 : static_cast<int64_t>(want.size() / ids.size());
+  const int64_t d = width(want.size(), ids.size());
   for (size_t r = 0; r < ids.size(); ++r) {
     const int64_t b = ids[r].b, h = ids[r].h, n = n_of(ids[r]);
     for (int64_t k = 0; k < d; ++k) {
@@ -549,7 +551,6 @@ Metrics sampled_metrics(const char* name, const std::vector<Id>& ids, const std:
   }
   return m;
 }
-int64_t width(size_t values, size_t ids) { return ids == 0 ? 0 : static_cast<int64_t>(values / ids); }
 }  // namespace
 
 SampledOutputs sampled_outputs(const Sample& s, int64_t d, View4<const double> O, View3<const double> LSE,
