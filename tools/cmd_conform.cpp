@@ -27,18 +27,6 @@ namespace fs = std::filesystem;
 using check::CaseData;
 using check::CaseMeta;
 
-// "--timeout (5), --inject-failure (1:0)": the options of `given` that were on the command line.
-std::string given_flags(const std::vector<const CLI::Option*>& given) {
-  std::string s;
-  for (const CLI::Option* o : given) {
-    if (o->count() == 0) continue;
-    std::string value;
-    for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
-    s += (s.empty() ? "" : ", ") + o->get_name() + " (" + value + ")";
-  }
-  return s;
-}
-
 }  // namespace
 
 Command add_conform_command(CLI::App& app) {
@@ -124,10 +112,11 @@ Command add_conform_command(CLI::App& app) {
     f.transport = parse_transport(f.transport_flag);  // nccl: refused here in a build without NCCL
     const bool nccl = f.transport == Transport::Nccl;
     if (!nccl) {
-      const std::string extra = given_flags(s->nccl_only);
-      if (!extra.empty())
-        fail(extra, extra.find(", ") == std::string::npos ? " is a --transport nccl option" : " are --transport nccl options",
-             " (the transport is ", f.transport_flag, ")");
+      int n = 0;
+      const std::string extra = given_options(s->nccl_only, &n);
+      if (n > 0)
+        fail(extra, n == 1 ? " is a --transport nccl option" : " are --transport nccl options", " (the transport is ",
+             f.transport_flag, ")");
     }
     f.world = world_of(f);  // under mpirun with nccl: the processes it started, unless --world says
     bool by_mpi = false;

@@ -88,6 +88,19 @@ std::string names_where(const std::function<bool(const dist::Algorithm&)>& has) 
   return s;
 }
 
+std::string given_options(const std::vector<const CLI::Option*>& opts, int* n) {
+  std::string s;
+  *n = 0;
+  for (const CLI::Option* o : opts) {
+    if (o->count() == 0) continue;
+    std::string value;
+    for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
+    s += (s.empty() ? "" : ", ") + o->get_name() + (o->get_expected_max() == 0 ? "" : " (" + value + ")");
+    ++*n;
+  }
+  return s;
+}
+
 const char* to_string(Transport t) { return t == Transport::Nccl ? "nccl" : "sim"; }
 
 Transport parse_transport(const std::string& s) {

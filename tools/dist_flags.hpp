@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -57,6 +58,10 @@ int ranks_per_device(const DistFlags& f);
 
 // "a, b and c": the algorithms of the table for which `has` holds.
 std::string names_where(const std::function<bool(const dist::Algorithm&)>& has);
+
+// The options of `opts` that were on the command line, as a refusal names them: "--transport
+// (nccl), --world (2)" (a flag that takes no value by its name alone); *n: how many.
+std::string given_options(const std::vector<const CLI::Option*>& opts, int* n);
 
 // The flags as the options of the algorithm table (distributed/algorithm.hpp); --overlap turns
 // attention2d into attention2d-o. Throws Error naming a bad flag.

@@ -190,15 +190,8 @@ std::shared_ptr<DistRun> add_distributed_flags(CLI::App& run) {
 
 std::vector<Impl> distributed_impls(const std::shared_ptr<DistRun>& st, const std::vector<const Impl*>& impls) {
   if (st->f.algo.empty()) {
-    std::string given;  // "--transport (nccl), --world (2)"
     int n = 0;
-    for (const CLI::Option* o : st->with_algo) {
-      if (o->count() == 0) continue;
-      std::string value;
-      for (const std::string& v : o->results()) value += (value.empty() ? "" : ",") + v;
-      given += (given.empty() ? "" : ", ") + o->get_name() + (o->get_expected_max() == 0 ? "" : " (" + value + ")");
-      ++n;
-    }
+    const std::string given = given_options(st->with_algo, &n);
     if (n > 0)
       fail(given, n == 1 ? " needs" : " need", " --algo (", dist::algorithm_names(),
            "): without it `run` checks each --impl on one device");
