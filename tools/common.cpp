@@ -45,7 +45,8 @@ CLI::Option* int_range(CLI::Option* o, const std::string& field, int64_t lo, uin
         const bool huge = std::from_chars(text.data() + first, text.data() + text.size(), mag).ec != std::errc();
         if (text == "-0") text = "0";
         const uint64_t lo_mag = lo < 0 ? uint64_t(0) - static_cast<uint64_t>(lo) : 0;  // |lo| when lo < 0
-        const bool below = negative ? (lo >= 0 ? huge || mag != 0 : huge || mag > lo_mag)
+        // -0 is 0: below a positive lo like 0 itself.
+        const bool below = negative ? (lo >= 0 ? huge || mag != 0 || lo > 0 : huge || mag > lo_mag)
                                     : (lo > 0 && !huge && mag < static_cast<uint64_t>(lo));
         if (below) refuse(quoted(field, typed) + " must be " + (at_least.empty() ? ">= " + std::to_string(lo) : at_least));
         if (!negative && (huge || mag > hi))

@@ -151,6 +151,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"checkpoint --width 9223372036854775807", "width (9223372036854775807) must be <= "},
                       BadCase{"checkpoint --nq 16 --tile 8 --width 16777216", "W1 (D x F) would exceed 2^48 elements"},
                       BadCase{"conform --world 0", "world (0) must be >= 1"},
+                      // -0 is 0, refused where 0 is, by the flag (bench and run no longer check again)
+                      BadCase{"conform --world -0", "world (-0) must be >= 1"},
+                      BadCase{"bench --reps -0", "reps (-0) must be >= 1"},
+                      BadCase{"run --repeat -0", "repeat (-0) must be >= 1"},
                       // CLI11 listed these in reverse ("bf16 --dtype")
                       BadCase{"suite --dtype bf16", "the following arguments were not expected: --dtype bf16"}),
     [](const ::testing::TestParamInfo<BadCase>& i) { return args_name(i.index, i.param.args); });
