@@ -108,7 +108,6 @@ Command add_conform_command(CLI::App& app) {
   return {sub, [s]() -> int {
     const std::shared_ptr<Net> net = s->net;
     DistFlags& f = net->f;
-    if (f.world < 1) fail("world (", f.world, ") must be >= 1");
     f.transport = parse_transport(f.transport_flag);  // nccl: refused here in a build without NCCL
     const bool nccl = f.transport == Transport::Nccl;
     if (!nccl) {
