@@ -14,8 +14,9 @@ namespace burstlab {
 
 struct MemAvailable {
   int64_t bytes = -1;  // -1: unknown (then nothing is refused)
-  // "MemAvailable", "cgroup memory.max", "RLIMIT_AS: ulimit -v <kB> kB less the <bytes> this
-  // process maps", "BURSTLAB_MEMORY_AVAILABLE"
+  // "MemAvailable", "cgroup memory.max", "cgroup memory.limit_in_bytes" (each followed, under
+  // mpirun, by " / <n> processes of this host (mpirun)"), "RLIMIT_AS: ulimit -v <kB> kB less the
+  // <bytes> this process maps ...", "BURSTLAB_MEMORY_AVAILABLE"
   std::string source;
 };
 // BURSTLAB_MEMORY_AVAILABLE (bytes) when set; else the smallest of /proc/meminfo's MemAvailable,
