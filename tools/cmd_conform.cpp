@@ -327,16 +327,18 @@ Command add_conform_command(CLI::App& app) {
             continue;
           }
           check::Candidate got;
-          if (col.on_nccl()) {
-            try {
-              got = run();
-            } catch (const std::exception& ex) {
+          try {
+            got = run();
+          } catch (const std::exception& ex) {
+            if (col.on_nccl()) {
               world_failed(ex);
-              continue;
+            } else {
+              threw(ex);
+              ++failed;
             }
+            continue;
           }
           try {
-            if (!col.on_nccl()) got = run();
             const check::CheckResult res = check::check_candidate(cd, *ep, got, cd.meta.dtype);
             cell.fail = !res.pass();
             cell.worst = res.worst_err_bound();
