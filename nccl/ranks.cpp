@@ -30,41 +30,35 @@ void print_and_exit(const std::string& msg) {
 }
 }  // namespace
 
-std::vector<std::string> run_ranks(int G, const std::function<void(int)>& body, FailureBoard& board,
-                                   const RankWatch& watch) {
-  // Shared with the threads; a thread that outlives a give_up that returned still finds it.
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    int ended = 0;
-    std::vector<char> done;
-    std::vector<std::string> errors;
-    bool stop_done = false;
-  };
-  auto sh = std::make_shared<Shared>();
+namespace detail {
+
+std::shared_ptr<RankState> rank_state(int G) {
+  auto sh = std::make_shared<RankState>();
   sh->done.assign(size_t(G), 0);
   sh->errors.assign(size_t(G), "");
-  std::vector<std::thread> ts;
-  ts.reserve(size_t(G));
-  for (int r = 0; r < G; ++r)
-    ts.emplace_back([sh, &body, &board, r] {
-      std::string err;
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        err = e.what();
-        if (err.empty()) err = "rank " + std::to_string(r) + ": an exception without a message";
-      } catch (...) {
-        err = "rank " + std::to_string(r) + ": unknown exception";
-      }
-      if (!err.empty()) board.report(err);
-      std::lock_guard<std::mutex> lk(sh->mu);
-      sh->errors[size_t(r)] = err;
-      sh->done[size_t(r)] = 1;
-      ++sh->ended;
-      sh->cv.notify_all();
-    });
+  return sh;
+}
 
+std::string rank_error(int r, const std::exception* e) {
+  if (!e) return "rank " + std::to_string(r) + ": unknown exception";
+  std::string err = e->what();
+  return err.empty() ? "rank " + std::to_string(r) + ": an exception without a message" : err;
+}
+
+void rank_ended(RankState& sh, FailureBoard& board, int r, std::string err) {
+  if (!err.empty()) board.report(err);
+  std::lock_guard<std::mutex> lk(sh.mu);
+  sh.errors[size_t(r)] = std::move(err);
+  sh.done[size_t(r)] = 1;
+  ++sh.ended;
+  sh.cv.notify_all();
+}
+
+}  // namespace detail
+
+std::vector<std::string> watch_ranks(RankThreads& t, FailureBoard& board, const RankWatch& watch) {
+  const std::shared_ptr<detail::RankState>& sh = t.state;
+  const int G = static_cast<int>(sh->done.size());
   bool stopping = false, gave_up = false;
   Clock::time_point stop_at{};
   std::thread stopper;
@@ -108,7 +102,7 @@ std::vector<std::string> run_ranks(int G, const std::function<void(int)>& body, 
     if (watch.give_up) watch.give_up(msg);
     else print_and_exit(msg);
   }
-  for (auto& t : ts) t.join();
+  for (auto& th : t.threads) th.join();
   if (stopper.joinable()) stopper.join();
   std::lock_guard<std::mutex> lk(sh->mu);
   return sh->errors;

@@ -13,9 +13,12 @@
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace burstlab::nccl {
@@ -47,9 +50,61 @@ struct RankWatch {
   std::function<void(const std::string& msg)> give_up;
 };
 
-// Runs body(r) on G threads and joins them. Returns each rank's outcome: "" when body returned,
-// else its exception's message (also reported to `board`).
-std::vector<std::string> run_ranks(int G, const std::function<void(int)>& body, FailureBoard& board,
-                                   const RankWatch& watch);
+namespace detail {
+// What the rank threads and the watchdog share; a thread that outlives a give_up that returned
+// still finds it.
+struct RankState {
+  std::mutex mu;
+  std::condition_variable cv;
+  int ended = 0;
+  std::vector<char> done;
+  std::vector<std::string> errors;
+  bool stop_done = false;
+};
+std::shared_ptr<RankState> rank_state(int G);
+// The message of a rank's exception (null: not a std::exception), never empty.
+std::string rank_error(int r, const std::exception* e);
+// On rank r's thread when its body ended: `err` ("" = ok, else reported to `board`) recorded.
+void rank_ended(RankState& sh, FailureBoard& board, int r, std::string err);
+}  // namespace detail
+
+// G rank threads started by start_ranks, waited for by watch_ranks.
+struct RankThreads {
+  std::shared_ptr<detail::RankState> state;
+  std::vector<std::thread> threads;
+};
+
+// Starts body(r) on G threads, each body in its thread's own frame (a template: no type-erased
+// call between the thread and a rank's work). `body` must outlive watch_ranks.
+template <class Body>
+RankThreads start_ranks(int G, const Body& body, FailureBoard& board) {
+  RankThreads t;
+  t.state = detail::rank_state(G);
+  t.threads.reserve(size_t(G));
+  for (int r = 0; r < G; ++r)
+    t.threads.emplace_back([sh = t.state, &body, &board, r] {
+      std::string err;
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        err = detail::rank_error(r, &e);
+      } catch (...) {
+        err = detail::rank_error(r, nullptr);
+      }
+      detail::rank_ended(*sh, board, r, std::move(err));
+    });
+  return t;
+}
+
+// The watchdog over t's ranks until every one ended, then the threads joined. Returns each rank's
+// outcome: "" when its body returned, else its exception's message (also reported to `board`).
+std::vector<std::string> watch_ranks(RankThreads& t, FailureBoard& board, const RankWatch& watch);
+
+// Both: body(r) on G threads under the watchdog, joined.
+template <class Body>
+std::vector<std::string> run_ranks(int G, const Body& body, FailureBoard& board, const RankWatch& watch) {
+  RankThreads t = start_ranks(G, body, board);
+  return watch_ranks(t, board, watch);
+}
 
 }  // namespace burstlab::nccl

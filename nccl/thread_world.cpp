@@ -56,7 +56,22 @@ ThreadWorld::ThreadWorld(int G, NcclOptions o) {
          ": use --world ", n > 0 ? n : 1, ", or one process per GPU under mpirun (mpirun -np G burstlab run "
          "--transport nccl ...) on machines with more GPUs");
   if (!(o.timeout_s > 0)) fail("timeout (", o.timeout_s, ") must be > 0 seconds");
-  timeout_s_ = o.timeout_s;
+  watch_.stop_all = [this](const std::string& why) {
+    std::vector<NcclComm*> cs;
+    {
+      std::lock_guard<std::mutex> lk(comms_mu_);
+      for (auto& c : comms_)
+        if (c) cs.push_back(c.get());
+    }
+    const std::string reason = "stopped after the first failure: " + why;
+    for (NcclComm* c : cs) c->abort(reason);
+  };
+  watch_.stalled = [this] { return stalled(); };
+  watch_.where = [this](int r) -> std::string {
+    std::lock_guard<std::mutex> lk(comms_mu_);
+    return comms_[size_t(r)] ? comms_[size_t(r)]->where() : "joining the communicator";
+  };
+  watch_.grace_s = std::max(5.0, o.timeout_s);
   const std::vector<char> id = new_unique_id();
   o.peers.failure = [this] { return board_.first(); };
   o.peers.report = [this](const std::string& msg) { board_.report(msg); };
@@ -90,27 +105,6 @@ ThreadWorld::~ThreadWorld() {
   // Free each rank's stream and scratch on its own thread and device.
   std::vector<std::string> ignored = watched([&](int r) { comms_[r].reset(); });
   (void)ignored;
-}
-
-std::vector<std::string> ThreadWorld::watched(const std::function<void(int)>& body) {
-  RankWatch w;
-  w.stop_all = [this](const std::string& why) {
-    std::vector<NcclComm*> cs;
-    {
-      std::lock_guard<std::mutex> lk(comms_mu_);
-      for (auto& c : comms_)
-        if (c) cs.push_back(c.get());
-    }
-    const std::string reason = "stopped after the first failure: " + why;
-    for (NcclComm* c : cs) c->abort(reason);
-  };
-  w.stalled = [this] { return stalled(); };
-  w.where = [this](int r) -> std::string {
-    std::lock_guard<std::mutex> lk(comms_mu_);
-    return comms_[size_t(r)] ? comms_[size_t(r)]->where() : "joining the communicator";
-  };
-  w.grace_s = std::max(5.0, timeout_s_);
-  return run_ranks(static_cast<int>(comms_.size()), body, board_, w);
 }
 
 std::string stalled(NcclComm& c) {
@@ -154,7 +148,29 @@ std::vector<double> exposed_of(const NcclComm& c, Phase phase) {
 }
 
 void ThreadWorld::run(const std::function<void(dist::Communicator&)>& fn) {
-  run([&](NcclComm& c) { fn(c); });
+  // The threads started and watched here, not through run_ranks: a rank's backtrace goes from its
+  // thread straight to fn, and the calling thread's from here to the watchdog.
+  const auto body = [&](int r) {
+    NcclComm& c = *comms_[r];
+    if (cudaSetDevice(c.device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", c.device(), ")");
+    try {
+      fn(c);
+    } catch (const std::exception& e) {
+      // A failure outside a communicator call (the engine, a check) stops the others too (the
+      // watchdog aborts every communicator once the failure is reported).
+      c.abort(e.what());
+      throw;
+    }
+  };
+  RankThreads t = start_ranks(size(), body, board_);
+  errors_ = watch_ranks(t, board_, watch_);
+  throw_first(errors_);
+}
+
+void ThreadWorld::run(const std::function<void(NcclComm&)>& fn) {
+  // Every rank's communicator here is an NcclComm.
+  const std::function<void(dist::Communicator&)> each = [&](dist::Communicator& c) { fn(static_cast<NcclComm&>(c)); };
+  run(each);
 }
 
 std::vector<std::vector<double>> ThreadWorld::exposed_ms(Phase phase) {
@@ -226,22 +242,6 @@ void ThreadWorld::close() {
       comms_[r]->close();
     } catch (const std::exception& e) {
       comms_[r]->abort(e.what());
-      throw;
-    }
-  });
-  throw_first(errors_);
-}
-
-void ThreadWorld::run(const std::function<void(NcclComm&)>& fn) {
-  errors_ = watched([&](int r) {
-    NcclComm& c = *comms_[r];
-    if (cudaSetDevice(c.device()) != cudaSuccess) fail("rank ", r, ": cudaSetDevice(", c.device(), ")");
-    try {
-      fn(c);
-    } catch (const std::exception& e) {
-      // A failure outside a communicator call (the engine, a check) stops the others too (the
-      // watchdog aborts every communicator once the failure is reported).
-      c.abort(e.what());
       throw;
     }
   });

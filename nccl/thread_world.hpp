@@ -79,11 +79,15 @@ class ThreadWorld : public dist::World {
   std::string describe() const override;
 
  private:
-  std::vector<std::string> watched(const std::function<void(int)>& body);
+  // body(r) on a thread per rank under the watchdog (run_ranks).
+  template <class Body>
+  std::vector<std::string> watched(const Body& body) {
+    return run_ranks(size(), body, board_, watch_);
+  }
   std::string stalled();  // the first rank whose posted transfers stall (NcclComm::stall), or ""
 
-  double timeout_s_ = 120;
   FailureBoard board_;
+  RankWatch watch_;  // stops every communicator on the first failure; set by the constructor
   std::mutex comms_mu_;  // comms_ entries, set by the rank threads while joining
   std::vector<std::unique_ptr<NcclComm>> comms_;
   std::vector<std::string> errors_;
