@@ -89,13 +89,15 @@ class Streams {
 
 // Device memory with a cache of freed blocks by size (cudaFree synchronizes the whole device,
 // which would serialize the ranks' streams at every pass). A block goes back to the cache with
-// an event recorded on the releasing thread's stream; it is handed out again only after that
-// event completed (work still queued on the block has finished). BURSTLAB_CUDA_CACHE=0 turns the
-// cache off (cudaMalloc / cudaFree per buffer), so that compute-sanitizer sees every free.
+// an event recorded on the releasing thread's stream. The same stream gets it back at once
+// (stream order runs the new work after the old); another stream only after that event completed
+// (work still queued on the block has finished). BURSTLAB_CUDA_CACHE=0 turns the cache off
+// (cudaMalloc / cudaFree per buffer), so that compute-sanitizer sees every free.
 class BlockCache {
   struct Block {
     void* p;
     cudaEvent_t done;
+    cudaStream_t stream;  // the releasing thread's
   };
   struct State {
     std::mutex mu;
@@ -116,15 +118,19 @@ class BlockCache {
       return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
     }
     bytes = (bytes + 255) / 256 * 256;
+    const cudaStream_t mine = streams->get();
     void* p = nullptr;
     {
       std::unique_lock<std::mutex> lk(st_->mu);
-      auto it = st_->free.find(bytes);
-      if (it != st_->free.end()) {
+      const auto [first, last] = st_->free.equal_range(bytes);
+      auto it = first;
+      while (it != last && it->second.stream != mine) ++it;
+      if (it == last) it = first;
+      if (it != last) {
         Block b = it->second;
         st_->free.erase(it);
         lk.unlock();
-        BURSTLAB_CUDA_CHECK(cudaEventSynchronize(b.done));
+        if (b.stream != mine) BURSTLAB_CUDA_CHECK(cudaEventSynchronize(b.done));
         BURSTLAB_CUDA_CHECK(cudaEventDestroy(b.done));
         p = b.p;
       }
@@ -133,15 +139,15 @@ class BlockCache {
     std::shared_ptr<State> st = st_;
     return std::shared_ptr<void>(p, [st, bytes, streams](void* q) {
       cudaEvent_t e = nullptr;
-      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
-          cudaEventRecord(e, streams->get()) != cudaSuccess) {
+      const cudaStream_t s = streams->get();
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess || cudaEventRecord(e, s) != cudaSuccess) {
         if (e) cudaEventDestroy(e);
         cudaDeviceSynchronize();  // no event: wait for everything before reusing the block
         cudaFree(q);
         return;
       }
       std::lock_guard<std::mutex> lk(st->mu);
-      st->free.emplace(bytes, Block{q, e});
+      st->free.emplace(bytes, Block{q, e, s});
     });
   }
 
@@ -220,6 +226,7 @@ class CudaEngine final : public Engine<T> {
     BURSTLAB_CUDA_LAUNCH_CHECK("add_kernel");
   }
   void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_->get())); }
+  cudaStream_t stream() const { return streams_->get(); }
 
   PreparedMask prepare(const MaskData& mask) override {
     auto dm = std::make_shared<DeviceMask>(mask);  // uploaded once; every block reuses it
@@ -248,9 +255,22 @@ class CudaEngine final : public Engine<T> {
     opt.stream = streams_->get();
     cuda::compute_D<T>(O, dO, Dv, opt);
   }
+  // The backward by the same parts (their gradients add up, §6.2): over indexed positions each
+  // dK/dV CTA walks every query tile of the whole block, loading each row's position, and the
+  // partial tiles test positions loaded per key; a hidden part is not launched at all.
   void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> Dv,
                       View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    const auto part = [this](auto&&... a) { launch_backward(a...); };
+    if ((q.index || k.index) && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, Dv, dQ, dK, dV, part)) return;
+    launch_backward(p, mask.params, q, k, Q, K, V, dO, LSE, Dv, dQ, dK, dV);
+  }
+
+ private:
+  // One cuda::backward_block over host positions (their index uploaded for the call).
+  void launch_backward(const Problem& p, const MaskParams& mask, Positions q, Positions k, View4<const T> Q,
+                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> Dv,
+                       View4<A> dQ, View4<A> dK, View4<A> dV) {
     const cudaStream_t s = streams_->get();
     const DevicePositions dq(q, s), dk(k, s);
     Options opt;
@@ -258,10 +278,8 @@ class CudaEngine final : public Engine<T> {
     // (rows without backward_block, and a row's declines, fall back along it).
     opt.variant = fwd_ == variants().back().id ? fwd_ : Variant::Auto;
     opt.stream = s;
-    cuda::backward_block<T>(p, mask.params, dq.get(), dk.get(), Q, K, V, dO, LSE, Dv, dQ, dK, dV, opt);
+    cuda::backward_block<T>(p, mask, dq.get(), dk.get(), Q, K, V, dO, LSE, Dv, dQ, dK, dV, opt);
   }
-
- private:
   // One cuda::forward_block over host positions (their index uploaded for the call).
   void launch_forward(const Problem& p, const MaskParams& mask, Positions q, Positions k, View4<const T> Q,
                       View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) {
@@ -293,6 +311,17 @@ template std::unique_ptr<Engine<double>> make_engine<double>(Variant);
 template std::unique_ptr<Engine<float>> make_engine<float>(Variant);
 template std::unique_ptr<Engine<bf16_t>> make_engine<bf16_t>(Variant);
 template std::unique_ptr<Engine<f16_t>> make_engine<f16_t>(Variant);
+
+template <class T>
+void* stream_of(const Engine<T>& e) {
+  const auto* c = dynamic_cast<const CudaEngine<T>*>(&e);
+  if (!c) fail("stream_of: engine '", e.name(), "' is not this layer's CUDA engine");
+  return c->stream();
+}
+template void* stream_of<double>(const Engine<double>&);
+template void* stream_of<float>(const Engine<float>&);
+template void* stream_of<bf16_t>(const Engine<bf16_t>&);
+template void* stream_of<f16_t>(const Engine<f16_t>&);
 
 void transport_copy(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;

@@ -16,6 +16,12 @@ namespace burstlab::cuda {
 template <class T>
 std::unique_ptr<Engine<T>> make_engine(Variant forward = Variant::Auto);
 
+// The calling thread's compute stream of an engine made by make_engine (a cudaStream_t), for a
+// library that queues its own kernels in the engine's order (plugins/cudnn); throws for any other
+// engine.
+template <class T>
+void* stream_of(const Engine<T>& e);
+
 // Device-to-device copies and 0xff poisoning for a transport over this device's memory
 // (dist::SimOptions::memory): each call runs on a stream of the calling (transfer) thread and
 // returns when done.

@@ -1,6 +1,7 @@
-// plugins/cudnn/cudnn_kernels.cu — the two small kernels the cuDNN plug-in's backward needs beside
-// cuDNN (cudnn_kernels.hpp): a stand-in O whose row sums with dO are the caller's D, and the
-// widening accumulation of cuDNN's 16-bit block gradients into burstlab's fp32 ones.
+// plugins/cudnn/cudnn_kernels.cu — the small kernels the cuDNN plug-in needs beside cuDNN
+// (cudnn_kernels.hpp): the forward's packed output copied into strided rows, a stand-in O whose
+// row sums with dO are the caller's D, and the widening accumulation of cuDNN's 16-bit block
+// gradients into burstlab's fp32 ones.
 #include "cudnn_kernels.hpp"
 
 #include <cuda_bf16.h>
@@ -44,6 +45,20 @@ __global__ void accumulate_kernel(burstlab_view4 acc, burstlab_view4 in, int64_t
   static_cast<float*>(acc.data)[at4(acc, b, h, n, k)] += float(static_cast<const T*>(in.data)[at4(in, b, h, n, k)]);
 }
 
+// One thread per element of O; the first of each row (k = 0) also copies the row's LSE.
+template <class T>
+__global__ void copy_rows_kernel(burstlab_view4 O, burstlab_view4 Op, burstlab_view3 L, burstlab_view3 Lp,
+                                 int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t d = O.dim[3], N = O.dim[2], H = O.dim[1];
+  const int64_t k = i % d, n = (i / d) % N, h = (i / (d * N)) % H, b = i / (d * N * H);
+  static_cast<T*>(O.data)[at4(O, b, h, n, k)] = static_cast<const T*>(Op.data)[at4(Op, b, h, n, k)];
+  if (k == 0)
+    static_cast<float*>(L.data)[b * L.stride[0] + h * L.stride[1] + n * L.stride[2]] =
+        static_cast<const float*>(Lp.data)[b * Lp.stride[0] + h * Lp.stride[1] + n * Lp.stride[2]];
+}
+
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
@@ -59,6 +74,17 @@ void surrogate_O(burstlab_dtype t, const burstlab_view4& dO, const burstlab_view
   if (t == BURSTLAB_BF16) surrogate_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(dO, D, O, rows);
   else surrogate_kernel<__half><<<blocks, threads, 0, s>>>(dO, D, O, rows);
   check(cudaGetLastError(), "surrogate_O launch");
+}
+
+void copy_rows(burstlab_dtype t, const burstlab_view4& O, const burstlab_view4& O_packed, const burstlab_view3& LSE,
+               const burstlab_view3& LSE_packed, cudaStream_t s) {
+  const int64_t total = O.dim[0] * O.dim[1] * O.dim[2] * O.dim[3];
+  if (total == 0) return;
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>((total + threads - 1) / threads);
+  if (t == BURSTLAB_BF16) copy_rows_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(O, O_packed, LSE, LSE_packed, total);
+  else copy_rows_kernel<__half><<<blocks, threads, 0, s>>>(O, O_packed, LSE, LSE_packed, total);
+  check(cudaGetLastError(), "copy_rows launch");
 }
 
 void accumulate(burstlab_dtype t, const burstlab_view4& acc, const burstlab_view4& in, cudaStream_t s) {

@@ -14,6 +14,10 @@ namespace burstlab::cudnn_plugin {
 // with dO are D (eq. 5.1), for a backward that derives D from O. D (B, H_q, n) fp32.
 void surrogate_O(burstlab_dtype t, const burstlab_view4& dO, const burstlab_view3& D, const burstlab_view4& O,
                  cudaStream_t s);
+// O <- O_packed (T, (B, H, n, d)) and LSE <- LSE_packed (fp32, (B, H, n)): cuDNN's packed forward
+// output into the strides of the caller's rows.
+void copy_rows(burstlab_dtype t, const burstlab_view4& O, const burstlab_view4& O_packed, const burstlab_view3& LSE,
+               const burstlab_view3& LSE_packed, cudaStream_t s);
 // acc (fp32) += in (T), elementwise over (B, H, n, d).
 void accumulate(burstlab_dtype t, const burstlab_view4& acc, const burstlab_view4& in, cudaStream_t s);
 

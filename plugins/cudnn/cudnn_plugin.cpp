@@ -114,6 +114,16 @@ View3<U> view_of(const burstlab_view3& c) {
   return v;
 }
 
+// Packed: (B, H, n, d) and (B, H, n) with row-major strides (a batch of one may have any stride[0]).
+bool packed(const burstlab_view4& v) {
+  const int64_t n = v.dim[2], d = v.dim[3];
+  return v.stride[3] == 1 && v.stride[2] == d && v.stride[1] == n * d &&
+         (v.dim[0] == 1 || v.stride[0] == v.dim[1] * n * d);
+}
+bool packed(const burstlab_view3& v) {
+  return v.stride[2] == 1 && v.stride[1] == v.dim[2] && (v.dim[0] == 1 || v.stride[0] == v.dim[1] * v.dim[2]);
+}
+
 // ---- what cuDNN runs, decided on the host from the call alone
 struct Band {
   bool none = true;                 // every pair of the block visible (no mask node)
@@ -167,31 +177,18 @@ Band band_of(const burstlab_block& b) {
 }
 
 // ---- cuDNN handles and graphs. A handle serves one thread at a time, and a plan is built for
-// one handle: handles (with their stream and workspace) are leased from a pool per device and
-// kept for the process, so the ranks' threads of every run reuse them and their cached graphs.
+// one handle: handles are leased from a pool per device and kept for the process, so the ranks'
+// threads of every run reuse them and their cached graphs. Each call binds its handle to the
+// calling thread's stream of the CUDA engine, so cuDNN runs in the engine's order, with no host
+// wait, and takes its workspace from the engine's stream-ordered memory.
 struct ThreadCudnn {
   int device = 0;
   cudnnHandle_t handle = nullptr;
-  cudaStream_t stream = nullptr;
-  std::shared_ptr<void> workspace;
-  int64_t workspace_bytes = 0;
   ThreadCudnn() {
-    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnCreate failed");
-    cudnnSetStream(handle, stream);
   }
   ~ThreadCudnn() {
     if (handle) cudnnDestroy(handle);
-    if (stream) cudaStreamDestroy(stream);
-  }
-  void* ensure(int64_t bytes) {
-    if (bytes > workspace_bytes) {
-      void* p = nullptr;
-      check_cuda(cudaMalloc(&p, size_t(bytes)), "cudaMalloc (cuDNN workspace)");
-      workspace = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-      workspace_bytes = bytes;
-    }
-    return workspace.get();
   }
 };
 class Lease {
@@ -216,6 +213,11 @@ class Lease {
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
   ThreadCudnn& operator*() const { return *tc_; }
+  // The handle, bound to stream s for this call.
+  cudnnHandle_t on(cudaStream_t s) const {
+    if (cudnnSetStream(tc_->handle, s) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnSetStream failed");
+    return tc_->handle;
+  }
 
  private:
   static std::mutex& mutex() {
@@ -435,26 +437,31 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
         return;
       }
       const Lease lease;
-      ThreadCudnn& tc = *lease;
-      // Scratch for a partial to merge: contiguous (B, H_q, n, d) and (B, H_q, n).
+      const auto stream = static_cast<cudaStream_t>(cuda::stream_of(e));
+      const cudnnHandle_t handle = lease.on(stream);
+      // cuDNN writes its output packed, (B, H_q, n, d) and (B, H_q, n): straight into the
+      // caller's O and LSE when they are packed and nothing is merged, else into scratch that is
+      // merged into them (accumulate) or copied into their strides (a slice of a longer shard).
+      const bool direct = !accumulate && packed(b->O) && packed(b->LSE);
       burstlab_view4 O = b->O;
       burstlab_view3 LSE = b->LSE;
       std::shared_ptr<void> o_part, l_part;
-      if (accumulate) {
+      if (!direct) {
         const int64_t Bn = b->O.dim[0], H = b->O.dim[1], n = b->O.dim[2], d = b->O.dim[3];
         o_part = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
         l_part = e.allocate(Bn * H * n * int64_t(sizeof(float)));
         O = burstlab_view4{o_part.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
         LSE = burstlab_view3{l_part.get(), {Bn, H, n}, {H * n, n, 1}};
       }
-      const std::shared_ptr<Forward> f = forward_graph(*b, O, LSE, band, tc.handle);
+      const std::shared_ptr<Forward> f = forward_graph(*b, O, LSE, band, handle);
       std::unordered_map<int64_t, void*> pack = {
           {kQ, b->Q.data}, {kK, b->K.data}, {kV, b->V.data}, {kO, O.data}, {kStats, LSE.data}};
-      e.synchronize();  // the engine's stream has written Q, K, V (and the rows merged into)
-      check_fe(f->graph->execute(tc.handle, pack, tc.ensure(f->workspace)), "execute");
-      check_cuda(cudaStreamSynchronize(tc.stream), "cudaStreamSynchronize (cuDNN)");
+      const std::shared_ptr<void> workspace = e.allocate(f->workspace);
+      check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
       if (accumulate)
         e.merge(view_of<T>(b->O), view_of<float>(b->LSE), view_of<const T>(O), view_of<const float>(LSE));
+      else if (!direct)
+        cudnn_plugin::copy_rows(b->dtype, b->O, O, b->LSE, LSE, stream);
     });
   });
 }
@@ -486,7 +493,8 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
     with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
       const Lease lease;
-      ThreadCudnn& tc = *lease;
+      const auto stream = static_cast<cudaStream_t>(cuda::stream_of(e));
+      const cudnnHandle_t handle = lease.on(stream);
       const int64_t Bn = b->problem.B, Hq = b->problem.H_q, Hkv = b->problem.H_kv, d = b->problem.d;
       const int64_t nq = b->q.n, nk = b->k.n;
       const auto scratch = [&](int64_t H, int64_t n, std::shared_ptr<void>& hold) {
@@ -498,32 +506,31 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       const burstlab_view4 dK = scratch(Hkv, nk, k_hold), dV = scratch(Hkv, nk, v_hold);
       // cuDNN before 9.26 takes the backward's statistics only as a packed (B, H, n) tensor; a
       // block cut from a longer shard (block_split.hpp) has the shard's row strides.
-      burstlab_block packed = *b;
+      burstlab_block call = *b;
       std::shared_ptr<void> lse_hold;
       const burstlab_view3& L = b->LSE;
       if (L.stride[2] != 1) decline("cuDNN needs unit stride along the rows of LSE");
-      if (L.stride[1] != nq || (Bn > 1 && L.stride[0] != Hq * nq)) {
+      if (!packed(L)) {
         lse_hold = e.allocate(Bn * Hq * nq * int64_t(sizeof(float)));
-        packed.LSE = burstlab_view3{lse_hold.get(), {Bn, Hq, nq}, {Hq * nq, nq, 1}};
+        call.LSE = burstlab_view3{lse_hold.get(), {Bn, Hq, nq}, {Hq * nq, nq, 1}};
       }
-      const std::shared_ptr<Forward> f = backward_graph(packed, O, dQ, dK, dV, band, tc.handle);
-      e.synchronize();  // the engine's stream has written the inputs and the caller's gradients
+      const std::shared_ptr<Forward> f = backward_graph(call, O, dQ, dK, dV, band, handle);
       if (lse_hold)
         for (int64_t i = 0; i < Bn; ++i)
           check_cuda(cudaMemcpy2DAsync(static_cast<float*>(lse_hold.get()) + i * Hq * nq, size_t(nq) * sizeof(float),
                                        static_cast<const float*>(L.data) + i * L.stride[0],
                                        size_t(L.stride[1]) * sizeof(float), size_t(nq) * sizeof(float), size_t(Hq),
-                                       cudaMemcpyDeviceToDevice, tc.stream),
+                                       cudaMemcpyDeviceToDevice, stream),
                      "cudaMemcpy2DAsync (LSE)");
-      cudnn_plugin::surrogate_O(b->dtype, b->dO, b->D, O, tc.stream);
+      cudnn_plugin::surrogate_O(b->dtype, b->dO, b->D, O, stream);
       std::unordered_map<int64_t, void*> pack = {{kQ, b->Q.data},  {kK, b->K.data},   {kV, b->V.data},
-                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, packed.LSE.data},
+                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, call.LSE.data},
                                                  {kdQ, dQ.data},   {kdK, dK.data},    {kdV, dV.data}};
-      check_fe(f->graph->execute(tc.handle, pack, tc.ensure(f->workspace)), "execute");
-      cudnn_plugin::accumulate(b->dtype, b->dQ, dQ, tc.stream);
-      cudnn_plugin::accumulate(b->dtype, b->dK, dK, tc.stream);
-      cudnn_plugin::accumulate(b->dtype, b->dV, dV, tc.stream);
-      check_cuda(cudaStreamSynchronize(tc.stream), "cudaStreamSynchronize (cuDNN)");
+      const std::shared_ptr<void> workspace = e.allocate(f->workspace);
+      check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
+      cudnn_plugin::accumulate(b->dtype, b->dQ, dQ, stream);
+      cudnn_plugin::accumulate(b->dtype, b->dK, dK, stream);
+      cudnn_plugin::accumulate(b->dtype, b->dV, dV, stream);
     });
   });
 }
