@@ -58,8 +58,9 @@ class CpuEngine final : public Engine<T> {
     return m;
   }
 
-  // Blocks over a few position progressions run by parts over contiguous positions, as the CUDA
-  // engine runs them (block_split.hpp), so that the split is checked end to end here too.
+  // Blocks over a few position progressions run by parts over contiguous positions, forward and
+  // backward, as the CUDA engine runs them (block_split.hpp), so that the split is checked end to
+  // end here too.
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k,
                      View4<const T> Q, View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE,
                      bool accumulate) override {
@@ -74,6 +75,10 @@ class CpuEngine final : public Engine<T> {
   void backward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k,
                       View4<const T> Q, View4<const T> K, View4<const T> V, View4<const T> dO,
                       View3<const A> LSE, View3<const A> D, View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    const auto part = [this](const Problem& pp, const MaskParams& m, auto&&... a) {
+      cpu::backward_block<T>(pp, m, a..., tiles_);
+    };
+    if ((q.index || k.index) && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part)) return;
     cpu::backward_block<T>(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, tiles_);
   }
 
