@@ -8,15 +8,20 @@
 // timing, the distributed O, LSE (and dQ, dK, dV) are compared with the single kernel's (max
 // |diff|; itself checked against the fp64 oracle by tests/cuda); a non-finite output or a
 // difference above the bf16 bound below exits 1. One CSV line per (algo, pass, N, causal).
+// --breakdown adds one more pass of each kind whose engine calls are timed apart (Timed below) and
+// times the engine's merge and copy alone on one rank's rows.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithm.hpp"
@@ -64,6 +69,87 @@ std::vector<U> down(const U* d, size_t n) {
   return h;
 }
 
+// The engine every rank shares, forwarding each call. While armed it adds up, per calling thread
+// (rank), the host time of its block computations, its merges, and its other memory calls (copy,
+// fill, add, compute_D), each between two synchronize() calls so that work queued before it is
+// not counted. The ranks share the GPU, so a rank's time includes the other ranks' kernels running
+// at once; the synchronizations also take away the overlap that the timed passes have.
+struct Parts {
+  double compute = 0, merge = 0, mem = 0;
+};
+template <class T>
+class Timed final : public Engine<T> {
+  using A = acc_t<T>;
+
+ public:
+  explicit Timed(Engine<T>& e) : e_(e) {}
+  void arm(bool on) {
+    std::lock_guard<std::mutex> l(mu_);
+    armed_ = on;
+    if (on) per_rank_.clear();
+  }
+  // The largest time of each kind over the ranks of the armed pass.
+  Parts worst() const {
+    std::lock_guard<std::mutex> l(mu_);
+    Parts w;
+    for (const auto& r : per_rank_) {
+      w.compute = std::max(w.compute, r.second.compute);
+      w.merge = std::max(w.merge, r.second.merge);
+      w.mem = std::max(w.mem, r.second.mem);
+    }
+    return w;
+  }
+
+  std::string name() const override { return e_.name(); }
+  std::shared_ptr<void> allocate(int64_t bytes) override { return e_.allocate(bytes); }
+  void upload(void* dst, const void* host, int64_t bytes) override { e_.upload(dst, host, bytes); }
+  void download(void* host, const void* src, int64_t bytes) override { e_.download(host, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    timed(&Parts::mem, [&] { e_.copy(dst, src, bytes); });
+  }
+  void fill(void* dst, int64_t n, Dtype t, double v) override {
+    timed(&Parts::mem, [&] { e_.fill(dst, n, t, v); });
+  }
+  void add(void* acc, const void* in, int64_t n, Dtype t) override {
+    timed(&Parts::mem, [&] { e_.add(acc, in, n, t); });
+  }
+  void synchronize() override { e_.synchronize(); }
+  PreparedMask prepare(const MaskData& m) override { return e_.prepare(m); }
+  void forward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool acc) override {
+    timed(&Parts::compute, [&] { e_.forward_block(p, m, q, k, Q, K, V, O, LSE, acc); });
+  }
+  void merge(View4<T> O, View3<A> LSE, View4<const T> Op, View3<const A> Lp) override {
+    timed(&Parts::merge, [&] { e_.merge(O, LSE, Op, Lp); });
+  }
+  void compute_D(View4<const T> O, View4<const T> dO, View3<A> D) override {
+    timed(&Parts::mem, [&] { e_.compute_D(O, dO, D); });
+  }
+  void backward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                      View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE,
+                      View3<const A> D, View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    timed(&Parts::compute, [&] { e_.backward_block(p, m, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV); });
+  }
+
+ private:
+  template <class F>
+  void timed(double Parts::*kind, F f) {
+    if (!armed_) return f();
+    e_.synchronize();
+    const auto t0 = Clock::now();
+    f();
+    e_.synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    std::lock_guard<std::mutex> l(mu_);
+    per_rank_[std::this_thread::get_id()].*kind += ms;
+  }
+
+  Engine<T>& e_;
+  mutable std::mutex mu_;
+  bool armed_ = false;  // set between passes only, while no rank runs
+  std::map<std::thread::id, Parts> per_rank_;
+};
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -74,7 +160,7 @@ int run(int argc, char** argv) {
   for (const dist::Algorithm& a : dist::algorithms()) algos.push_back(a.name);
   std::string pass = "both", partition;
   int world = 4, reps = 3, warmup = 1, gpus_per_node = 2, ulysses_degree = 2;
-  bool causal_only = false, full_only = false;
+  bool causal_only = false, full_only = false, breakdown = false;
   app.add_option("-B", B, "batch")->check(CLI::PositiveNumber);
   app.add_option("--heads", H, "H_q = H_kv")->check(CLI::PositiveNumber);
   app.add_option("-d", d, "head dimension")->check(CLI::IsMember({64, 128}));
@@ -93,6 +179,10 @@ int run(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions (median)")->check(CLI::PositiveNumber);
   app.add_flag("--causal-only", causal_only, "only the causal problems");
   app.add_flag("--full-only", full_only, "only the non-causal problems");
+  app.add_flag("--breakdown", breakdown,
+               "one more pass of each kind with every engine call synchronized and timed: the bd_* columns "
+               "(per rank, the largest: block compute, merges, other memory calls; the rest is waits and "
+               "transfers); and, on stderr, the engine's merge and copy alone on one rank's rows");
   CLI11_PARSE(app, argc, argv);
   std::string why;
   if (!bc::gpu_available(&why)) {
@@ -105,7 +195,7 @@ int run(int argc, char** argv) {
   const std::string baseline = dist::algorithms().front().name;
   std::stable_partition(algos.begin(), algos.end(), [&](const std::string& a) { return a == baseline; });
   std::printf("algo,world,pass,B,H,N,d,causal,t_whole_ms,t_ranks_ms,ratio,max_diff_O,max_diff_LSE,max_diff_grad,ok,"
-              "partition,vs_ring,goal\n");
+              "partition,vs_ring,goal,bd_pass_ms,bd_compute_ms,bd_merge_ms,bd_mem_ms\n");
   bool all_ok = true;
   for (int64_t N : Ns)
     for (int causal = 1; causal >= 0; --causal) {
@@ -152,9 +242,29 @@ int run(int argc, char** argv) {
         dK_whole = down(dK.data(), n);
         dV_whole = down(dV.data(), n);
       }
+      if (breakdown) {  // the engine's merge (eq. 4.5) and a copy of the same bytes, on one rank's rows
+        auto e = bc::make_engine<bf16_t>();
+        const int64_t nr = (N + world - 1) / world, no = B * H * nr * d, nl = B * H * nr;
+        Buffer<bf16_t> Oa = alloc<bf16_t>(*e, no), Ob = alloc<bf16_t>(*e, no);
+        Buffer<float> La = alloc<float>(*e, nl), Lb = alloc<float>(*e, nl);
+        fill(*e, Ob.data, no, 0.5);
+        fill(*e, Lb.data, nl, 2.0);
+        auto reset = [&] { fill(*e, Oa.data, no, 0.25); fill(*e, La.data, nl, 1.0); };
+        const double t_reset = median_ms(reset, warmup, reps);
+        const double t_merge = median_ms([&] {
+          reset();
+          e->merge(view4(Oa.data, Layout::BHSD, B, H, nr, d), view3(La.data, B, H, nr),
+                   as_const(view4(Ob.data, Layout::BHSD, B, H, nr, d)), as_const(view3(Lb.data, B, H, nr)));
+        }, warmup, reps) - t_reset;
+        const double t_copy = median_ms([&] { copy(*e, Oa.data, Ob.data, no); }, warmup, reps);
+        std::fprintf(stderr, "breakdown: N=%lld merge of (%lld, %lld, %lld, %lld) bf16 (one rank's rows): %.3f ms; "
+                     "copy of its O: %.3f ms\n", (long long)N, (long long)B, (long long)H, (long long)nr, (long long)d,
+                     t_merge, t_copy);
+      }
       double ring_ms[2] = {0, 0};  // ring's forward and backward on this problem
       for (const std::string& algo : algos) {
-        auto engine = bc::make_engine<bf16_t>();
+        auto cuda_engine = bc::make_engine<bf16_t>();
+        auto engine = std::make_unique<Timed<bf16_t>>(*cuda_engine);
         const dist::Algorithm& al = dist::find_algorithm(algo);
         dist::AlgoOptions o;
         o.algo = algo;
@@ -178,6 +288,17 @@ int run(int argc, char** argv) {
         dist::Session<bf16_t>& s = *sp;
         const double tf = median_ms([&] { s.forward(); }, warmup, reps);
         const double tb = pass != "fwd" ? median_ms([&] { s.backward(); }, warmup, reps) : 0;
+        struct Bd {
+          double pass_ms = NAN;
+          Parts p;
+        } bd[2];
+        if (breakdown)
+          for (int ph = 0; ph < (pass != "fwd" ? 2 : 1); ++ph) {
+            engine->arm(true);
+            bd[ph].pass_ms = median_ms([&] { ph ? s.backward() : s.forward(); }, 0, 1);
+            engine->arm(false);
+            bd[ph].p = engine->worst();
+          }
         const dist::DistResult<bf16_t> r = s.result();
         const Tensor4<bf16_t> Og = dist::gather(r.O, r.qp);
         const Tensor3<float> Lg = dist::gather(r.LSE, r.qp);
@@ -199,9 +320,13 @@ int run(int argc, char** argv) {
           const double tw = ph ? tb_whole : tf_whole, tr = ph ? tb : tf;
           const double vs = ring_ms[ph] > 0 ? tr / ring_ms[ph] : NAN;
           const char* goal = !std::isfinite(vs) ? "-" : vs <= (ph ? 1.3 : 1.2) ? "ok" : "MISS";
-          std::printf("%s,%d,%s,%lld,%lld,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3g,%.3g,%.3g,%s,%s,%.3f,%s\n", algo.c_str(),
+          char bds[128] = "-,-,-,-";
+          if (breakdown)
+            std::snprintf(bds, sizeof bds, "%.3f,%.3f,%.3f,%.3f", bd[ph].pass_ms, bd[ph].p.compute, bd[ph].p.merge,
+                          bd[ph].p.mem);
+          std::printf("%s,%d,%s,%lld,%lld,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3g,%.3g,%.3g,%s,%s,%.3f,%s,%s\n", algo.c_str(),
                       world, ph ? "bwd" : "fwd", (long long)B, (long long)H, (long long)N, (long long)d, causal, tw, tr,
-                      tr / tw, dO_, dL, dG, ok ? "PASS" : "FAIL", dist::to_string(o.partition).c_str(), vs, goal);
+                      tr / tw, dO_, dL, dG, ok ? "PASS" : "FAIL", dist::to_string(o.partition).c_str(), vs, goal, bds);
           std::fflush(stdout);
         }
       }
