@@ -152,8 +152,9 @@ class PluginEngine final : public Engine<T> {
   }
 
   // Blocks over a few position progressions reach the plug-in as blocks over contiguous
-  // positions, as in the built-in engines (block_split.hpp), so a kernel that runs only
-  // contiguous rows still runs zigzag and striped shards.
+  // positions, as in the built-in engines (block_split.hpp); others as they are, and by parts
+  // however short when the plug-in declines them, so a kernel that runs only contiguous rows
+  // still runs zigzag and striped shards of any size.
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
     const void* prepared = static_cast<const Prepared*>(mask.hold.get())->handle;
@@ -164,8 +165,19 @@ class PluginEngine final : public Engine<T> {
       b.LSE = view_c(Lp);
       BURSTLAB_PLUGIN_CALL(L(), forward_block, E(), &b, acc ? 1 : 0);
     };
-    if ((q.index || k.index) && forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part)) return;
-    part(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
+    if (!q.index && !k.index) return part(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
+    if (forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part)) return;
+    // Not a few long runs: the block as it is, or, when the plug-in declines indexed positions,
+    // by parts however short (a declined call has written nothing).
+    burstlab_block b = block(p, mask.params, prepared, q, k, Q, K, V);
+    b.O = view_c(O);
+    b.LSE = view_c(LSE);
+    burstlab_status st;
+    st.message[0] = '\0';
+    const int rc = L().api->forward_block(E(), &b, accumulate ? 1 : 0, &st);
+    if (rc == BURSTLAB_DECLINED && forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part, kAnySplit))
+      return;
+    check(L(), "forward_block", rc, st);
   }
   void merge(View4<T> O, View3<A> LSE, View4<const T> O_part, View3<const A> LSE_part) override {
     BURSTLAB_PLUGIN_CALL(L(), merge, E(), to_c(dtype_of<T>()), view_c(O), view_c(LSE), view_c(O_part), view_c(LSE_part));
@@ -190,8 +202,21 @@ class PluginEngine final : public Engine<T> {
       b.dV = view_c(dVp);
       BURSTLAB_PLUGIN_CALL(L(), backward_block, E(), &b);
     };
-    if ((q.index || k.index) && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part)) return;
-    part(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
+    if (!q.index && !k.index) return part(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
+    if (backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part)) return;
+    burstlab_block b = block(p, mask.params, prepared, q, k, Q, K, V);
+    b.dO = view_c(dO);
+    b.LSE = view_c(LSE);
+    b.D = view_c(D);
+    b.dQ = view_c(dQ);
+    b.dK = view_c(dK);
+    b.dV = view_c(dV);
+    burstlab_status st;
+    st.message[0] = '\0';
+    const int rc = L().api->backward_block(E(), &b, &st);
+    if (rc == BURSTLAB_DECLINED && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part, kAnySplit))
+      return;
+    check(L(), "backward_block", rc, st);
   }
 
  private:

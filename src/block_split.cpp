@@ -10,8 +10,8 @@ namespace {
 // ceil(x / s) for s > 0 and any sign of x.
 int64_t ceil_div(int64_t x, int64_t s) { return x >= 0 ? (x + s - 1) / s : -((-x) / s); }
 
-bool few(const std::vector<Progression>& g, int64_t n) {
-  return !g.empty() && g.size() <= kMaxProgressions && int64_t(g.size()) * kMinRows <= n;
+bool few(const std::vector<Progression>& g, int64_t n, SplitLimits limits) {
+  return !g.empty() && g.size() <= limits.max_progressions && int64_t(g.size()) * limits.min_rows <= n;
 }
 
 // No query at a global position in [i_first, i_last] sees a key in [j0, j1): a band's row bounds
@@ -74,9 +74,9 @@ std::vector<Progression> progressions(Positions p) {
   return g;
 }
 
-std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k) {
+std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k, SplitLimits limits) {
   const std::vector<Progression> gq = progressions(q), gk = progressions(k);
-  if (!few(gq, q.n) || !few(gk, k.n)) return {};
+  if (!few(gq, q.n, limits) || !few(gk, k.n, limits)) return {};
   std::vector<BlockPart> parts;
   for (const Progression& a : gq)
     for (const Progression& c : gk) {

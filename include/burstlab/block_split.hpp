@@ -14,6 +14,7 @@
 // which `BlockPart` states as a problem of its own (N_q', N_k', band edges) over positions 0..n.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -64,7 +65,15 @@ struct BlockPart {
 // differ, or stride > 1 with a document or block-sparse mask (not a band in local indices).
 constexpr size_t kMaxProgressions = 32;
 constexpr int64_t kMinRows = 128;
-std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k);
+// Those two limits. The built-in engines run indexed positions themselves, so a block splits for
+// them only into a few long progressions; an engine that runs contiguous positions only (an
+// engine plug-in such as cuDNN's) splits at any size: kAnySplit.
+struct SplitLimits {
+  size_t max_progressions = kMaxProgressions;
+  int64_t min_rows = kMinRows;
+};
+constexpr SplitLimits kAnySplit{SIZE_MAX, 1};
+std::vector<BlockPart> split_block(const MaskParams& m, Positions q, Positions k, SplitLimits limits = {});
 
 // The problem a part runs as: p itself for a global part; for a local part, p with N_q, N_k and
 // the band of part.mask (validate() accepts it).
@@ -79,8 +88,9 @@ Problem part_problem(const Problem& p, const BlockPart& part);
 // nothing, when the block does not split.
 template <class T, class A, class Run>
 bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, View4<const T> Q,
-                   View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate, Run&& run) {
-  const std::vector<BlockPart> parts = split_block(m, q, k);
+                   View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate, Run&& run,
+                   SplitLimits limits = {}) {
+  const std::vector<BlockPart> parts = split_block(m, q, k, limits);
   const auto go = [&](const Problem& pp, const MaskParams& mm, Positions qp, Positions kp, const BlockPart& b,
                       bool acc) {
     run(pp, mm, qp, kp, slice_rows(Q, b.q_at, b.q_n), slice_rows(K, b.k_at, b.k_n), slice_rows(V, b.k_at, b.k_n),
@@ -111,8 +121,8 @@ bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions
 template <class T, class A, class Run>
 bool backward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, View4<const T> Q,
                     View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> D,
-                    View4<A> dQ, View4<A> dK, View4<A> dV, Run&& run) {
-  const std::vector<BlockPart> parts = split_block(m, q, k);
+                    View4<A> dQ, View4<A> dK, View4<A> dV, Run&& run, SplitLimits limits = {}) {
+  const std::vector<BlockPart> parts = split_block(m, q, k, limits);
   for (const BlockPart& b : parts) {
     if (b.hidden) continue;
     run(part_problem(p, b), b.mask, b.q_pos, b.k_pos, slice_rows(Q, b.q_at, b.q_n), slice_rows(K, b.k_at, b.k_n),

@@ -22,6 +22,9 @@
  * exception or a longjmp cross this boundary. BURSTLAB_DECLINED means "this call is outside what I
  * run" (a mask kind, a dtype, indexed positions...): the message is the reason, and burstlab reports
  * "plugin NAME declined ENTRY: REASON" instead of producing output; BURSTLAB_ERROR is a failure.
+ * A declined call writes nothing: burstlab may run the same work another way (a block over indexed
+ * positions that does not split into a few runs is offered whole first, then by its contiguous
+ * parts however short).
  *
  * Types (spec §9.1): T stores Q, K, V, O, dO (the engine's dtype); A = fp64 when T is fp64, else
  * fp32, holds LSE, D and the gradients dQ, dK, dV (never rounded to 16 bits between blocks).

@@ -3,12 +3,15 @@
 // softmax statistics as LSE, so the schedules merge its partials (eq. 4.5-4.7); backward blocks
 // given the rows' global LSE and D, cuDNN's 16-bit block gradients accumulated into fp32. Memory,
 // the mask, the merge and D run on burstlab's CUDA engine (cuda/cuda_engine.hpp): device memory,
-// bf16 and fp16. Declined, with the reason: documents and block-sparse masks, indexed positions, a
-// band whose diagonal in the block is neither top-left nor bottom-right aligned, d not a multiple
-// of 8 or above 256, non-unit innermost strides.
+// bf16 and fp16. A banded block is cut to the rows and keys that see each other, where the band
+// is cuDNN's (bounds about a top-left or bottom-right diagonal); rows that see no key get the
+// identity from the engine. Declined, with the reason: documents and block-sparse masks, indexed
+// positions (burstlab then offers the block's contiguous parts), a window with more rows than
+// keys, d not a multiple of 8 or above 256, non-unit innermost strides.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -124,12 +127,28 @@ bool packed(const burstlab_view3& v) {
   return v.stride[2] == 1 && v.stride[1] == v.dim[2] && (v.dim[0] == 1 || v.stride[0] == v.dim[1] * v.dim[2]);
 }
 
+// Rows [at, at + n) of a (B, H, N, d) or (B, H, N) view of elements of `bytes` bytes.
+burstlab_view4 rows(burstlab_view4 v, int64_t at, int64_t n, int64_t bytes) {
+  v.data = static_cast<char*>(v.data) + at * v.stride[2] * bytes;
+  v.dim[2] = n;
+  return v;
+}
+burstlab_view3 rows(burstlab_view3 v, int64_t at, int64_t n) {
+  v.data = static_cast<char*>(v.data) + at * v.stride[2] * int64_t(sizeof(float));
+  v.dim[2] = n;
+  return v;
+}
+
 // ---- what cuDNN runs, decided on the host from the call alone
+// The visible part of a block and its band in cuDNN's terms: rows [q_at, q_at + q_n) and keys
+// [k_at, k_at + k_n) of the block hold every visible pair; the other rows see no key.
 struct Band {
-  bool none = true;                 // every pair of the block visible (no mask node)
-  bool hidden = false;              // no pair visible
-  bool bottom_right = false;        // the diagonal's alignment in the block
-  int64_t left = -1, right = -1;    // burstlab's band edges (-1: unbounded)
+  bool none = true;                  // every pair of the block visible (no mask node)
+  bool hidden = false;               // no pair visible
+  bool bottom_right = false;         // cuDNN's diagonal: j = i (top-left) or j = i + k_n - q_n
+  int64_t left_bound = -1;           // cuDNN's: keys diagonal - left_bound < j (-1: unbounded)
+  int64_t right_bound = -1;          //          j <= diagonal + right_bound (-1: unbounded)
+  int64_t q_at = 0, q_n = 0, k_at = 0, k_n = 0;
 };
 
 const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_mask& m, bool indexed) {
@@ -138,18 +157,23 @@ const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_
   if (m.doc) return "document masks (segment ids) are not expressed to cuDNN by this plug-in";
   if (m.block) return "block-sparse masks are not expressed to cuDNN by this plug-in";
   if (indexed) return "indexed positions (a zigzag or striped shard that does not split into contiguous runs)";
-  if (p.N_q > p.N_k && (m.left >= 0 || m.right >= 0))
-    return "a causal or window mask with more queries than keys (N_q > N_k): cuDNN aligns such a band bottom-right "
-           "only when N_q <= N_k";
+  if (p.N_q > p.N_k && m.left >= 0)
+    return "a window (left-bounded band) with more queries than keys (N_q > N_k): cuDNN runs such a band only with "
+           "N_q <= N_k";
   return nullptr;
 }
 
-// The block's mask in its local indices: rows [q0, q0 + nq), keys [k0, k0 + nk) see keys
-// i + off - left <= j <= i + off + right (eq. 3.4 without documents), off = q0 - k0 + N_k - N_q.
+// The block's mask in its local indices: row i of rows [q0, q0 + nq) sees keys j of [k0, k0 + nk)
+// with i + off - left <= j <= i + off + right (eq. 3.4 without documents), off = q0 - k0 + N_k -
+// N_q. Rows that see no key (above the band, or below it past the last key) and keys no row sees
+// are cut off, so that in the rest the band's edges are cuDNN's: right_bound = off' + right >= 0
+// and left_bound = left - off' + 1 >= 1 about a top-left diagonal (or about the bottom-right one
+// when off' = k_n - q_n, q_n <= k_n: cuDNN's causal alignment for N_q < N_k).
 Band band_of(const burstlab_block& b) {
   const MaskParams m = host_mask(b.mask);
   const int64_t nq = b.q.n, nk = b.k.n, q0 = b.q.start, k0 = b.k.start;
   Band band;
+  band.q_n = nq, band.k_n = nk;
   const int64_t visible = count_visible(m, q0, q0 + nq, k0, k0 + nk);
   if (visible == nq * nk) return band;
   band.none = false;
@@ -158,22 +182,55 @@ Band band_of(const burstlab_block& b) {
     return band;
   }
   const int64_t off = q0 - k0 + (m.N_k - m.N_q);
-  if (off == 0) band.bottom_right = false;
-  else if (off == nk - nq && nq > nk) {
+  const bool has_l = m.left >= 0, has_r = m.right >= 0;
+  // Row i sees [lo(i), hi(i)); both are non-decreasing in i.
+  const auto lo = [&](int64_t i) { return has_l ? std::max<int64_t>(0, i + off - m.left) : int64_t(0); };
+  const auto hi = [&](int64_t i) { return has_r ? std::min<int64_t>(nk, i + off + m.right + 1) : nk; };
+  const int64_t r0 = has_r ? std::max<int64_t>(0, -(off + m.right)) : 0;    // first row with hi > 0
+  const int64_t r1 = has_l ? std::min<int64_t>(nq, nk - off + m.left) : nq;  // rows from r1 on: lo = nk
+  band.q_at = r0, band.q_n = r1 - r0;
+  band.k_at = lo(r0), band.k_n = hi(r1 - 1) - band.k_at;
+  // cuDNN runs a left-bounded band only with n_q <= n_k: take in keys on the right that no row
+  // sees (which moves no edge) until the cut block is as wide as it is tall.
+  if (has_l && band.q_n > band.k_n) band.k_n = std::min(nk - band.k_at, band.q_n);
+  if (has_l && band.q_n > band.k_n) {
     std::ostringstream s;
-    s << "a " << nq << " x " << nk << " block whose band is aligned bottom-right with more rows than keys: "
-      << "cuDNN refuses that alignment when n_q > n_k";
-    decline(s.str());
-  } else if (off == nk - nq) band.bottom_right = true;
-  else {
-    std::ostringstream s;
-    s << "the band's diagonal sits at key offset " << off << " in this " << nq << " x " << nk
-      << " block; cuDNN aligns it top-left (0) or bottom-right (" << nk - nq << ")";
+    s << "a window whose " << band.q_n << " rows that see keys span only " << band.k_n << " keys of this " << nq
+      << " x " << nk << " block: cuDNN runs a left-bounded band only with n_q <= n_k";
     decline(s.str());
   }
-  band.left = m.left;
-  band.right = m.right;
+  const int64_t o = off + band.q_at - band.k_at;  // off of the cut block
+  if (count_visible(m, q0 + band.q_at, q0 + r1, k0 + band.k_at, k0 + band.k_at + band.k_n) == band.q_n * band.k_n) {
+    band.none = true;
+    return band;
+  }
+  band.bottom_right = o != 0 && o == band.k_n - band.q_n && band.q_n <= band.k_n;
+  const int64_t diagonal = band.bottom_right ? o : 0;
+  if (has_r) band.right_bound = o + m.right - diagonal;
+  if (has_l) band.left_bound = m.left - (o - diagonal) + 1;
+  if ((has_r && band.right_bound < 0) || (has_l && band.left_bound < 1)) {
+    std::ostringstream s;
+    s << "internal: the band of a " << nq << " x " << nk << " block at offset " << off << " cut to rows " << band.q_at
+      << "+" << band.q_n << ", keys " << band.k_at << "+" << band.k_n << " has bounds " << band.left_bound << ", "
+      << band.right_bound;
+    throw std::logic_error(s.str());
+  }
   return band;
+}
+
+// The block cut to band's rows and keys (both passes' views; positions contiguous).
+burstlab_block cut(const burstlab_block& b, const Band& band) {
+  const int64_t t = 2;  // bf16, fp16
+  const int64_t a = int64_t(sizeof(float));
+  burstlab_block c = b;
+  c.q.start += band.q_at, c.q.n = band.q_n;
+  c.k.start += band.k_at, c.k.n = band.k_n;
+  c.Q = rows(b.Q, band.q_at, band.q_n, t), c.O = rows(b.O, band.q_at, band.q_n, t), c.dO = rows(b.dO, band.q_at, band.q_n, t);
+  c.LSE = rows(b.LSE, band.q_at, band.q_n), c.D = rows(b.D, band.q_at, band.q_n);
+  c.dQ = rows(b.dQ, band.q_at, band.q_n, a);
+  c.K = rows(b.K, band.k_at, band.k_n, t), c.V = rows(b.V, band.k_at, band.k_n, t);
+  c.dK = rows(b.dK, band.k_at, band.k_n, a), c.dV = rows(b.dV, band.k_at, band.k_n, a);
+  return c;
 }
 
 // ---- cuDNN handles and graphs. A handle serves one thread at a time, and a plan is built for
@@ -246,10 +303,8 @@ template <class Attributes>
 void set_band(Attributes& opts, const Band& band) {
   if (band.none) return;
   opts.set_diagonal_alignment(band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT : fe::DiagonalAlignment_t::TOP_LEFT);
-  // burstlab: keys diag - left .. diag + right visible; cuDNN's left bound counts the diagonal
-  // (a window of left + 1 keys ending at it).
-  if (band.right >= 0) opts.set_diagonal_band_right_bound(static_cast<int>(band.right));
-  if (band.left >= 0) opts.set_diagonal_band_left_bound(static_cast<int>(band.left + 1));
+  if (band.right_bound >= 0) opts.set_diagonal_band_right_bound(static_cast<int>(band.right_bound));
+  if (band.left_bound >= 0) opts.set_diagonal_band_left_bound(static_cast<int>(band.left_bound));
 }
 
 // A graph built once per key (device, shapes, strides, dtype, scale, band) and kept.
@@ -270,7 +325,7 @@ std::string key_of(const char* pass, cudnnHandle_t handle, const burstlab_block&
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::ostringstream key;
   key << pass << ' ' << device << ' ' << handle << ' ' << b.dtype << ' ' << b.problem.scale << ' ' << band.none << band.bottom_right
-      << ' ' << band.left << ' ' << band.right;
+      << ' ' << band.left_bound << ' ' << band.right_bound;
   for (const burstlab_view4* v : views)
     for (int i = 0; i < 4; ++i) key << ' ' << v->dim[i] << ':' << v->stride[i];
   for (int i = 0; i < 3; ++i) key << ' ' << rows.dim[i] << ':' << rows.stride[i];
@@ -426,42 +481,48 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
     const Band band = band_of(*b);
     with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
-      if (band.hidden) {  // nothing to attend: the engine writes the identity (or leaves the rows)
+      // Rows that see no key get the identity from the engine (or keep theirs when accumulating).
+      const auto identity = [&](int64_t at, int64_t n) {
+        if (n == 0 || accumulate) return;
         const Prepared& pr = *static_cast<const Prepared*>(b->prepared);
         PreparedMask m = pr.engine;
         const MaskParams call = host_mask(b->mask);
         m.params.N_q = call.N_q, m.params.N_k = call.N_k, m.params.left = call.left, m.params.right = call.right;
-        e.forward_block(problem_of(b->problem), m, Positions{b->q.start, b->q.n, nullptr},
-                        Positions{b->k.start, b->k.n, nullptr}, view_of<const T>(b->Q), view_of<const T>(b->K),
-                        view_of<const T>(b->V), view_of<T>(b->O), view_of<float>(b->LSE), accumulate != 0);
-        return;
-      }
+        e.forward_block(problem_of(b->problem), m, Positions{b->q.start + at, n, nullptr},
+                        Positions{b->k.start, b->k.n, nullptr}, view_of<const T>(rows(b->Q, at, n, 2)),
+                        view_of<const T>(b->K), view_of<const T>(b->V), view_of<T>(rows(b->O, at, n, 2)),
+                        view_of<float>(rows(b->LSE, at, n)), false);
+      };
+      if (band.hidden) return identity(0, b->q.n);
+      identity(0, band.q_at);
+      identity(band.q_at + band.q_n, b->q.n - band.q_at - band.q_n);
+      const burstlab_block c = cut(*b, band);
       const Lease lease;
       const auto stream = static_cast<cudaStream_t>(cuda::stream_of(e));
       const cudnnHandle_t handle = lease.on(stream);
       // cuDNN writes its output packed, (B, H_q, n, d) and (B, H_q, n): straight into the
       // caller's O and LSE when they are packed and nothing is merged, else into scratch that is
       // merged into them (accumulate) or copied into their strides (a slice of a longer shard).
-      const bool direct = !accumulate && packed(b->O) && packed(b->LSE);
-      burstlab_view4 O = b->O;
-      burstlab_view3 LSE = b->LSE;
+      const bool direct = !accumulate && packed(c.O) && packed(c.LSE);
+      burstlab_view4 O = c.O;
+      burstlab_view3 LSE = c.LSE;
       std::shared_ptr<void> o_part, l_part;
       if (!direct) {
-        const int64_t Bn = b->O.dim[0], H = b->O.dim[1], n = b->O.dim[2], d = b->O.dim[3];
+        const int64_t Bn = c.O.dim[0], H = c.O.dim[1], n = c.O.dim[2], d = c.O.dim[3];
         o_part = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
         l_part = e.allocate(Bn * H * n * int64_t(sizeof(float)));
         O = burstlab_view4{o_part.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
         LSE = burstlab_view3{l_part.get(), {Bn, H, n}, {H * n, n, 1}};
       }
-      const std::shared_ptr<Forward> f = forward_graph(*b, O, LSE, band, handle);
+      const std::shared_ptr<Forward> f = forward_graph(c, O, LSE, band, handle);
       std::unordered_map<int64_t, void*> pack = {
-          {kQ, b->Q.data}, {kK, b->K.data}, {kV, b->V.data}, {kO, O.data}, {kStats, LSE.data}};
+          {kQ, c.Q.data}, {kK, c.K.data}, {kV, c.V.data}, {kO, O.data}, {kStats, LSE.data}};
       const std::shared_ptr<void> workspace = e.allocate(f->workspace);
       check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
       if (accumulate)
-        e.merge(view_of<T>(b->O), view_of<float>(b->LSE), view_of<const T>(O), view_of<const float>(LSE));
+        e.merge(view_of<T>(c.O), view_of<float>(c.LSE), view_of<const T>(O), view_of<const float>(LSE));
       else if (!direct)
-        cudnn_plugin::copy_rows(b->dtype, b->O, O, b->LSE, LSE, stream);
+        cudnn_plugin::copy_rows(c.dtype, c.O, O, c.LSE, LSE, stream);
     });
   });
 }
@@ -492,11 +553,12 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
     if (band.hidden) return;  // no pair visible: nothing to add
     with_engine(engine, [&](auto& e) {
       using T = STORAGE(e);
+      const burstlab_block c = cut(*b, band);  // rows and keys outside see nothing: they add nothing
       const Lease lease;
       const auto stream = static_cast<cudaStream_t>(cuda::stream_of(e));
       const cudnnHandle_t handle = lease.on(stream);
-      const int64_t Bn = b->problem.B, Hq = b->problem.H_q, Hkv = b->problem.H_kv, d = b->problem.d;
-      const int64_t nq = b->q.n, nk = b->k.n;
+      const int64_t Bn = c.problem.B, Hq = c.problem.H_q, Hkv = c.problem.H_kv, d = c.problem.d;
+      const int64_t nq = c.q.n, nk = c.k.n;
       const auto scratch = [&](int64_t H, int64_t n, std::shared_ptr<void>& hold) {
         hold = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
         return burstlab_view4{hold.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
@@ -506,9 +568,9 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       const burstlab_view4 dK = scratch(Hkv, nk, k_hold), dV = scratch(Hkv, nk, v_hold);
       // cuDNN before 9.26 takes the backward's statistics only as a packed (B, H, n) tensor; a
       // block cut from a longer shard (block_split.hpp) has the shard's row strides.
-      burstlab_block call = *b;
+      burstlab_block call = c;
       std::shared_ptr<void> lse_hold;
-      const burstlab_view3& L = b->LSE;
+      const burstlab_view3& L = c.LSE;
       if (L.stride[2] != 1) decline("cuDNN needs unit stride along the rows of LSE");
       if (!packed(L)) {
         lse_hold = e.allocate(Bn * Hq * nq * int64_t(sizeof(float)));
@@ -522,15 +584,15 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
                                        size_t(L.stride[1]) * sizeof(float), size_t(nq) * sizeof(float), size_t(Hq),
                                        cudaMemcpyDeviceToDevice, stream),
                      "cudaMemcpy2DAsync (LSE)");
-      cudnn_plugin::surrogate_O(b->dtype, b->dO, b->D, O, stream);
-      std::unordered_map<int64_t, void*> pack = {{kQ, b->Q.data},  {kK, b->K.data},   {kV, b->V.data},
-                                                 {kO, O.data},     {kdO, b->dO.data}, {kStats, call.LSE.data},
+      cudnn_plugin::surrogate_O(c.dtype, c.dO, c.D, O, stream);
+      std::unordered_map<int64_t, void*> pack = {{kQ, c.Q.data},  {kK, c.K.data},   {kV, c.V.data},
+                                                 {kO, O.data},     {kdO, c.dO.data}, {kStats, call.LSE.data},
                                                  {kdQ, dQ.data},   {kdK, dK.data},    {kdV, dV.data}};
       const std::shared_ptr<void> workspace = e.allocate(f->workspace);
       check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
-      cudnn_plugin::accumulate(b->dtype, b->dQ, dQ, stream);
-      cudnn_plugin::accumulate(b->dtype, b->dK, dK, stream);
-      cudnn_plugin::accumulate(b->dtype, b->dV, dV, stream);
+      cudnn_plugin::accumulate(c.dtype, c.dQ, dQ, stream);
+      cudnn_plugin::accumulate(c.dtype, c.dK, dK, stream);
+      cudnn_plugin::accumulate(c.dtype, c.dV, dV, stream);
     });
   });
 }

@@ -102,15 +102,27 @@ TEST(PluginCli, WithoutBackward) {
   EXPECT_GT(count(o.out, std::regex(" fwd .* PASS")), 10) << o.out;
 }
 
+// A block the plug-in declines and that has no contiguous parts (striped positions under a
+// block-sparse mask are not a band in local indices) fails its row, with the plug-in's reason.
 TEST(PluginCli, DeclinedBlockFailsItsRow) {
   const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
-                                " --algo ring --partition striped --world 2 --mask causal --nq 64 --nk 64 -d 8");
+                                " --algo ring --partition striped --world 2 --mask block:16x16 --nq 64 --nk 64 -d 8");
   EXPECT_EQ(o.rc, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("declined forward_block: indexed positions (a zigzag or striped shard) are not supported"),
             std::string::npos)
       << o.out;
   EXPECT_EQ(count(o.out, std::regex("\nring/plugin:\\S+ +fp32 .* ERROR")), 2) << o.out;
   EXPECT_NE(o.out.find("0 passed, 2 failed"), std::string::npos) << o.out;
+}
+
+// Short striped shards (32 rows a rank, below the built-in engines' split size) that the plug-in
+// declines whole run by their contiguous parts, however short.
+TEST(PluginCli, ShortIndexedShardsRunByPartsWhenDeclined) {
+  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
+                                " --algo ring,attention2d --partition striped --world 2 --mask causal --nq 64 --nk 64"
+                                " -d 8 --pass both");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, std::regex("\n(ring|attention2d)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
 }
 
 // Striped shards (progressions of stride G, 128 rows or more) split into blocks over contiguous
