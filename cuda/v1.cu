@@ -225,23 +225,27 @@ __global__ void __launch_bounds__(256) compute_D_vec_kernel(View4<const T> O, Vi
   if (r < O.dim[2] && sub == 0) D(b, h, r) = s;
 }
 
+// One warp per row: the lanes read and write consecutive elements of the row (coalesced), and
+// each computes the row's weights.
 template <class T>
 __global__ void __launch_bounds__(128) merge_kernel(View4<T> O_a, View3<acc_t<T>> L_a,
                                                     View4<const T> O_b, View3<const acc_t<T>> L_b) {
   using A = acc_t<T>;
-  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= O_a.dim[2]) return;
+  const int lane = threadIdx.x % 32;
   const int64_t h = blockIdx.y, b = blockIdx.z;
   A w_a, w_b, L;
   merge_weights<A>(L_a(b, h, r), L_b(b, h, r), &w_a, &w_b, &L);  // (4.5)-(4.6)
   T* oa = O_a.row(b, h, r);
   const T* ob = O_b.row(b, h, r);
-  for (int64_t k = 0; k < O_a.dim[3]; ++k) {  // (4.7); an empty side is skipped, not multiplied
+  for (int64_t k = lane; k < O_a.dim[3]; k += 32) {  // (4.7); an empty side is skipped, not multiplied
     const A x = w_a != A(0) ? w_a * to_acc<A>(oa[k * O_a.stride[3]]) : A(0);
     const A y = w_b != A(0) ? w_b * to_acc<A>(ob[k * O_b.stride[3]]) : A(0);
     oa[k * O_a.stride[3]] = from_acc<T, A>(x + y);
   }
-  L_a(b, h, r) = L;
+  __syncwarp();  // every lane has read the row's LSE
+  if (lane == 0) L_a(b, h, r) = L;
 }
 
 inline dim3 rows_grid(int64_t n, int64_t H, int64_t B, int per) {
@@ -301,7 +305,7 @@ template <class T>
 void launch_merge(View4<T> O_a, View3<acc_t<T>> L_a, View4<const T> O_b, View3<const acc_t<T>> L_b,
                   cudaStream_t s) {
   if (O_a.dim[2] == 0) return;
-  merge_kernel<T><<<rows_grid(O_a.dim[2], O_a.dim[1], O_a.dim[0], 128), 128, 0, s>>>(O_a, L_a, O_b, L_b);
+  merge_kernel<T><<<rows_grid(O_a.dim[2], O_a.dim[1], O_a.dim[0], 128 / 32), 128, 0, s>>>(O_a, L_a, O_b, L_b);
   BURSTLAB_CUDA_LAUNCH_CHECK("merge_kernel");
 }
 
