@@ -1,11 +1,15 @@
 // distributed/attention2d.cpp — Attention2D-NO (spec §7.11).
 #include "attention2d.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "burstlab/block_split.hpp"
 #include "burstlab/error.hpp"
 #include "shard_ops.hpp"
 
@@ -89,6 +93,7 @@ struct Ctx {
   const int r;
   Members row, col;  // this rank's grid row (q side) and column (k side)
   int64_t nt = 0;    // rows of the K, V shard this rank holds after the transpose
+  bool stays = false;  // that shard is its own (p' = p): the transposes move nothing
   // What every schedule here does first: the grid checked, the phase's outputs sized, the rank's
   // row and column members.
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, const Grid& g, const Partition& qp, const Partition& kp,
@@ -100,56 +105,72 @@ struct Ctx {
     row = row_members(g, qp, r);
     col = col_members(g, kp, r);
     nt = kp.local_size(g.row_major(r));
+    stays = g.row_major(r) == r;
   }
-  Buffer<T> kv_shard() { return alloc<T>(e, p.B * p.H_kv * nt * p.d); }  // (B, H_kv, nt, d)
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
-  // `from` (the transposes).
+  // `from` (the transposes; never this rank itself).
   template <class U>
   void exchange(const U* src, int64_t n_src, int to, U* dst, int64_t n_dst, int from, int tag, const char* what,
                 std::vector<RequestPtr>& reqs) {
-    const int me = c.rank();
-    if (to == me) {  // then from == me too (a permutation's fixed point)
-      copy(e, dst, src, n_src);
-      return;
-    }
     const int64_t eb = sizeof(U);
     c.batch([&] {
       reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
       reqs.push_back(c.isend(src, n_src * eb, to, tag, what));
     });
   }
-  // (7.22) transpose: this rank's K, V (B, H_kv, n_k, d) go to the rank holding them row-major;
-  // Kt, Vt (B, H_kv, nt, d) receive shard g.row_major(r), the one this rank holds after it.
-  void transpose_kv(const Grid& g, const Partition& kp, const Shard<T>& x, T* Kt, T* Vt) {
-    const int r = c.rank(), shard_t = g.row_major(r);
-    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
+  // (7.22) transpose: this rank's K, V (B, H_kv, n_k, d) go to the rank holding them row-major,
+  // and shard g.row_major(r), the one this rank holds after it, arrives into Kt, Vt (B, H_kv, nt,
+  // d). Returns where that shard lies: Kt, Vt, or x.K, x.V themselves when it stays (no copy;
+  // read only).
+  std::pair<T*, T*> transpose_kv(const Grid& g, const Shard<T>& x, Buffer<T>& Kt, Buffer<T>& Vt) {
+    if (stays) return {x.K.data, x.V.data};
+    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * nt * p.d;
+    Kt = alloc<T>(e, n_t);
+    Vt = alloc<T>(e, n_t);
     std::vector<RequestPtr> reqs;
-    exchange(x.K.data, n_home, holder_after_transpose(g, r), Kt, n_t, shard_t, 1, "K", reqs);
-    exchange(x.V.data, n_home, holder_after_transpose(g, r), Vt, n_t, shard_t, 2, "V", reqs);
+    exchange(x.K.data, n_home, holder_after_transpose(g, r), Kt.data, n_t, g.row_major(r), 1, "K", reqs);
+    exchange(x.V.data, n_home, holder_after_transpose(g, r), Vt.data, n_t, g.row_major(r), 2, "V", reqs);
     wait_all(reqs);
-    e.synchronize();  // a shard kept in place was an engine copy; the gathers send it next
+    return {Kt.data, Vt.data};
+  }
+  // The column's K, V (B, H_kv, col.total, d), gathered from the shards Ks, Vs the transpose left
+  // with each member into Kc, Vc; a column of one member is that shard itself (no copy).
+  std::pair<const T*, const T*> column_kv(const T* Ks, const T* Vs, Buffer<T>& Kc, Buffer<T>& Vc,
+                                          std::vector<RequestPtr>& reqs) {
+    if (col.ranks.size() == 1) return {Ks, Vs};
+    Kc = alloc<T>(e, p.B * p.H_kv * col.total * p.d);
+    Vc = alloc<T>(e, p.B * p.H_kv * col.total * p.d);
+    gather(Ks, Kc.data, p.H_kv, p.d, col, 4, "K", reqs);
+    gather(Vs, Vc.data, p.H_kv, p.d, col, 5, "V", reqs);
+    return {Kc.data, Vc.data};
   }
   // The inverse, for the gradients: dKt, dVt (B, H_kv, nt, d) back to the column-major cyclic
-  // owner, x.dK, x.dV (B, H_kv, n_k, d) from the rank holding the row-major shard r.
-  void transpose_back(const Grid& g, const Partition& kp, const A* dKt, const A* dVt, Shard<T>& x) {
+  // owner, x.dK, x.dV (B, H_kv, n_k, d) from the rank holding the row-major shard r (not called
+  // when the shard stays).
+  void transpose_back(const Grid& g, const A* dKt, const A* dVt, Shard<T>& x) {
     e.synchronize();  // the column sums into dKt, dVt are finished before they travel
-    const int r = c.rank(), shard_t = g.row_major(r);
-    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * kp.local_size(shard_t) * p.d;
+    const int shard_t = g.row_major(r);
+    const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * nt * p.d;
     std::vector<RequestPtr> reqs;
     exchange(dKt, n_t, shard_t, x.dK.data, n_home, holder_after_transpose(g, r), 12, "dK", reqs);
     exchange(dVt, n_t, shard_t, x.dV.data, n_home, holder_after_transpose(g, r), 13, "dV", reqs);
     wait_all(reqs);
   }
-  // Kt, Vt (B, H_kv, nt, d) into this rank's own block of the column buffers Kc, Vc (B, H_kv,
-  // col.total, d): the column ring (§7.13 phase A) starts from it.
-  void place_own_column_block(const T* Kt, const T* Vt, int64_t nt, T* Kc, T* Vc, const Members& col) {
+  // The column buffers of §7.13's phase A, (B, H_kv, col.total, d): Kc, Vc with this rank's shard
+  // Ks, Vs (B, H_kv, nt, d) placed in its own block, where the column ring starts; for a column of
+  // one member, where no block travels, Ks, Vs themselves (read only).
+  std::pair<T*, T*> column_ring_buffers(T* Ks, T* Vs, Buffer<T>& Kc, Buffer<T>& Vc) {
+    if (col.ranks.size() == 1) return {Ks, Vs};
     const int64_t Hkv = p.H_kv, d = p.d, NC = col.total;
+    Kc = alloc<T>(e, p.B * Hkv * NC * d);
+    Vc = alloc<T>(e, p.B * Hkv * NC * d);
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < Hkv; ++h) {
-        copy(e, Kc + at(b, h, col.off[col.me], Hkv, NC, d), Kt + at(b, h, 0, Hkv, nt, d), nt * d);
-        copy(e, Vc + at(b, h, col.off[col.me], Hkv, NC, d), Vt + at(b, h, 0, Hkv, nt, d), nt * d);
+        copy(e, Kc.data + at(b, h, col.off[col.me], Hkv, NC, d), Ks + at(b, h, 0, Hkv, nt, d), nt * d);
+        copy(e, Vc.data + at(b, h, col.off[col.me], Hkv, NC, d), Vs + at(b, h, 0, Hkv, nt, d), nt * d);
       }
     e.synchronize();  // the column ring sends this block first
+    return {Kc.data, Vc.data};
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>
@@ -201,97 +222,199 @@ struct Ctx {
     Buffer<U> stage = scatter(src, H, w, m, tag, what);
     sum_pieces(e, stage.data, static_cast<int64_t>(m.ranks.size()), p.B * H * m.rows[m.me] * w, dst);
   }
-  // dK, dV home: the column's partials dKc, dVc (B, H_kv, col.total, d) reduce-scattered (sums)
-  // into dKt, dVt (B, H_kv, nt, d), then transposed back to x.dK, x.dV (steps `step`, `step + 1`).
-  void dkdv_home(const Grid& g, const Partition& kp, const A* dKc, const A* dVc, A* dKt, A* dVt, int step,
-                 Shard<T>& x) {
+  // dK, dV home from the column's partials dKc, dVc (B, H_kv, col.total, d): reduce-scattered
+  // (sums) into this rank's shard at step `step`, transposed back to x.dK, x.dV at `step + 1`. A
+  // schedule whose column has one member and whose shard stays adds into x.dK, x.dV directly
+  // (home_dkdv) and does not call this.
+  void dkdv_home(const Grid& g, const A* dKc, const A* dVc, int step, Shard<T>& x) {
     c.set_context(Phase::Backward, step);
-    scatter_sum(dKc, dKt, p.H_kv, p.d, col, 10, "dK");
-    scatter_sum(dVc, dVt, p.H_kv, p.d, col, 11, "dV");
+    const int64_t n_t = p.B * p.H_kv * nt * p.d;
+    Buffer<A> dKt, dVt;
+    const A *sK = dKc, *sV = dVc;  // the sums of this rank's shard
+    if (col.ranks.size() > 1) {
+      if (!stays) {
+        dKt = alloc<A>(e, n_t);
+        dVt = alloc<A>(e, n_t);
+      }
+      A* tK = stays ? x.dK.data : dKt.data;
+      A* tV = stays ? x.dV.data : dVt.data;
+      scatter_sum(dKc, tK, p.H_kv, p.d, col, 10, "dK");
+      scatter_sum(dVc, tV, p.H_kv, p.d, col, 11, "dV");
+      sK = tK;
+      sV = tV;
+    }
     c.set_context(Phase::Backward, step + 1);
-    transpose_back(g, kp, dKt, dVt, x);
+    if (!stays) transpose_back(g, sK, sV, x);
   }
-  // The merge (4.5) as the reduction, in member order, into O (B, H_q, rows[me], d), LSE.
-  void scatter_merge(const T* O_src, const A* L_src, T* O, A* L, const Members& m, int tag) {
-    const int64_t B = p.B, H = p.H_q, d = p.d, n = m.rows[m.me];
-    Buffer<T> so = scatter(O_src, H, d, m, tag, "O");
-    Buffer<A> sl = scatter(L_src, H, 1, m, tag + 1, "LSE");
-    fill(e, O, B * H * n * d, 0.0);  // the merge identity (§4.3)
-    fill(e, L, B * H * n, -std::numeric_limits<double>::infinity());
-    for (size_t k = 0; k < m.ranks.size(); ++k)
-      e.merge(bhsd<T>(O, B, H, n, d), view3<A>(L, B, H, n), as_const(bhsd<T>(so.data + k * B * H * n * d, B, H, n, d)),
-              as_const(view3<A>(sl.data + k * B * H * n, B, H, n)));
+  // Whether the column's dK, dV partials are this rank's own outputs: one member, shard stays.
+  bool home_dkdv() const { return col.ranks.size() == 1 && stays; }
+  // The other members' rows, end to end in member order without this rank's (the "others"
+  // layout, total - rows[me] rows): where member k's start.
+  static int64_t other_off(const Members& m, size_t k) {
+    return m.off[k] - (static_cast<int>(k) > m.me ? m.rows[m.me] : 0);
+  }
+  // Every other member's rows into dst (B, H, total - rows[me], w), others layout; this rank's
+  // src (B, H, rows[me], w) to each of them.
+  template <class U>
+  void gather_others(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
+                     std::vector<RequestPtr>& reqs) {
+    const int64_t n_me = m.rows[m.me], L = m.total - n_me, eb = sizeof(U);
+    c.batch([&] {
+      for (size_t k = 0; k < m.ranks.size(); ++k) {
+        if (static_cast<int>(k) == m.me) continue;
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            reqs.push_back(c.irecv(dst + at(b, h, other_off(m, k), H, L, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
+            reqs.push_back(c.isend(src + at(b, h, 0, H, n_me, w), n_me * w * eb, m.ranks[k], tag, what));
+          }
+      }
+    });
+  }
+  // The reverse with partials: each other member's rows of src (B, H, total - rows[me], w, others
+  // layout) go back to it; what each other member computed of this rank's rows arrives into
+  // dst[0], dst[1], ... (B, H, rows[me], w each), in member order.
+  template <class U>
+  void return_others(const U* src, const std::vector<U*>& dst, int64_t H, int64_t w, const Members& m, int tag,
+                     const char* what, std::vector<RequestPtr>& reqs) {
+    const int64_t n_me = m.rows[m.me], L = m.total - n_me, eb = sizeof(U);
+    c.batch([&] {
+      size_t i = 0;
+      for (size_t k = 0; k < m.ranks.size(); ++k) {
+        if (static_cast<int>(k) == m.me) continue;
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            reqs.push_back(c.irecv(dst[i] + at(b, h, 0, H, n_me, w), n_me * w * eb, m.ranks[k], tag, what));
+            reqs.push_back(c.isend(src + at(b, h, other_off(m, k), H, L, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
+          }
+        ++i;
+      }
+    });
   }
 };
 
 }  // namespace
 
+// Step (3)'s block runs as one engine call per row member, the other members' rows first, so that
+// this rank's own rows, computed last, are merged by the kernel into the partials the others sent
+// back (forward_block's accumulate, eq. 4.5): a row of two members merges no whole partial (one
+// merge per further member) and copies none. Reduction order: the other members' partials in
+// member order, then the own rows.
 template <class T>
 void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                          const Partition& qp, const Partition& kp, Shard<T>& x) {
   Ctx<T> c(comm, e, p, g, qp, kp, Phase::Forward, x);
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
-  const Members &row = c.row, &col = c.col;
   using A = acc_t<T>;
-  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
-  Buffer<T> Qr = alloc<T>(e, B * Hq * row.total * d), Kc = alloc<T>(e, B * Hkv * col.total * d),
-            Vc = alloc<T>(e, B * Hkv * col.total * d);
-  Buffer<T> Or = alloc<T>(e, B * Hq * row.total * d);
-  Buffer<A> Lr = alloc<A>(e, B * Hq * row.total);
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, n = x.n_q;
+  const Members &row = c.row, &col = c.col;
+  const int64_t NO = row.total - n, NC = col.total, others = static_cast<int64_t>(row.ranks.size()) - 1;
+  Buffer<T> Kt, Vt, Kc, Vc;
+  Buffer<T> Qo = alloc<T>(e, B * Hq * NO * d), Oo = alloc<T>(e, B * Hq * NO * d);  // the others layout
+  Buffer<A> Lo = alloc<A>(e, B * Hq * NO);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);  // transpose K, V to the row-major cyclic distribution
-  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
+  const auto [Ks, Vs] = c.transpose_kv(g, x, Kt, Vt);
   comm.set_context(Phase::Forward, 1);  // gather Q in rows, K, V in columns
-  c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
-  c.gather(Kt.data, Kc.data, Hkv, d, col, 4, "K", reqs);
-  c.gather(Vt.data, Vc.data, Hkv, d, col, 5, "V", reqs);
+  c.gather_others(x.Q.data, Qo.data, Hq, d, row, 3, "Q", reqs);
+  const auto [Kg, Vg] = c.column_kv(Ks, Vs, Kc, Vc, reqs);
   wait_all(reqs);
-  e.forward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, row.total, d)),
-                  as_const(bhsd<T>(Kc.data, B, Hkv, col.total, d)), as_const(bhsd<T>(Vc.data, B, Hkv, col.total, d)),
-                  bhsd<T>(Or.data, B, Hq, row.total, d), view3<A>(Lr.data, B, Hq, row.total), false);  // §6.1
+  const View4<const T> Kv = bhsd<const T>(Kg, B, Hkv, NC, d), Vv = bhsd<const T>(Vg, B, Hkv, NC, d);
+  for (size_t k = 0; k < row.ranks.size(); ++k) {  // §6.1, the other members' rows
+    if (static_cast<int>(k) == row.me) continue;
+    const int64_t o = Ctx<T>::other_off(row, k), m = row.rows[k];
+    e.forward_block(p, mask, slice_positions(row.pos(), row.off[k], m), col.pos(),
+                    as_const(slice_rows(bhsd<T>(Qo.data, B, Hq, NO, d), o, m)), Kv, Vv,
+                    slice_rows(bhsd<T>(Oo.data, B, Hq, NO, d), o, m), slice_rows(view3<A>(Lo.data, B, Hq, NO), o, m),
+                    false);
+  }
   e.synchronize();
   comm.set_context(Phase::Forward, 2);  // reduce-scatter (O, LSE) in rows with the merge
-  c.scatter_merge(Or.data, Lr.data, x.O.data, x.LSE.data, row, 6);
+  Buffer<T> So = alloc<T>(e, B * Hq * n * d * std::max<int64_t>(others - 1, 0));
+  Buffer<A> Sl = alloc<A>(e, B * Hq * n * std::max<int64_t>(others - 1, 0));
+  std::vector<T*> to_o;
+  std::vector<A*> to_l;
+  for (int64_t i = 0; i < others; ++i) {  // the first into (O, LSE) itself, the rest staged
+    to_o.push_back(i == 0 ? x.O.data : So.data + (i - 1) * B * Hq * n * d);
+    to_l.push_back(i == 0 ? x.LSE.data : Sl.data + (i - 1) * B * Hq * n);
+  }
+  c.return_others(Oo.data, to_o, Hq, d, row, 6, "O", reqs);
+  c.return_others(Lo.data, to_l, Hq, 1, row, 7, "LSE", reqs);
+  wait_all(reqs);
+  for (int64_t i = 1; i < others; ++i)
+    e.merge(bhsd<T>(x.O.data, B, Hq, n, d), view3<A>(x.LSE.data, B, Hq, n), as_const(bhsd<T>(to_o[i], B, Hq, n, d)),
+            as_const(view3<A>(to_l[i], B, Hq, n)));
+  e.forward_block(p, mask, slice_positions(row.pos(), row.off[row.me], n), col.pos(),
+                  as_const(bhsd<T>(x.Q.data, B, Hq, n, d)), Kv, Vv, bhsd<T>(x.O.data, B, Hq, n, d),
+                  view3<A>(x.LSE.data, B, Hq, n), others > 0);  // §6.1, merged into the others' (4.5)
 }
 
+// As the forward, by row members: the other members' rows first into dQ partials that go back
+// to them, the own rows straight into x.dQ, to which the others' partials are then added in
+// member order. dK, dV of a column of one member whose shard stays are this rank's own outputs.
 template <class T>
 void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                           const Partition& qp, const Partition& kp, Shard<T>& x) {
   Ctx<T> c(comm, e, p, g, qp, kp, Phase::Backward, x);
   using A = acc_t<T>;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nt = c.nt;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, n = x.n_q;
   const Members &row = c.row, &col = c.col;
-  const int64_t NR = row.total, NC = col.total;
-  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
-  Buffer<T> Qr = alloc<T>(e, B * Hq * NR * d), dOr = alloc<T>(e, B * Hq * NR * d), Kc = alloc<T>(e, B * Hkv * NC * d),
-            Vc = alloc<T>(e, B * Hkv * NC * d);
-  Buffer<A> Lr = alloc<A>(e, B * Hq * NR), Dr = alloc<A>(e, B * Hq * NR);
-  Buffer<A> dQr = alloc<A>(e, B * Hq * NR * d), dKc = alloc<A>(e, B * Hkv * NC * d), dVc = alloc<A>(e, B * Hkv * NC * d);
-  Buffer<A> dKt = alloc<A>(e, B * Hkv * nt * d), dVt = alloc<A>(e, B * Hkv * nt * d);
+  const int64_t NO = row.total - n, NC = col.total, others = static_cast<int64_t>(row.ranks.size()) - 1;
+  Buffer<T> Kt, Vt, Kc, Vc;
+  Buffer<T> Qo = alloc<T>(e, B * Hq * NO * d), dOo = alloc<T>(e, B * Hq * NO * d);  // the others layout
+  Buffer<A> Lo = alloc<A>(e, B * Hq * NO), Do = alloc<A>(e, B * Hq * NO), dQo = alloc<A>(e, B * Hq * NO * d);
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
-  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
+  const auto [Ks, Vs] = c.transpose_kv(g, x, Kt, Vt);
   comm.set_context(Phase::Backward, 1);
-  c.gather(x.Q.data, Qr.data, Hq, d, row, 3, "Q", reqs);
-  c.gather(x.dO.data, dOr.data, Hq, d, row, 4, "dO", reqs);
-  c.gather(x.LSE.data, Lr.data, Hq, 1, row, 5, "LSE", reqs);
-  c.gather(D.data, Dr.data, Hq, 1, row, 6, "D", reqs);
-  c.gather(Kt.data, Kc.data, Hkv, d, col, 7, "K", reqs);
-  c.gather(Vt.data, Vc.data, Hkv, d, col, 8, "V", reqs);
+  c.gather_others(x.Q.data, Qo.data, Hq, d, row, 3, "Q", reqs);
+  c.gather_others(x.dO.data, dOo.data, Hq, d, row, 4, "dO", reqs);
+  c.gather_others(x.LSE.data, Lo.data, Hq, 1, row, 5, "LSE", reqs);
+  c.gather_others(D.data, Do.data, Hq, 1, row, 6, "D", reqs);
+  if (col.ranks.size() > 1) {  // column_kv's gather, with the backward's tags
+    Kc = alloc<T>(e, B * Hkv * NC * d);
+    Vc = alloc<T>(e, B * Hkv * NC * d);
+    c.gather(Ks, Kc.data, Hkv, d, col, 7, "K", reqs);
+    c.gather(Vs, Vc.data, Hkv, d, col, 8, "V", reqs);
+  }
+  const T* Kg = col.ranks.size() > 1 ? Kc.data : Ks;
+  const T* Vg = col.ranks.size() > 1 ? Vc.data : Vs;
   wait_all(reqs);
-  fill(e, dQr.data, dQr.n, 0.0);
-  fill(e, dKc.data, dKc.n, 0.0);
-  fill(e, dVc.data, dVc.n, 0.0);
-  e.backward_block(p, mask, row.pos(), col.pos(), as_const(bhsd<T>(Qr.data, B, Hq, NR, d)),
-                   as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
-                   as_const(bhsd<T>(dOr.data, B, Hq, NR, d)), as_const(view3<A>(Lr.data, B, Hq, NR)),
-                   as_const(view3<A>(Dr.data, B, Hq, NR)), bhsd<A>(dQr.data, B, Hq, NR, d),
-                   bhsd<A>(dKc.data, B, Hkv, NC, d), bhsd<A>(dVc.data, B, Hkv, NC, d));  // §6.2
+  Buffer<A> dKc, dVc;  // the column's dK, dV partials, unless they are x.dK, x.dV
+  if (!c.home_dkdv()) {
+    dKc = alloc<A>(e, B * Hkv * NC * d);
+    dVc = alloc<A>(e, B * Hkv * NC * d);
+  }
+  A* dKg = c.home_dkdv() ? x.dK.data : dKc.data;
+  A* dVg = c.home_dkdv() ? x.dV.data : dVc.data;
+  fill(e, x.dQ.data, x.dQ.n, 0.0);
+  fill(e, dQo.data, dQo.n, 0.0);
+  fill(e, dKg, B * Hkv * NC * d, 0.0);
+  fill(e, dVg, B * Hkv * NC * d, 0.0);
+  const View4<const T> Kv = bhsd<const T>(Kg, B, Hkv, NC, d), Vv = bhsd<const T>(Vg, B, Hkv, NC, d);
+  const View4<A> dKv = bhsd<A>(dKg, B, Hkv, NC, d), dVv = bhsd<A>(dVg, B, Hkv, NC, d);
+  for (size_t k = 0; k < row.ranks.size(); ++k) {  // §6.2, the other members' rows
+    if (static_cast<int>(k) == row.me) continue;
+    const int64_t o = Ctx<T>::other_off(row, k), m = row.rows[k];
+    e.backward_block(p, mask, slice_positions(row.pos(), row.off[k], m), col.pos(),
+                     as_const(slice_rows(bhsd<T>(Qo.data, B, Hq, NO, d), o, m)), Kv, Vv,
+                     as_const(slice_rows(bhsd<T>(dOo.data, B, Hq, NO, d), o, m)),
+                     as_const(slice_rows(view3<A>(Lo.data, B, Hq, NO), o, m)),
+                     as_const(slice_rows(view3<A>(Do.data, B, Hq, NO), o, m)),
+                     slice_rows(bhsd<A>(dQo.data, B, Hq, NO, d), o, m), dKv, dVv);
+  }
+  e.backward_block(p, mask, slice_positions(row.pos(), row.off[row.me], n), col.pos(),
+                   as_const(bhsd<T>(x.Q.data, B, Hq, n, d)), Kv, Vv, as_const(bhsd<T>(x.dO.data, B, Hq, n, d)),
+                   as_const(view3<A>(x.LSE.data, B, Hq, n)), as_const(view3<A>(D.data, B, Hq, n)),
+                   bhsd<A>(x.dQ.data, B, Hq, n, d), dKv, dVv);  // §6.2, the own rows
   e.synchronize();
   comm.set_context(Phase::Backward, 2);  // reduce-scatter dQ in rows, dK, dV in columns (sums)
-  c.scatter_sum(dQr.data, x.dQ.data, Hq, d, row, 9, "dQ");
-  c.dkdv_home(g, kp, dKc.data, dVc.data, dKt.data, dVt.data, 2, x);  // step 3: back to the column-major owners
+  Buffer<A> S = alloc<A>(e, B * Hq * n * d * others);
+  std::vector<A*> to;
+  for (int64_t i = 0; i < others; ++i) to.push_back(S.data + i * B * Hq * n * d);
+  c.return_others(dQo.data, to, Hq, d, row, 9, "dQ", reqs);
+  wait_all(reqs);
+  for (A* piece : to) add(e, x.dQ.data, piece, B * Hq * n * d);
+  if (!c.home_dkdv()) c.dkdv_home(g, dKg, dVg, 2, x);  // step 3: back to the column-major owners
 }
 
 namespace {
@@ -359,9 +482,8 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   const int r = c.r;
   const Members &row = c.row, &col = c.col;
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nq = x.n_q;
-  const int64_t nt = c.nt, NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
-  Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
+  const int64_t NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt, Vt, Kcb, Vcb;
   Buffer<T> Op = alloc<T>(e, B * Hq * mq * d);
   Buffer<A> Lp = alloc<A>(e, B * Hq * mq);
   Buffer<T> Qs[2] = {alloc<T>(e, B * Hq * mq * d), alloc<T>(e, B * Hq * mq * d)};
@@ -369,19 +491,22 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   Buffer<A> ALr[2] = {alloc<A>(e, B * Hq * mq), alloc<A>(e, B * Hq * mq)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
-  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
+  T *Kc = nullptr, *Vc = nullptr;  // the column's K, V (B, H_kv, NC, d)
+  {
+    const auto [Ks, Vs] = c.transpose_kv(g, x, Kt, Vt);
+    std::tie(Kc, Vc) = c.column_ring_buffers(Ks, Vs, Kcb, Vcb);
+  }
   // Phase A: the column ring. Step u holds the block of member me - u; it goes on to me + 1.
   const int pr = g.p_r, pc = g.p_c, me = col.me;
-  c.place_own_column_block(Kt.data, Vt.data, nt, Kc.data, Vc.data, col);
   auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE), eq. (4.5)
     e.forward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[k])),
-                    as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, col.off[k], col.rows[k])),
-                    as_const(rows4<T>(Vc.data, B, Hkv, NC, d, col.off[k], col.rows[k])), bhsd<T>(x.O.data, B, Hq, nq, d),
+                    as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc, B, Hkv, NC, d, col.off[k], col.rows[k])),
+                    as_const(rows4<T>(Vc, B, Hkv, NC, d, col.off[k], col.rows[k])), bhsd<T>(x.O.data, B, Hq, nq, d),
                     view3<A>(x.LSE.data, B, Hq, nq), true);
   };
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Forward, 1 + u);
-    column_ring_step<T>(comm, reqs, Kc.data, Vc.data, B, Hkv, d, col, u);
+    column_ring_step<T>(comm, reqs, Kc, Vc, B, Hkv, d, col, u);
     own_block(md(me - u, pr));  // overlaps the transfers above
     e.synchronize();
     wait_all(reqs);
@@ -412,7 +537,7 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
       });
     }
     e.forward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(Qm.data, B, Hq, n, d)),
-                    as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
+                    as_const(bhsd<T>(Kc, B, Hkv, NC, d)), as_const(bhsd<T>(Vc, B, Hkv, NC, d)),
                     bhsd<T>(Op.data, B, Hq, n, d), view3<A>(Lp.data, B, Hq, n), false);  // §6.1
     T* so = Op.data;
     A* sl = Lp.data;
@@ -453,13 +578,17 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   const int r = c.r;
   const Members &row = c.row, &col = c.col;
   const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, nq = x.n_q;
-  const int64_t nt = c.nt, NC = col.total, mq = qp.max_local_size();
-  Buffer<T> Kt = c.kv_shard(), Vt = c.kv_shard();
-  Buffer<A> dKt = alloc<A>(e, B * Hkv * nt * d), dVt = alloc<A>(e, B * Hkv * nt * d);
-  Buffer<T> Kc = alloc<T>(e, B * Hkv * NC * d), Vc = alloc<T>(e, B * Hkv * NC * d);
-  Buffer<A> dKc = alloc<A>(e, B * Hkv * NC * d), dVc = alloc<A>(e, B * Hkv * NC * d);
-  fill(e, dKc.data, dKc.n, 0.0);
-  fill(e, dVc.data, dVc.n, 0.0);
+  const int64_t NC = col.total, mq = qp.max_local_size();
+  Buffer<T> Kt, Vt, Kcb, Vcb;
+  Buffer<A> dKcb, dVcb;  // the column's dK, dV partials, unless they are x.dK, x.dV (home_dkdv)
+  if (!c.home_dkdv()) {
+    dKcb = alloc<A>(e, B * Hkv * NC * d);
+    dVcb = alloc<A>(e, B * Hkv * NC * d);
+  }
+  A* const dKc = c.home_dkdv() ? x.dK.data : dKcb.data;
+  A* const dVc = c.home_dkdv() ? x.dV.data : dVcb.data;
+  fill(e, dKc, B * Hkv * NC * d, 0.0);
+  fill(e, dVc, B * Hkv * NC * d, 0.0);
   // The travelling q side: Q, dO (d wide, T), LSE, D (1 wide, A), two slots each; dQ partials (A).
   struct QSide {
     Buffer<T> Q, dO;
@@ -475,21 +604,24 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   Buffer<A> dQp = alloc<A>(e, B * Hq * mq * d), Ar[2] = {alloc<A>(e, B * Hq * mq * d), alloc<A>(e, B * Hq * mq * d)};
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
-  c.transpose_kv(g, kp, x, Kt.data, Vt.data);
+  T *Kc = nullptr, *Vc = nullptr;  // the column's K, V (B, H_kv, NC, d)
+  {
+    const auto [Ks, Vs] = c.transpose_kv(g, x, Kt, Vt);
+    std::tie(Kc, Vc) = c.column_ring_buffers(Ks, Vs, Kcb, Vcb);
+  }
   const int pr = g.p_r, pc = g.p_c, me = col.me;
-  c.place_own_column_block(Kt.data, Vt.data, nt, Kc.data, Vc.data, col);
   // Phase A: the column ring; own q side against each arriving block (dQ home, dK, dV of the block).
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Backward, 1 + u);
-    column_ring_step<T>(comm, reqs, Kc.data, Vc.data, B, Hkv, d, col, u);
+    column_ring_step<T>(comm, reqs, Kc, Vc, B, Hkv, d, col, u);
     const int cur = md(me - u, pr);
     const int64_t o = col.off[cur], n = col.rows[cur];
     e.backward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[cur])),
-                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc.data, B, Hkv, NC, d, o, n)),
-                     as_const(rows4<T>(Vc.data, B, Hkv, NC, d, o, n)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
+                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc, B, Hkv, NC, d, o, n)),
+                     as_const(rows4<T>(Vc, B, Hkv, NC, d, o, n)), as_const(bhsd<T>(x.dO.data, B, Hq, nq, d)),
                      as_const(view3<A>(x.LSE.data, B, Hq, nq)), as_const(view3<A>(D.data, B, Hq, nq)),
-                     bhsd<A>(x.dQ.data, B, Hq, nq, d), rows4<A>(dKc.data, B, Hkv, NC, d, o, n),
-                     rows4<A>(dVc.data, B, Hkv, NC, d, o, n));  // §6.2
+                     bhsd<A>(x.dQ.data, B, Hq, nq, d), rows4<A>(dKc, B, Hkv, NC, d, o, n),
+                     rows4<A>(dVc, B, Hkv, NC, d, o, n));  // §6.2
     e.synchronize();
     wait_all(reqs);
   }
@@ -530,10 +662,10 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     }
     fill(e, dQp.data, B * Hq * n * d, 0.0);
     e.backward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(s.Q.data, B, Hq, n, d)),
-                     as_const(bhsd<T>(Kc.data, B, Hkv, NC, d)), as_const(bhsd<T>(Vc.data, B, Hkv, NC, d)),
+                     as_const(bhsd<T>(Kc, B, Hkv, NC, d)), as_const(bhsd<T>(Vc, B, Hkv, NC, d)),
                      as_const(bhsd<T>(s.dO.data, B, Hq, n, d)), as_const(view3<A>(s.L.data, B, Hq, n)),
                      as_const(view3<A>(s.D.data, B, Hq, n)), bhsd<A>(dQp.data, B, Hq, n, d),
-                     bhsd<A>(dKc.data, B, Hkv, NC, d), bhsd<A>(dVc.data, B, Hkv, NC, d));  // §6.2
+                     bhsd<A>(dKc, B, Hkv, NC, d), bhsd<A>(dVc, B, Hkv, NC, d));  // §6.2
     A* out = dQp.data;
     if (v >= 2) {  // acc (from the right) + own, in ring order
       wait_all(acc);
@@ -555,7 +687,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
     wait_all(reqs);
   }
   // Phase C: dK, dV reduce-scattered in the column, then transposed back (as Attention2D-NO).
-  c.dkdv_home(g, kp, dKc.data, dVc.data, dKt.data, dVt.data, 1 + pr + pc, x);
+  if (!c.home_dkdv()) c.dkdv_home(g, dKc, dVc, 1 + pr + pc, x);
 }
 
 int64_t attention2d_bytes(Phase phase, const Problem& p, const Grid& g, const Partition& qp, const Partition& kp,
