@@ -196,18 +196,15 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
       appendf(out, "collective 1: all-gather K,V%s (rank r sends its kv rows to every peer)\n",
                   bw ? " (again: nothing is kept between passes)" : "");
       to_peers([&](int r, int) { return B * kp.local_size(r) * wkv; }, no_note);
-      appendf(out, "after: every rank holds all N_k=%lld kv rows (its own where they lie, the others' end to end "
-                   "in rank order)\n", static_cast<long long>(p.N_k));
+      appendf(out, "after: every rank holds all N_k=%lld kv rows (shards end to end in rank order)\n",
+                  static_cast<long long>(p.N_k));
       for (int r = 0; r < G; ++r)
-        appendf(out, "  rank %d: compute its q rows against all keys, one %s per kv shard, its own shard's first "
-                    "(while the others arrive): %lld visible pairs per head\n", r,
-                    bw ? "backward_block (6.2): dQ at home, dK, dV of its own rows at home, partial dK, dV of the "
-                         "others' rows"
-                       : "forward_block (6.1), merged into (O, LSE)",
+        appendf(out, "  rank %d: compute one %s of its q rows against all keys: %lld visible pairs per head\n", r,
+                    bw ? "backward_block (6.2): dQ at home, partial dK, dV of all N_k rows" : "forward_block (6.1)",
                     static_cast<long long>(pairs_of(r)));
       if (bw) {
-        appendf(out, "collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s adds "
-                    "them to its own in rank order)\n");
+        appendf(out, "collective 2: reduce-scatter dK,dV (rank r sends peer s its partial of s's kv rows; s sums "
+                    "them in rank order 0..G-1)\n");
         to_peers([&](int, int s) { return B * kp.local_size(s) * wkv; }, no_note);
         appendf(out, "after: rank r holds dQ of its q rows and the summed dK, dV of its kv rows\n");
       }
