@@ -4,7 +4,6 @@
 #include <limits>
 #include <vector>
 
-#include "burstlab/block_split.hpp"
 #include "burstlab/error.hpp"
 #include "shard_ops.hpp"
 
@@ -99,56 +98,32 @@ struct Ctx {
                                  : Piece<U>{src + group, n_s, dst + home, n_r};
     });
   }
-  // The other ranks' shards end to end in rank order without this rank's (the "others" layout,
-  // N - n_r rows): where shard s starts.
-  static int64_t other_off(const Partition& part, int r, int s) {
-    int64_t o = 0;
-    for (int t = 0; t < s; ++t)
-      if (t != r) o += part.local_size(t);
-    return o;
-  }
-  // All-gather of the other ranks' rows (spec §7.8): every other shard into dst (B, H, N - n_r,
-  // d), others layout; this rank's src (B, H, n_r, d) to each other rank.
+  // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
   template <class U>
-  void gather_others(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what,
-                     std::vector<RequestPtr>& reqs) {
-    const int64_t d = p.d, n_r = part.local_size(r), L = part.N - n_r, eb = sizeof(U);
-    c.batch([&] {
-      for (int k = 1; k < G; ++k) {  // peers r + 1, r + 2, ...: the same per pair on both sides
-        const int s = (r + k) % G;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            reqs.push_back(c.irecv(dst + at(b, h, other_off(part, r, s), H, L, d), part.local_size(s) * d * eb, s, tag,
-                                   what));
-            reqs.push_back(c.isend(src + at(b, h, 0, H, n_r, d), n_r * d * eb, s, tag, what));
-          }
-      }
+  void gather_rows(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what,
+                   std::vector<RequestPtr>& reqs) {
+    const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
+    const std::vector<int64_t> off = offsets(part);
+    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      return Piece<U>{src + at(b, h, 0, H, n_r, d), n_r, dst + at(b, h, off[s], H, N, d), part.local_size(s)};
     });
   }
-  // Its reverse with a sum: src (B, H, N - n_r, d) holds partials of the other ranks' rows (others
-  // layout); each goes to its owner, and the partials the other ranks computed of this rank's
-  // rows are added into dst (B, H, n_r, d) in rank order (bitwise reproducible).
+  // Reduce-scatter of rows with a sum: src (B, H, N, d) partials of every row; rank r receives
+  // the partials of its own rows from every rank into stage (G, B, H, n_r, d) and sums them in
+  // rank order 0, 1, ..., G-1 (bitwise reproducible) into dst (B, H, n_r, d).
   template <class U>
-  void reduce_scatter_others(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what) {
-    const int64_t d = p.d, n_r = part.local_size(r), L = part.N - n_r, piece = p.B * H * n_r * d, eb = sizeof(U);
-    Buffer<U> stage = alloc<U>(e, (G - 1) * piece);  // [s - (s > r)]: rank s's partial of my rows
-    auto slot = [&](int s) { return stage.data + (s - (s > r ? 1 : 0)) * piece; };
+  void reduce_scatter_rows(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what) {
+    const int64_t d = p.d, N = part.N, n_r = part.local_size(r), piece = p.B * H * n_r * d;
+    const std::vector<int64_t> off = offsets(part);
+    Buffer<U> stage = alloc<U>(e, G * piece);
     std::vector<RequestPtr> reqs;
-    c.batch([&] {
-      for (int k = 1; k < G; ++k) {
-        const int s = (r + k) % G;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            reqs.push_back(c.irecv(slot(s) + at(b, h, 0, H, n_r, d), n_r * d * eb, s, tag, what));
-            reqs.push_back(c.isend(src + at(b, h, other_off(part, r, s), H, L, d), part.local_size(s) * d * eb, s, tag,
-                                   what));
-          }
-      }
+    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      const int64_t n_s = part.local_size(s);
+      return Piece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
     });
     wait_all(reqs);
     e.synchronize();
-    for (int s = 0; s < G; ++s)
-      if (s != r) add(e, dst, slot(s), piece);
+    sum_pieces(e, stage.data, G, piece, dst);
   }
 };
 
@@ -242,77 +217,53 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   wait_all(reqs);
 }
 
-// The block by key shards (spec §7.8): the own shard's first, while the other shards arrive, then
-// each other shard's from the gathered rows, merged by the kernel (forward_block's accumulate,
-// eq. 4.5). The own rows are never copied.
 template <class T>
 void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                        const Partition& kp, Shard<T>& x) {
   Ctx<T> c(comm, e, p, Phase::Forward, qp, kp, x);
-  const int r = c.r, G = c.G;
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, L = p.N_k - x.n_k;
-  Buffer<T> Ko = alloc<T>(e, B * Hkv * L * d), Vo = alloc<T>(e, B * Hkv * L * d);  // others layout
+  const int r = c.r;
+  const int64_t B = p.B, d = p.d, Hkv = p.H_kv, Nk = p.N_k;
+  Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);  // (B, H_kv, N_k, d)
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Forward, 0);
-  c.gather_others(x.K.data, Ko.data, Hkv, kp, 1, "K", reqs);
-  c.gather_others(x.V.data, Vo.data, Hkv, kp, 2, "V", reqs);
-  const Positions q = rank_positions(qp, r);
-  const View4<const T> Q = as_const(bhsd<T>(x.Q.data, B, Hq, x.n_q, d));
-  const View4<T> O = bhsd<T>(x.O.data, B, Hq, x.n_q, d);
-  const View3<acc_t<T>> LSE = view3<acc_t<T>>(x.LSE.data, B, Hq, x.n_q);
-  e.forward_block(p, mask, q, rank_positions(kp, r), Q, as_const(bhsd<T>(x.K.data, B, Hkv, x.n_k, d)),
-                  as_const(bhsd<T>(x.V.data, B, Hkv, x.n_k, d)), O, LSE, false);  // §6.1, overlaps the gather
+  c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
+  c.gather_rows(x.V.data, Va.data, Hkv, kp, 2, "V", reqs);
   wait_all(reqs);
-  for (int s = 0; s < G; ++s) {
-    if (s == r) continue;
-    const int64_t o = Ctx<T>::other_off(kp, r, s), n = kp.local_size(s);
-    e.forward_block(p, mask, q, rank_positions(kp, s), Q, as_const(slice_rows(bhsd<T>(Ko.data, B, Hkv, L, d), o, n)),
-                    as_const(slice_rows(bhsd<T>(Vo.data, B, Hkv, L, d), o, n)), O, LSE, true);
-  }
+  const AllPositions ka = all_positions(kp);
+  e.forward_block(p, mask, rank_positions(qp, r), ka.pos, as_const(bhsd<T>(x.Q.data, B, p.H_q, x.n_q, d)),
+                  as_const(bhsd<T>(Ka.data, B, Hkv, Nk, d)), as_const(bhsd<T>(Va.data, B, Hkv, Nk, d)),
+                  bhsd<T>(x.O.data, B, p.H_q, x.n_q, d), view3<acc_t<T>>(x.LSE.data, B, p.H_q, x.n_q), false);  // §6.1
   e.synchronize();
 }
 
-// As the forward, by key shards: the own shard's terms go straight into x.dQ, x.dK, x.dV while
-// the other shards arrive; the other shards' dK, dV partials go back to their owners, which add
-// them to their own in rank order (the reduce-scatter, §7.8).
 template <class T>
 void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
                         const Partition& kp, Shard<T>& x) {
   Ctx<T> c(comm, e, p, Phase::Backward, qp, kp, x);
   using A = acc_t<T>;
-  const int r = c.r, G = c.G;
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, L = p.N_k - x.n_k;
+  const int r = c.r;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, Nk = p.N_k;
   const Buffer<A> D = home_D(e, p, x);  // eq. (5.1)
-  Buffer<T> Ko = alloc<T>(e, B * Hkv * L * d), Vo = alloc<T>(e, B * Hkv * L * d);  // others layout
-  Buffer<A> dKo = alloc<A>(e, B * Hkv * L * d), dVo = alloc<A>(e, B * Hkv * L * d);
+  Buffer<T> Ka = alloc<T>(e, B * Hkv * Nk * d), Va = alloc<T>(e, B * Hkv * Nk * d);
+  Buffer<A> dKa = alloc<A>(e, B * Hkv * Nk * d), dVa = alloc<A>(e, B * Hkv * Nk * d);  // partials of every key
   std::vector<RequestPtr> reqs;
   comm.set_context(Phase::Backward, 0);
-  c.gather_others(x.K.data, Ko.data, Hkv, kp, 1, "K", reqs);
-  c.gather_others(x.V.data, Vo.data, Hkv, kp, 2, "V", reqs);
-  fill(e, x.dQ.data, x.dQ.n, 0.0);
-  fill(e, x.dK.data, x.dK.n, 0.0);
-  fill(e, x.dV.data, x.dV.n, 0.0);
-  fill(e, dKo.data, dKo.n, 0.0);
-  fill(e, dVo.data, dVo.n, 0.0);
-  const Positions q = rank_positions(qp, r);
-  const View4<const T> Q = as_const(bhsd<T>(x.Q.data, B, Hq, x.n_q, d)), dO = as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d));
-  const View3<const A> LSE = as_const(view3<A>(x.LSE.data, B, Hq, x.n_q)), Dv = as_const(view3<A>(D.data, B, Hq, x.n_q));
-  const View4<A> dQ = bhsd<A>(x.dQ.data, B, Hq, x.n_q, d);
-  e.backward_block(p, mask, q, rank_positions(kp, r), Q, as_const(bhsd<T>(x.K.data, B, Hkv, x.n_k, d)),
-                   as_const(bhsd<T>(x.V.data, B, Hkv, x.n_k, d)), dO, LSE, Dv, dQ,
-                   bhsd<A>(x.dK.data, B, Hkv, x.n_k, d), bhsd<A>(x.dV.data, B, Hkv, x.n_k, d));  // §6.2, overlaps the gather
+  c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
+  c.gather_rows(x.V.data, Va.data, Hkv, kp, 2, "V", reqs);
   wait_all(reqs);
-  for (int s = 0; s < G; ++s) {
-    if (s == r) continue;
-    const int64_t o = Ctx<T>::other_off(kp, r, s), n = kp.local_size(s);
-    e.backward_block(p, mask, q, rank_positions(kp, s), Q, as_const(slice_rows(bhsd<T>(Ko.data, B, Hkv, L, d), o, n)),
-                     as_const(slice_rows(bhsd<T>(Vo.data, B, Hkv, L, d), o, n)), dO, LSE, Dv, dQ,
-                     slice_rows(bhsd<A>(dKo.data, B, Hkv, L, d), o, n), slice_rows(bhsd<A>(dVo.data, B, Hkv, L, d), o, n));
-  }
+  fill(e, x.dQ.data, x.dQ.n, 0.0);
+  fill(e, dKa.data, dKa.n, 0.0);
+  fill(e, dVa.data, dVa.n, 0.0);
+  const AllPositions ka = all_positions(kp);
+  e.backward_block(p, mask, rank_positions(qp, r), ka.pos, as_const(bhsd<T>(x.Q.data, B, Hq, x.n_q, d)),
+                   as_const(bhsd<T>(Ka.data, B, Hkv, Nk, d)), as_const(bhsd<T>(Va.data, B, Hkv, Nk, d)),
+                   as_const(bhsd<T>(x.dO.data, B, Hq, x.n_q, d)), as_const(view3<A>(x.LSE.data, B, Hq, x.n_q)),
+                   as_const(view3<A>(D.data, B, Hq, x.n_q)), bhsd<A>(x.dQ.data, B, Hq, x.n_q, d),
+                   bhsd<A>(dKa.data, B, Hkv, Nk, d), bhsd<A>(dVa.data, B, Hkv, Nk, d));  // §6.2
   e.synchronize();
   comm.set_context(Phase::Backward, 1);
-  c.reduce_scatter_others(dKo.data, x.dK.data, Hkv, kp, 3, "dK");
-  c.reduce_scatter_others(dVo.data, x.dV.data, Hkv, kp, 4, "dV");
+  c.reduce_scatter_rows(dKa.data, x.dK.data, Hkv, kp, 3, "dK");
+  c.reduce_scatter_rows(dVa.data, x.dV.data, Hkv, kp, 4, "dV");
 }
 
 int64_t ulysses_bytes(Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int r, bool sent,
