@@ -542,9 +542,6 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
               rows_of(gk, g).c_str());
     appendf(out, "ring across the %d groups: ranks with the same member index i run it on their head block; ring rank "
             "g = group g, its peers g +- 1 are world ranks (g +- 1) u + i\n", Gg);
-    if (Gg == 1)
-      appendf(out, "one group: the ring has one member and moves nothing; its blocks below run as one engine call over "
-                   "the group's rows (the engine splits it into contiguous parts)\n");
     out += trace(ring, hp, gq, gk, w);
     for (int r = 0; r < G; ++r) {
       sent[r] += schedule_bytes(ring, r / u, true, w);

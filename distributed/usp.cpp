@@ -156,42 +156,6 @@ int open_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, i
 
 namespace {
 
-// The ring across one group (u = G): it has one member and moves nothing, and its blocks, every
-// chunk pair of the group's rows, are one block over the group's positions, which the engine runs
-// by its contiguous parts (block_split.hpp): fewer and larger launches than a block per chunk
-// pair, the hidden pairs skipped alike. Sizes and fills h's outputs as the ring does (O, LSE;
-// dQ, dK, dV zeroed); h.D is the all-to-all's.
-template <class T>
-void one_group_block(Phase phase, Engine<T>& e, const Problem& hp, const PreparedMask& mask, const Partition& hq,
-                     const Partition& hk, Shard<T>& h) {
-  using A = acc_t<T>;
-  const int64_t B = hp.B, d = hp.d, Hq = hp.H_q, Hkv = hp.H_kv, nq = hq.local_size(0), nk = hk.local_size(0);
-  auto pos = [](const Partition& g) {
-    return g.kind == PartitionKind::Contiguous ? contiguous(0, g.local_size(0))
-                                               : Positions{g.positions[0][0], g.local_size(0), g.positions[0].data()};
-  };
-  const View4<const T> Q = bhsd<const T>(h.Q.data, B, Hq, nq, d), K = bhsd<const T>(h.K.data, B, Hkv, nk, d),
-                       V = bhsd<const T>(h.V.data, B, Hkv, nk, d);
-  if (phase == Phase::Forward) {
-    ensure(e, h.O, B * Hq * nq * d);
-    ensure(e, h.LSE, B * Hq * nq);
-    e.forward_block(hp, mask, pos(hq), pos(hk), Q, K, V, bhsd<T>(h.O.data, B, Hq, nq, d),
-                    view3<A>(h.LSE.data, B, Hq, nq), false);  // §6.1
-  } else {
-    ensure(e, h.dQ, B * Hq * nq * d);
-    ensure(e, h.dK, B * Hkv * nk * d);
-    ensure(e, h.dV, B * Hkv * nk * d);
-    fill(e, h.dQ.data, h.dQ.n, 0.0);
-    fill(e, h.dK.data, h.dK.n, 0.0);
-    fill(e, h.dV.data, h.dV.n, 0.0);
-    e.backward_block(hp, mask, pos(hq), pos(hk), Q, K, V, bhsd<const T>(h.dO.data, B, Hq, nq, d),
-                     view3<const A>(h.LSE.data, B, Hq, nq), view3<const A>(h.D.data, B, Hq, nq),
-                     bhsd<A>(h.dQ.data, B, Hq, nq, d), bhsd<A>(h.dK.data, B, Hkv, nk, d),
-                     bhsd<A>(h.dV.data, B, Hkv, nk, d));  // §6.2
-  }
-  e.synchronize();  // the all-to-all back sends what the block wrote
-}
-
 // Both passes: the all-to-all in (Q, K, V; backward also dO, LSE and D, computed at home), the
 // ring across groups on this rank's heads (world steps 1 .. ring.G), the all-to-all back (O, LSE;
 // backward dQ, dK, dV).
@@ -226,15 +190,10 @@ void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, c
   all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, kv_tag + 1, "V", reqs);
   wait_all(reqs);
   e.synchronize();
+  GroupRing rc(comm, u);
   const Problem hp = usp_head_problem(p, u);
   const Partition hq = usp_group_partition(qp, u), hk = usp_group_partition(kp, u);
-  if (ring.G == 1) {
-    comm.set_context(phase, 1);
-    one_group_block(phase, e, hp, mask, hq, hk, h);
-  } else {
-    GroupRing rc(comm, u);
-    run_ring(ring, rc, e, hp, mask, hq, hk, h);
-  }
+  run_ring(ring, rc, e, hp, mask, hq, hk, h);
   comm.set_context(phase, ring.G + 1);
   if (bw) {
     all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
