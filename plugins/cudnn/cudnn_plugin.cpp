@@ -27,6 +27,7 @@
 #include <cudnn_frontend.h>
 
 #include "burstlab/plugin.h"
+#include "band.hpp"
 #include "cuda_engine.hpp"
 #include "cudnn_kernels.hpp"
 
@@ -139,17 +140,8 @@ burstlab_view3 rows(burstlab_view3 v, int64_t at, int64_t n) {
   return v;
 }
 
-// ---- what cuDNN runs, decided on the host from the call alone
-// The visible part of a block and its band in cuDNN's terms: rows [q_at, q_at + q_n) and keys
-// [k_at, k_at + k_n) of the block hold every visible pair; the other rows see no key.
-struct Band {
-  bool none = true;                  // every pair of the block visible (no mask node)
-  bool hidden = false;               // no pair visible
-  bool bottom_right = false;         // cuDNN's diagonal: j = i (top-left) or j = i + k_n - q_n
-  int64_t left_bound = -1;           // cuDNN's: keys diagonal - left_bound < j (-1: unbounded)
-  int64_t right_bound = -1;          //          j <= diagonal + right_bound (-1: unbounded)
-  int64_t q_at = 0, q_n = 0, k_at = 0, k_n = 0;
-};
+// ---- what cuDNN runs, decided on the host from the call alone (band.hpp)
+using cudnn_plugin::Band;
 
 const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_mask& m, bool indexed) {
   if (t != BURSTLAB_BF16 && t != BURSTLAB_F16) return "cuDNN's fused attention runs bf16 and fp16 here";
@@ -163,58 +155,9 @@ const char* refusal(burstlab_dtype t, const burstlab_problem& p, const burstlab_
   return nullptr;
 }
 
-// The block's mask in its local indices: row i of rows [q0, q0 + nq) sees keys j of [k0, k0 + nk)
-// with i + off - left <= j <= i + off + right (eq. 3.4 without documents), off = q0 - k0 + N_k -
-// N_q. Rows that see no key (above the band, or below it past the last key) and keys no row sees
-// are cut off, so that in the rest the band's edges are cuDNN's: right_bound = off' + right >= 0
-// and left_bound = left - off' + 1 >= 1 about a top-left diagonal (or about the bottom-right one
-// when off' = k_n - q_n, q_n <= k_n: cuDNN's causal alignment for N_q < N_k).
 Band band_of(const burstlab_block& b) {
-  const MaskParams m = host_mask(b.mask);
-  const int64_t nq = b.q.n, nk = b.k.n, q0 = b.q.start, k0 = b.k.start;
-  Band band;
-  band.q_n = nq, band.k_n = nk;
-  const int64_t visible = count_visible(m, q0, q0 + nq, k0, k0 + nk);
-  if (visible == nq * nk) return band;
-  band.none = false;
-  if (visible == 0) {
-    band.hidden = true;
-    return band;
-  }
-  const int64_t off = q0 - k0 + (m.N_k - m.N_q);
-  const bool has_l = m.left >= 0, has_r = m.right >= 0;
-  // Row i sees [lo(i), hi(i)); both are non-decreasing in i.
-  const auto lo = [&](int64_t i) { return has_l ? std::max<int64_t>(0, i + off - m.left) : int64_t(0); };
-  const auto hi = [&](int64_t i) { return has_r ? std::min<int64_t>(nk, i + off + m.right + 1) : nk; };
-  const int64_t r0 = has_r ? std::max<int64_t>(0, -(off + m.right)) : 0;    // first row with hi > 0
-  const int64_t r1 = has_l ? std::min<int64_t>(nq, nk - off + m.left) : nq;  // rows from r1 on: lo = nk
-  band.q_at = r0, band.q_n = r1 - r0;
-  band.k_at = lo(r0), band.k_n = hi(r1 - 1) - band.k_at;
-  // cuDNN runs a left-bounded band only with n_q <= n_k: take in keys on the right that no row
-  // sees (which moves no edge) until the cut block is as wide as it is tall.
-  if (has_l && band.q_n > band.k_n) band.k_n = std::min(nk - band.k_at, band.q_n);
-  if (has_l && band.q_n > band.k_n) {
-    std::ostringstream s;
-    s << "a window whose " << band.q_n << " rows that see keys span only " << band.k_n << " keys of this " << nq
-      << " x " << nk << " block: cuDNN runs a left-bounded band only with n_q <= n_k";
-    decline(s.str());
-  }
-  const int64_t o = off + band.q_at - band.k_at;  // off of the cut block
-  if (count_visible(m, q0 + band.q_at, q0 + r1, k0 + band.k_at, k0 + band.k_at + band.k_n) == band.q_n * band.k_n) {
-    band.none = true;
-    return band;
-  }
-  band.bottom_right = o != 0 && o == band.k_n - band.q_n && band.q_n <= band.k_n;
-  const int64_t diagonal = band.bottom_right ? o : 0;
-  if (has_r) band.right_bound = o + m.right - diagonal;
-  if (has_l) band.left_bound = m.left - (o - diagonal) + 1;
-  if ((has_r && band.right_bound < 0) || (has_l && band.left_bound < 1)) {
-    std::ostringstream s;
-    s << "internal: the band of a " << nq << " x " << nk << " block at offset " << off << " cut to rows " << band.q_at
-      << "+" << band.q_n << ", keys " << band.k_at << "+" << band.k_n << " has bounds " << band.left_bound << ", "
-      << band.right_bound;
-    throw std::logic_error(s.str());
-  }
+  const Band band = cudnn_plugin::band_of(host_mask(b.mask), b.q.start, b.q.n, b.k.start, b.k.n);
+  if (!band.declined.empty()) decline(band.declined);
   return band;
 }
 
