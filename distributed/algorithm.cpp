@@ -145,33 +145,33 @@ const std::vector<Algorithm>& algorithms() {
   static const std::vector<Algorithm> table = {
       {"ring", "§7.2", "RingAttention: K, V travel; backward K, V, dK, dV",
        [](Plan& pl) { prepare_ring(pl, Algo::Ring); }, BURSTLAB_PASSES(ring_pass), ring_bytes, ring_trace,
-       ring_model, {}, true, nullptr, false, false, false, Drawing::Ring, false},
+       ring_model, {}, true, nullptr, false, false, false, Drawing::Ring, false, Algo::Ring},
       {"burst", "§7.2", "BurstAttention (GAO): K, V travel; backward Q, dO, D, LSE, dQ",
        [](Plan& pl) { prepare_ring(pl, Algo::Burst); }, BURSTLAB_PASSES(ring_pass), ring_bytes, ring_trace,
-       ring_model, {}, true, nullptr, false, false, false, Drawing::Ring, false},
+       ring_model, {}, true, nullptr, false, false, false, Drawing::Ring, false, Algo::Burst},
       {"double-ring", "§7.9", "topology-aware double ring (BurstEngine): intra-node rings inside an inter-node ring",
        prepare_double_ring, BURSTLAB_PASSES(ring_pass), double_ring_closed, double_ring_trace, double_ring_model, {},
-       false, nullptr, false, false, true, Drawing::DoubleRing, false},
+       false, nullptr, false, false, true, Drawing::DoubleRing, false, {}},
       {"distflash", "§7.12", "DistFlashAttn: causal load balance, idle ranks help their owners",
        prepare_distflash, BURSTLAB_PASSES(distflash_pass), distflash_closed, distflash_trace, distflash_model,
-       PartitionKind::Contiguous, false, nullptr, false, false, false, Drawing::Flash, false},
+       PartitionKind::Contiguous, false, nullptr, false, false, false, Drawing::Flash, false, {}},
       {"attention2d", "§7.11", "Attention2D-NO: Q gathered in grid rows, K, V in columns; (O, LSE) reduce-scattered",
        prepare_attention2d, BURSTLAB_PASSES(attention2d_pass), attention2d_closed, attention2d_no_trace,
-       attention2d_model, PartitionKind::Striped, false, "attention2d-o", true, false, false, Drawing::None, true},
+       attention2d_model, PartitionKind::Striped, false, "attention2d-o", true, false, false, Drawing::None, true, {}},
       {"attention2d-o", "§7.13", "Attention2D-O: the same grid as rings that overlap transfers with compute",
        prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed, attention2d_o_trace, nullptr,
-       PartitionKind::Striped, false, nullptr, true, false, false, Drawing::None, false},
+       PartitionKind::Striped, false, nullptr, true, false, false, Drawing::None, false, {}},
       {"ulysses", "§7.7", "DeepSpeed-Ulysses: all-to-all sequence -> heads and back",
        prepare_ulysses, BURSTLAB_PASSES(Collective<true>::pass), Collective<true>::closed, Collective<true>::trace,
        Collective<true>::model, {}, false, nullptr,
-       false, false, false, Drawing::None, false},
+       false, false, false, Drawing::None, false, {}},
       {"allgather", "§7.8", "all-gather CP (Megatron-CP): gather K, V; reduce-scatter dK, dV",
        prepare_nothing, BURSTLAB_PASSES(Collective<false>::pass), Collective<false>::closed, Collective<false>::trace,
        Collective<false>::model, {}, false,
-       nullptr, false, false, false, Drawing::None, true},
+       nullptr, false, false, false, Drawing::None, true, {}},
       {"usp", "§7.14", "head-context hybrid (LoongTrain USP): Ulysses in groups of u ranks, a ring across groups",
        prepare_usp, BURSTLAB_PASSES(usp_pass), usp_closed, usp_trace, usp_model, {}, false, nullptr, false, true, false,
-       Drawing::None, false},
+       Drawing::None, false, {}},
   };
   return table;
 }
@@ -183,6 +183,15 @@ std::string algorithm_names() {
 }
 
 const Algorithm& find_algorithm(const std::string& name) { return find_named(algorithms(), name, "algo"); }
+
+Algo ring_traffic_of(const std::string& name) {
+  std::string with;
+  for (const Algorithm& a : algorithms()) {
+    if (a.ring_traffic && name == a.name) return *a.ring_traffic;
+    if (a.ring_traffic) with += (with.empty() ? "" : ", ") + std::string(a.name);
+  }
+  fail("ring (", name, ") must be one of ", with);
+}
 
 SimOptions sim_options(const AlgoOptions& o) {
   SimOptions s = o.sim;

@@ -111,11 +111,16 @@ struct Algorithm {
   // gathers): G copies in the host-memory estimate of `run` and `conform`, 2 otherwise (its own
   // and the one in flight).
   bool gathers_kv;
+  // What its ring steps carry as the executor's traffic (schedule.hpp: ring's K, V and returning
+  // dK, dV; burst's Q, dO, D, LSE, dQ); double-ring's and usp's --ring names one that has it.
+  std::optional<Algo> ring_traffic;
 };
 
 const std::vector<Algorithm>& algorithms();
 std::string algorithm_names();                          // "ring, burst, double-ring, ..."
 const Algorithm& find_algorithm(const std::string& name);  // Error naming "algo" and every name
+// The executor's traffic of --ring's value (an algorithm with ring_traffic); Error naming "ring".
+Algo ring_traffic_of(const std::string& name);
 
 // Partitions, mask and the algorithm's checks and schedules, before anything runs.
 Plan make_plan(const Problem& p, const AlgoOptions& o);

@@ -9,12 +9,6 @@
 namespace burstlab::dist {
 
 std::string to_string(Algo a) { return a == Algo::Ring ? "ring" : "burst"; }
-Algo parse_algo(const std::string& s) {
-  if (s == "ring") return Algo::Ring;
-  if (s == "burst") return Algo::Burst;
-  fail("algo (", s, ") must be one of ring, burst");
-}
-
 const std::vector<Item>& travelling_items(Algo a, Phase phase) {
   //                                    name   q_side per_row accumulated acc
   static const std::vector<Item> fwd = {{"K", false, false, false, false}, {"V", false, false, false, false}};

@@ -26,7 +26,6 @@ namespace burstlab::dist {
 
 enum class Algo { Ring, Burst };
 std::string to_string(Algo a);
-Algo parse_algo(const std::string& s);  // "ring|burst"
 
 // A travelling tensor of one schedule (§7.2): which side it lives on and its row width.
 struct Item {

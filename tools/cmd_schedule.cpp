@@ -197,7 +197,7 @@ Command add_schedule_command(CLI::App& app) {
       } else {
         const bool dbl = drawing == dist::Drawing::DoubleRing;
         const int K = s->dist.gpus_per_node > 0 ? s->dist.gpus_per_node : o.world;
-        const dist::Algo base = dbl ? o.base : dist::parse_algo(algo);  // double-ring: --ring's traffic
+        const dist::Algo base = dbl ? o.base : *dist::find_algorithm(algo).ring_traffic;  // double-ring: --ring's
         std::vector<dist::Schedule> scheds;
         for (dist::Phase ph : {dist::Phase::Forward, dist::Phase::Backward}) {
           if ((ph == dist::Phase::Forward && !pass.fwd) || (ph == dist::Phase::Backward && !pass.bwd)) continue;

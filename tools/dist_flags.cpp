@@ -131,7 +131,7 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   o.gpus_per_node = f.gpus_per_node;
   o.ulysses_degree = f.ulysses_degree;
   if (f.ulysses_degree < 0) fail("ulysses-degree (", f.ulysses_degree, ") must be >= 1");
-  o.base = dist::parse_algo(f.base);
+  o.base = dist::ring_traffic_of(f.base);
   o.sim.poison = f.poison;
   o.sim.reorder = f.reorder;
   o.sim.gpus_per_node = f.gpus_per_node;

@@ -77,6 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
     Run, BadInput,
     ::testing::Values(BadCase{"run --hq 6 --hkv 4", "H_q (6) must be a multiple of H_kv (4)"},
                       BadCase{"run -d 0", "d (0) must be >= 1"},
+                      BadCase{"run --algo double-ring --world 2 --ring ulysses", "ring (ulysses) must be one of ring, burst"},
                       BadCase{"run --nq 0", "N_q (0) must be >= 1"},
                       BadCase{"run --nk -5", "N_k (-5) must be >= 1"},
                       BadCase{"run -B 0", "B (0) must be >= 1"},
