@@ -89,9 +89,11 @@ class Streams {
 
 // Device memory with a cache of freed blocks by size (cudaFree synchronizes the whole device,
 // which would serialize the ranks' streams at every pass). A block goes back to the cache with
-// an event recorded on the releasing thread's stream. The same stream gets it back at once
-// (stream order runs the new work after the old); another stream only after that event completed
-// (work still queued on the block has finished). BURSTLAB_CUDA_CACHE=0 turns the cache off
+// an event recorded on the releasing thread's stream, and is handed out again only after that
+// event completed (work still queued on the block has finished): the new owner may give it to
+// another stream (a transport's receive). Scratch that only the calling thread's stream will
+// touch (get with same_stream_only) takes a block that stream released without the wait, as
+// stream order runs the new work after the old. BURSTLAB_CUDA_CACHE=0 turns the cache off
 // (cudaMalloc / cudaFree per buffer), so that compute-sanitizer sees every free.
 class BlockCache {
   struct Block {
@@ -111,7 +113,7 @@ class BlockCache {
   };
 
  public:
-  std::shared_ptr<void> get(size_t bytes, std::shared_ptr<Streams> streams) {
+  std::shared_ptr<void> get(size_t bytes, std::shared_ptr<Streams> streams, bool same_stream_only = false) {
     if (!enabled_) {
       void* p = nullptr;
       BURSTLAB_CUDA_CHECK(cudaMalloc(&p, bytes));
@@ -124,13 +126,13 @@ class BlockCache {
       std::unique_lock<std::mutex> lk(st_->mu);
       const auto [first, last] = st_->free.equal_range(bytes);
       auto it = first;
-      while (it != last && it->second.stream != mine) ++it;
+      while (same_stream_only && it != last && it->second.stream != mine) ++it;
       if (it == last) it = first;
       if (it != last) {
         Block b = it->second;
         st_->free.erase(it);
         lk.unlock();
-        if (b.stream != mine) BURSTLAB_CUDA_CHECK(cudaEventSynchronize(b.done));
+        if (!same_stream_only || b.stream != mine) BURSTLAB_CUDA_CHECK(cudaEventSynchronize(b.done));
         BURSTLAB_CUDA_CHECK(cudaEventDestroy(b.done));
         p = b.p;
       }
@@ -139,8 +141,14 @@ class BlockCache {
     std::shared_ptr<State> st = st_;
     return std::shared_ptr<void>(p, [st, bytes, streams](void* q) {
       cudaEvent_t e = nullptr;
-      const cudaStream_t s = streams->get();
-      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess || cudaEventRecord(e, s) != cudaSuccess) {
+      cudaStream_t s = nullptr;
+      try {  // a deleter must not throw (getting this thread's stream may create one)
+        s = streams->get();
+      } catch (...) {
+        s = nullptr;
+      }
+      if (!s || cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(e, s) != cudaSuccess) {
         if (e) cudaEventDestroy(e);
         cudaDeviceSynchronize();  // no event: wait for everything before reusing the block
         cudaFree(q);
@@ -227,6 +235,9 @@ class CudaEngine final : public Engine<T> {
   }
   void synchronize() override { BURSTLAB_CUDA_CHECK(cudaStreamSynchronize(streams_->get())); }
   cudaStream_t stream() const { return streams_->get(); }
+  std::shared_ptr<void> scratch(int64_t bytes) {
+    return blocks_.get(size_t(std::max<int64_t>(bytes, 1)), streams_, true);
+  }
 
   PreparedMask prepare(const MaskData& mask) override {
     auto dm = std::make_shared<DeviceMask>(mask);  // uploaded once; every block reuses it
@@ -322,6 +333,17 @@ template void* stream_of<double>(const Engine<double>&);
 template void* stream_of<float>(const Engine<float>&);
 template void* stream_of<bf16_t>(const Engine<bf16_t>&);
 template void* stream_of<f16_t>(const Engine<f16_t>&);
+
+template <class T>
+std::shared_ptr<void> scratch_of(Engine<T>& e, int64_t bytes) {
+  auto* c = dynamic_cast<CudaEngine<T>*>(&e);
+  if (!c) fail("scratch_of: engine '", e.name(), "' is not this layer's CUDA engine");
+  return c->scratch(bytes);
+}
+template std::shared_ptr<void> scratch_of<double>(Engine<double>&, int64_t);
+template std::shared_ptr<void> scratch_of<float>(Engine<float>&, int64_t);
+template std::shared_ptr<void> scratch_of<bf16_t>(Engine<bf16_t>&, int64_t);
+template std::shared_ptr<void> scratch_of<f16_t>(Engine<f16_t>&, int64_t);
 
 void transport_copy(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;

@@ -21,6 +21,11 @@ std::unique_ptr<Engine<T>> make_engine(Variant forward = Variant::Auto);
 // engine.
 template <class T>
 void* stream_of(const Engine<T>& e);
+// Device memory of such an engine that ONLY the calling thread's stream will read and write
+// until it is freed (a library's per-call scratch): unlike allocate, it may take a block that
+// stream freed while work on it is still queued, without the host waiting for that work.
+template <class T>
+std::shared_ptr<void> scratch_of(Engine<T>& e, int64_t bytes);
 
 // Device-to-device copies and 0xff poisoning for a transport over this device's memory
 // (dist::SimOptions::memory): each call runs on a stream of the calling (transfer) thread and

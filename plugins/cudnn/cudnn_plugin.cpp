@@ -437,8 +437,6 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
                         view_of<float>(rows(b->LSE, at, n)), false);
       };
       if (band.hidden) return identity(0, b->q.n);
-      identity(0, band.q_at);
-      identity(band.q_at + band.q_n, b->q.n - band.q_at - band.q_n);
       const burstlab_block c = cut(*b, band);
       const Lease lease;
       const auto stream = static_cast<cudaStream_t>(cuda::stream_of(e));
@@ -452,15 +450,17 @@ int forward_block(void* engine, const burstlab_block* b, int accumulate, burstla
       std::shared_ptr<void> o_part, l_part;
       if (!direct) {
         const int64_t Bn = c.O.dim[0], H = c.O.dim[1], n = c.O.dim[2], d = c.O.dim[3];
-        o_part = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
-        l_part = e.allocate(Bn * H * n * int64_t(sizeof(float)));
+        o_part = cuda::scratch_of(e, Bn * H * n * d * int64_t(sizeof(T)));
+        l_part = cuda::scratch_of(e, Bn * H * n * int64_t(sizeof(float)));
         O = burstlab_view4{o_part.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
         LSE = burstlab_view3{l_part.get(), {Bn, H, n}, {H * n, n, 1}};
       }
-      const std::shared_ptr<Forward> f = forward_graph(c, O, LSE, band, handle);
+      const std::shared_ptr<Forward> f = forward_graph(c, O, LSE, band, handle);  // may decline: nothing written yet
+      identity(0, band.q_at);
+      identity(band.q_at + band.q_n, b->q.n - band.q_at - band.q_n);
       std::unordered_map<int64_t, void*> pack = {
           {kQ, c.Q.data}, {kK, c.K.data}, {kV, c.V.data}, {kO, O.data}, {kStats, LSE.data}};
-      const std::shared_ptr<void> workspace = e.allocate(f->workspace);
+      const std::shared_ptr<void> workspace = cuda::scratch_of(e, f->workspace);
       check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
       if (accumulate)
         e.merge(view_of<T>(c.O), view_of<float>(c.LSE), view_of<const T>(O), view_of<const float>(LSE));
@@ -503,7 +503,7 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       const int64_t Bn = c.problem.B, Hq = c.problem.H_q, Hkv = c.problem.H_kv, d = c.problem.d;
       const int64_t nq = c.q.n, nk = c.k.n;
       const auto scratch = [&](int64_t H, int64_t n, std::shared_ptr<void>& hold) {
-        hold = e.allocate(Bn * H * n * d * int64_t(sizeof(T)));
+        hold = cuda::scratch_of(e, Bn * H * n * d * int64_t(sizeof(T)));
         return burstlab_view4{hold.get(), {Bn, H, n, d}, {H * n * d, n * d, d, 1}};
       };
       std::shared_ptr<void> o_hold, q_hold, k_hold, v_hold;
@@ -516,7 +516,7 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       const burstlab_view3& L = c.LSE;
       if (L.stride[2] != 1) decline("cuDNN needs unit stride along the rows of LSE");
       if (!packed(L)) {
-        lse_hold = e.allocate(Bn * Hq * nq * int64_t(sizeof(float)));
+        lse_hold = cuda::scratch_of(e, Bn * Hq * nq * int64_t(sizeof(float)));
         call.LSE = burstlab_view3{lse_hold.get(), {Bn, Hq, nq}, {Hq * nq, nq, 1}};
       }
       const std::shared_ptr<Forward> f = backward_graph(call, O, dQ, dK, dV, band, handle);
@@ -531,7 +531,7 @@ int backward_block(void* engine, const burstlab_block* b, burstlab_status* st) {
       std::unordered_map<int64_t, void*> pack = {{kQ, c.Q.data},  {kK, c.K.data},   {kV, c.V.data},
                                                  {kO, O.data},     {kdO, c.dO.data}, {kStats, call.LSE.data},
                                                  {kdQ, dQ.data},   {kdK, dK.data},    {kdV, dV.data}};
-      const std::shared_ptr<void> workspace = e.allocate(f->workspace);
+      const std::shared_ptr<void> workspace = cuda::scratch_of(e, f->workspace);
       check_fe(f->graph->execute(handle, pack, workspace.get()), "execute");
       cudnn_plugin::accumulate(c.dtype, c.dQ, dQ, stream);
       cudnn_plugin::accumulate(c.dtype, c.dK, dK, stream);
