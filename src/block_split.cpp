@@ -33,20 +33,26 @@ BlockPart local_part(const MaskParams& m, const Progression& a, const Progressio
   const int64_t L = has_l ? ceil_div(a.pos + off - m.left - c.pos, s) : 0;
   const int64_t R = has_r ? ceil_div(a.pos + off + m.right + 1 - c.pos, s) : 0;
   b.hidden = (has_l && has_r && R <= L) || (has_r && nq - 1 + R <= 0) || (has_l && std::max<int64_t>(0, L) >= nk);
-  if (b.hidden) return b;
+  b.local = true;
+  b.q_pos = contiguous(0, nq);
+  b.k_pos = contiguous(0, nk);
+  if (b.hidden) {  // a band that no row reaches (keys up to i - nq), for a forward's identity rows
+    b.mask.N_q = nq + nk;
+    b.mask.N_k = nk;
+    b.mask.left = -1;
+    b.mask.right = 0;
+    return b;
+  }
   // Row i's diagonal is i + delta with delta = N_k' - N_q', chosen in [L, R - 1] so that both
   // edges are >= 0, as close to the natural nk - nq as the band allows.
   const int64_t t = nk - nq;
   int64_t delta = t;
   if (has_r) delta = std::min(delta, R - 1);
   if (has_l) delta = std::max(delta, L);
-  b.local = true;
   b.mask.N_q = nq + std::max<int64_t>(0, t - delta);
   b.mask.N_k = nk + std::max<int64_t>(0, delta - t);
   b.mask.left = has_l ? delta - L : -1;
   b.mask.right = has_r ? R - 1 - delta : -1;
-  b.q_pos = contiguous(0, nq);
-  b.k_pos = contiguous(0, nk);
   return b;
 }
 

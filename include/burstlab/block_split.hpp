@@ -52,7 +52,7 @@ std::vector<Progression> progressions(Positions p);
 // Rows [q_at, q_at + q_n) by keys [k_at, k_at + k_n) of the block.
 struct BlockPart {
   int64_t q_at = 0, q_n = 0, k_at = 0, k_n = 0;
-  bool hidden = false;  // no visible pair: nothing to add
+  bool hidden = false;  // no visible pair: nothing to add (a local one's mask then hides every pair)
   bool local = false;   // mask is a band over local positions (a problem of mask.N_q x mask.N_k); else
                         // the block's own mask over global positions
   MaskParams mask;
@@ -83,9 +83,9 @@ Problem part_problem(const Problem& p, const BlockPart& part);
 // LSE, accumulate) computes the part's rows of Q, O, LSE (slices along N) against its keys of K,
 // V as the problem pp, merging into the rows' (O, LSE) when accumulate (eq. 4.5). Each query
 // progression's visible parts run in order, the first with the caller's accumulate; one with none
-// visible and nothing to accumulate into runs once over its first part on the block's own
-// positions, which gives its rows the identity (O = 0, LSE = -inf). Returns false, having run
-// nothing, when the block does not split.
+// visible and nothing to accumulate into runs once over its first (hidden) part, over contiguous
+// positions like every part, which gives its rows the identity (O = 0, LSE = -inf). Returns
+// false, having run nothing, when the block does not split.
 template <class T, class A, class Run>
 bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions k, View4<const T> Q,
                    View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate, Run&& run,
@@ -106,8 +106,8 @@ bool forward_parts(const Problem& p, const MaskParams& m, Positions q, Positions
       go(part_problem(p, b), b.mask, b.q_pos, b.k_pos, b, acc);
       acc = true;
     }
-    const BlockPart& a = parts[first];
-    if (!acc) go(p, m, slice_positions(q, a.q_at, a.q_n), slice_positions(k, a.k_at, a.k_n), a, false);
+    const BlockPart& a = parts[first];  // hidden: the engine writes the identity over its positions
+    if (!acc) go(part_problem(p, a), a.mask, a.q_pos, a.k_pos, a, false);
     first = end;
   }
   return !parts.empty();

@@ -125,6 +125,17 @@ TEST(PluginCli, ShortIndexedShardsRunByPartsWhenDeclined) {
   EXPECT_EQ(count(o.out, std::regex("\n(ring|attention2d)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
 }
 
+// Causal with N_q > N_k on zigzag shards: whole query runs see no key, and their rows get the
+// identity from a hidden part over contiguous positions, which a plug-in that declines indexed
+// positions runs too.
+TEST(PluginCli, QueryRunsThatSeeNoKeyRunOverContiguousPositions) {
+  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
+                                " --algo ulysses,allgather --partition zigzag --world 2 --mask causal --nq 100 --nk 64"
+                                " -d 8 --pass both");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  EXPECT_EQ(count(o.out, std::regex("\n(ulysses|allgather)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
+}
+
 // Striped shards (progressions of stride G, 128 rows or more) split into blocks over contiguous
 // positions, forward and backward: a plug-in that declines indexed positions runs them.
 TEST(PluginCli, IndexedShardsRunByParts) {
