@@ -11,11 +11,15 @@ step() {  # step NAME LIMIT_SECONDS LOGFILE command...
   if [ $rc -eq 0 ]; then STATUS+=("PASS"); else STATUS+=("FAIL(rc=$rc)"); tail -n 30 "$log"; fi
   return $rc
 }
+skip() {  # skip NAME REASON: a step that could not run here, listed in the table (not a failure)
+  echo "== $1: skipped: $2"
+  NAMES+=("$1"); SECS+=(0); STATUS+=("SKIP")
+}
 steps_table() {  # prints one line per step; returns 1 when any step failed
   local i failed=0
   for i in "${!NAMES[@]}"; do
     printf '  %-16s %-12s %5ss\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
-    [ "${STATUS[$i]}" = PASS ] || failed=1
+    [ "${STATUS[$i]}" = PASS ] || [ "${STATUS[$i]}" = SKIP ] || failed=1
   done
   return $failed
 }
