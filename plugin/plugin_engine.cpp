@@ -158,23 +158,25 @@ class PluginEngine final : public Engine<T> {
   void forward_block(const Problem& p, const PreparedMask& mask, Positions q, Positions k, View4<const T> Q,
                      View4<const T> K, View4<const T> V, View4<T> O, View3<A> LSE, bool accumulate) override {
     const void* prepared = static_cast<const Prepared*>(mask.hold.get())->handle;
-    const auto part = [&](const Problem& pp, const MaskParams& mm, Positions qp, Positions kp, View4<const T> Qp,
-                          View4<const T> Kp, View4<const T> Vp, View4<T> Op, View3<A> Lp, bool acc) {
+    // One call of the plug-in; its code (OK, DECLINED, ERROR) with st.
+    const auto offer = [&](burstlab_status& st, const Problem& pp, const MaskParams& mm, Positions qp, Positions kp,
+                           View4<const T> Qp, View4<const T> Kp, View4<const T> Vp, View4<T> Op, View3<A> Lp, bool acc) {
       burstlab_block b = block(pp, mm, prepared, qp, kp, Qp, Kp, Vp);
       b.O = view_c(Op);
       b.LSE = view_c(Lp);
-      BURSTLAB_PLUGIN_CALL(L(), forward_block, E(), &b, acc ? 1 : 0);
+      st.message[0] = '\0';
+      return L().api->forward_block(E(), &b, acc ? 1 : 0, &st);
+    };
+    const auto part = [&](auto&&... a) {
+      burstlab_status st;
+      check(L(), "forward_block", offer(st, a...), st);
     };
     if (!q.index && !k.index) return part(p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
     if (forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part)) return;
     // Not a few long runs: the block as it is, or, when the plug-in declines indexed positions,
     // by parts however short (a declined call has written nothing).
-    burstlab_block b = block(p, mask.params, prepared, q, k, Q, K, V);
-    b.O = view_c(O);
-    b.LSE = view_c(LSE);
     burstlab_status st;
-    st.message[0] = '\0';
-    const int rc = L().api->forward_block(E(), &b, accumulate ? 1 : 0, &st);
+    const int rc = offer(st, p, mask.params, q, k, Q, K, V, O, LSE, accumulate);
     if (rc == BURSTLAB_DECLINED && forward_parts(p, mask.params, q, k, Q, K, V, O, LSE, accumulate, part, kAnySplit))
       return;
     check(L(), "forward_block", rc, st);
@@ -190,9 +192,9 @@ class PluginEngine final : public Engine<T> {
                       View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> LSE, View3<const A> D,
                       View4<A> dQ, View4<A> dK, View4<A> dV) override {
     const void* prepared = static_cast<const Prepared*>(mask.hold.get())->handle;
-    const auto part = [&](const Problem& pp, const MaskParams& mm, Positions qp, Positions kp, View4<const T> Qp,
-                          View4<const T> Kp, View4<const T> Vp, View4<const T> dOp, View3<const A> Lp,
-                          View3<const A> Dp, View4<A> dQp, View4<A> dKp, View4<A> dVp) {
+    const auto offer = [&](burstlab_status& st, const Problem& pp, const MaskParams& mm, Positions qp, Positions kp,
+                           View4<const T> Qp, View4<const T> Kp, View4<const T> Vp, View4<const T> dOp,
+                           View3<const A> Lp, View3<const A> Dp, View4<A> dQp, View4<A> dKp, View4<A> dVp) {
       burstlab_block b = block(pp, mm, prepared, qp, kp, Qp, Kp, Vp);
       b.dO = view_c(dOp);
       b.LSE = view_c(Lp);
@@ -200,20 +202,17 @@ class PluginEngine final : public Engine<T> {
       b.dQ = view_c(dQp);
       b.dK = view_c(dKp);
       b.dV = view_c(dVp);
-      BURSTLAB_PLUGIN_CALL(L(), backward_block, E(), &b);
+      st.message[0] = '\0';
+      return L().api->backward_block(E(), &b, &st);
+    };
+    const auto part = [&](auto&&... a) {
+      burstlab_status st;
+      check(L(), "backward_block", offer(st, a...), st);
     };
     if (!q.index && !k.index) return part(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
     if (backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part)) return;
-    burstlab_block b = block(p, mask.params, prepared, q, k, Q, K, V);
-    b.dO = view_c(dO);
-    b.LSE = view_c(LSE);
-    b.D = view_c(D);
-    b.dQ = view_c(dQ);
-    b.dK = view_c(dK);
-    b.dV = view_c(dV);
     burstlab_status st;
-    st.message[0] = '\0';
-    const int rc = L().api->backward_block(E(), &b, &st);
+    const int rc = offer(st, p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV);
     if (rc == BURSTLAB_DECLINED && backward_parts(p, mask.params, q, k, Q, K, V, dO, LSE, D, dQ, dK, dV, part, kAnySplit))
       return;
     check(L(), "backward_block", rc, st);
