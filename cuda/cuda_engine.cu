@@ -120,7 +120,7 @@ class BlockCache {
       return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
     }
     bytes = (bytes + 255) / 256 * 256;
-    const cudaStream_t mine = streams->get();
+    const cudaStream_t mine = same_stream_only ? streams->get() : nullptr;
     void* p = nullptr;
     {
       std::unique_lock<std::mutex> lk(st_->mu);

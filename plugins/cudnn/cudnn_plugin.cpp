@@ -180,14 +180,14 @@ burstlab_block cut(const burstlab_block& b, const Band& band) {
 // one handle: handles are leased from a pool per device and kept for the process, so the ranks'
 // threads of every run reuse them and their cached graphs. Each call binds its handle to the
 // calling thread's stream of the CUDA engine, so cuDNN runs in the engine's order, with no host
-// wait, and takes its workspace from the engine's stream-ordered memory.
-struct ThreadCudnn {
+// wait; its workspace is scratch only that stream touches (cuda::scratch_of).
+struct DeviceHandle {
   int device = 0;
   cudnnHandle_t handle = nullptr;
-  ThreadCudnn() {
+  DeviceHandle() {
     if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnCreate failed");
   }
-  ~ThreadCudnn() {
+  ~DeviceHandle() {
     if (handle) cudnnDestroy(handle);
   }
 };
@@ -203,7 +203,7 @@ class Lease {
         free_list().erase(it);
         return;
       }
-    tc_ = new ThreadCudnn();  // kept for the process
+    tc_ = new DeviceHandle();  // kept for the process
     tc_->device = device;
   }
   ~Lease() {
@@ -212,7 +212,6 @@ class Lease {
   }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  ThreadCudnn& operator*() const { return *tc_; }
   // The handle, bound to stream s for this call.
   cudnnHandle_t on(cudaStream_t s) const {
     if (cudnnSetStream(tc_->handle, s) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnSetStream failed");
@@ -224,11 +223,11 @@ class Lease {
     static std::mutex m;
     return m;
   }
-  static std::vector<ThreadCudnn*>& free_list() {
-    static std::vector<ThreadCudnn*> v;
+  static std::vector<DeviceHandle*>& free_list() {
+    static std::vector<DeviceHandle*> v;
     return v;
   }
-  ThreadCudnn* tc_ = nullptr;
+  DeviceHandle* tc_ = nullptr;
 };
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
