@@ -232,7 +232,15 @@ CaseData make_case(const CaseMeta& m) {
   validate(m.p);
   CaseData c;
   c.meta = m;
-  c.in = make_inputs(m.p, m.layout, m.dtype, m.seed, m.values);
+  Inputs in = make_inputs(m.p, m.layout, m.dtype, m.seed, m.values);
+  // A case holds its inputs in fp64, as read_case does; widened one tensor at a time.
+  c.in.dtype = in.dtype;
+  AnyTensor4* from[4] = {&in.Q, &in.K, &in.V, &in.dO};
+  AnyTensor4* to[4] = {&c.in.Q, &c.in.K, &c.in.V, &c.in.dO};
+  for (int t = 0; t < 4; ++t) {
+    *to[t] = from[t]->as<double>();
+    *from[t] = AnyTensor4();
+  }
   return c;
 }
 
@@ -242,10 +250,10 @@ void write_case(const std::string& dir, const CaseData& c) {
   fs::create_directories(d, ec);
   if (ec) fail(dir, ": cannot create directory: ", ec.message());
   write_file((d / "case.json").string(), case_json(c.meta));
-  save4(d / "q.npy", c.meta.dtype, c.in.Q);
-  save4(d / "k.npy", c.meta.dtype, c.in.K);
-  save4(d / "v.npy", c.meta.dtype, c.in.V);
-  if (c.meta.backward) save4(d / "dO.npy", c.meta.dtype, c.in.dO);
+  save4(d / "q.npy", c.meta.dtype, c.in.Q.as<double>());
+  save4(d / "k.npy", c.meta.dtype, c.in.K.as<double>());
+  save4(d / "v.npy", c.meta.dtype, c.in.V.as<double>());
+  if (c.meta.backward) save4(d / "dO.npy", c.meta.dtype, c.in.dO.as<double>());
 }
 
 // ---- the inputs' values (spec §1.4) ------------------------------------------------------------
@@ -255,15 +263,15 @@ std::string coords(const char* row, int64_t b, int64_t h, int64_t n, int64_t k) 
          ", k=" + std::to_string(k) + ")";
 }
 // The first element of x (in (b, h, n, k) order) that fails ok(), as "<value> at (b, h, row, k)".
-template <class Ok>
-bool first_bad4(const Tensor4<double>& x, const char* row, Ok ok, std::string* where) {
-  const View4<const double> v = x.view();
+template <class S, class Ok>
+bool first_bad4(const Tensor4<S>& x, const char* row, Ok ok, std::string* where) {
+  const View4<const S> v = x.view();
   for (int64_t b = 0; b < x.B; ++b)
     for (int64_t h = 0; h < x.H; ++h)
       for (int64_t n = 0; n < x.N; ++n)
         for (int64_t k = 0; k < x.d; ++k)
-          if (!ok(v(b, h, n, k))) {
-            *where = fmt_g(v(b, h, n, k)) + " at " + coords(row, b, h, n, k);
+          if (!ok(to_double(v(b, h, n, k)))) {
+            *where = fmt_g(to_double(v(b, h, n, k))) + " at " + coords(row, b, h, n, k);
             return true;
           }
   return false;
@@ -289,20 +297,21 @@ std::string g3(double x) {
 }
 }  // namespace
 
-double logit_bound(const Problem& p, const Inputs& in) {
+namespace {
+template <class QV, class KV>
+double logit_bound_of(const Problem& p, const QV& Q, const KV& K) {
   const int64_t G = p.H_q / p.H_kv;
   std::vector<double> mq(static_cast<size_t>(p.d)), mk(static_cast<size_t>(p.d));
-  const View4<const double> Q = in.Q.view(), K = in.K.view();
   double most = 0;
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t hk = 0; hk < p.H_kv; ++hk) {
       std::fill(mk.begin(), mk.end(), 0.0);
       for (int64_t j = 0; j < p.N_k; ++j)
-        for (int64_t k = 0; k < p.d; ++k) mk[k] = std::max(mk[k], std::fabs(K(b, hk, j, k)));
+        for (int64_t k = 0; k < p.d; ++k) mk[k] = std::max(mk[k], std::fabs(to_double(K(b, hk, j, k))));
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
         std::fill(mq.begin(), mq.end(), 0.0);
         for (int64_t i = 0; i < p.N_q; ++i)
-          for (int64_t k = 0; k < p.d; ++k) mq[k] = std::max(mq[k], std::fabs(Q(b, h, i, k)));
+          for (int64_t k = 0; k < p.d; ++k) mq[k] = std::max(mq[k], std::fabs(to_double(Q(b, h, i, k))));
         double s = 0;  // overflows to inf rather than wrapping: inf > kMaxLogit refuses it
         for (int64_t k = 0; k < p.d; ++k) s += mq[k] * mk[k];
         most = std::max(most, s);
@@ -310,14 +319,19 @@ double logit_bound(const Problem& p, const Inputs& in) {
     }
   return most;
 }
+}  // namespace
+
+double logit_bound(const Problem& p, const Inputs& in) {
+  return std::visit([&](const auto& Q, const auto& K) { return logit_bound_of(p, Q, K); }, in.Q.view(), in.K.view());
+}
 
 void require_valid_inputs(const Problem& p, const Inputs& in, bool backward, const std::string& where,
                           const char* const names[4], const std::string& scale_name) {
-  const Tensor4<double>* xs[4] = {&in.Q, &in.K, &in.V, &in.dO};
+  const AnyTensor4* xs[4] = {&in.Q, &in.K, &in.V, &in.dO};
   const char* rows[4] = {"i", "j", "j", "i"};
   std::string at;
   for (int t = 0; t < (backward ? 4 : 3); ++t)
-    if (first_bad4(*xs[t], rows[t], finite, &at))
+    if (xs[t]->visit([&](const auto& x) { return first_bad4(x, rows[t], finite, &at); }))
       fail(where, names[t], " holds ", at, ": inputs must be finite (spec §1.4); a NaN or infinity there makes "
            "the fp64 oracle's outputs NaN, which no candidate can match (spec §9.3)");
   const double dot = logit_bound(p, in), scale = scale_of(p);
@@ -517,14 +531,17 @@ CheckResult check_candidate(const CaseData& c, const Expected& e, const Candidat
   r.dtype = dtype;
   // §9.1: the bound assumes the candidate read exactly the case's inputs; recomputing it for the
   // requested dtype costs one more pass over S, like the oracle.
-  const ForwardBounds fb = forward_bounds(p, dtype, c.in.Q.view(), c.in.K.view(), c.in.V.view());
+  Tensor4<double> copies[4];  // the inputs widened to fp64 when they are held narrower
+  const View4<const double> Q = f64_view(c.in.Q, copies[0]), K = f64_view(c.in.K, copies[1]),
+                            V = f64_view(c.in.V, copies[2]);
+  const ForwardBounds fb = forward_bounds(p, dtype, Q, K, V);
   const std::string what = "case " + c.meta.name + ": the check for " + to_string(dtype);
   require_finite_bounds(p, &fb, nullptr, what, "scale");
   r.tensors.push_back(check4("O", "i", cand.has_O, cand.O, e.O, fb.O, max_list));
   r.tensors.push_back(check3("LSE", cand.has_LSE, cand.LSE, e.LSE, fb.LSE, max_list));
   if (c.meta.backward) {
-    const BackwardBounds bb = backward_bounds(p, dtype, c.in.Q.view(), c.in.K.view(), c.in.V.view(), e.O.view(),
-                                              c.in.dO.view(), e.LSE.view());
+    const BackwardBounds bb = backward_bounds(p, dtype, Q, K, V, e.O.view(), f64_view(c.in.dO, copies[3]),
+                                              e.LSE.view());
     require_finite_bounds(p, nullptr, &bb, what, "scale");
     r.tensors.push_back(check4("dQ", "i", cand.has_dQ, cand.dQ, e.dQ, bb.dQ, max_list));
     r.tensors.push_back(check4("dK", "j", cand.has_dK, cand.dK, e.dK, bb.dK, max_list));

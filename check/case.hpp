@@ -45,7 +45,7 @@ MaskSpec parse_mask_json(const std::string& text, const std::string& where);
 
 struct CaseData {
   CaseMeta meta;
-  Inputs in;  // rounded to meta.dtype, stored as double, in meta.layout
+  Inputs in;  // rounded to meta.dtype, held in fp64, in meta.layout
 };
 
 // Generates the inputs of a case from its metadata (make_inputs, deterministic in seed).

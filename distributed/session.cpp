@@ -86,13 +86,16 @@ void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
 // Rank r's slices of Q, K, V (and dO when `backward`), rounded to T, in engine memory: Q, dO
 // (B, H_q, n_q, d), K, V (B, H_kv, n_k, d).
 template <class T>
-Shard<T> upload_shard(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
-                      View4<const double> dO, const Partition& qp, const Partition& kp, bool backward, int r) {
+Shard<T> upload_shard(Engine<T>& e, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                      const AnyView4& dO, const Partition& qp, const Partition& kp, bool backward, int r) {
   Shard<T> x;
-  x.Q = upload_all(e, slice<T>(Q, qp, r).data);
-  x.K = upload_all(e, slice<T>(K, kp, r).data);
-  x.V = upload_all(e, slice<T>(V, kp, r).data);
-  if (backward) x.dO = upload_all(e, slice<T>(dO, qp, r).data);
+  auto up = [&](const AnyView4& g, const Partition& part) {
+    return std::visit([&](const auto& v) { return upload_all(e, slice<T>(v, part, r).data); }, g);
+  };
+  x.Q = up(Q, qp);
+  x.K = up(K, kp);
+  x.V = up(V, kp);
+  if (backward) x.dO = up(dO, qp);
   return x;
 }
 
@@ -167,10 +170,10 @@ void keep_phase(std::vector<Transfer>& keep, Communicator& c, Phase phase) {
 }  // namespace
 
 template <class T>
-void Session<T>::start(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                       View4<const double> dO, const AlgoOptions& o) {
-  validate_views(p, Q, K, V);
-  if (o.backward) validate_q_side(p, "dO", dO);
+void Session<T>::start(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                       const AnyView4& dO, const AlgoOptions& o) {
+  validate_views(p, shape_of(Q), shape_of(K), shape_of(V));
+  if (o.backward) validate_q_side(p, "dO", shape_of(dO));
   plan_ = make_plan(p, o);
   pass_ = pass_of<T>(find_algorithm(plan_.o.algo));
   const int G = o.world;
@@ -182,8 +185,8 @@ void Session<T>::start(const Problem& p, View4<const double> Q, View4<const doub
 }
 
 template <class T>
-void Session<T>::place_all(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
-                           View4<const double> dO) {
+void Session<T>::place_all(Engine<T>& e, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                           const AnyView4& dO) {
   const PreparedMask m = e.prepare(plan_.mask);
   for (int r = 0; r < plan_.o.world; ++r) {
     if (!w_->holds(r)) continue;
@@ -194,8 +197,8 @@ void Session<T>::place_all(Engine<T>& e, View4<const double> Q, View4<const doub
 }
 
 template <class T>
-Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                    View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine)
+Session<T>::Session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                    const AnyView4& dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine)
     : w_(&world) {
   start(p, Q, K, V, dO, o);
   if (world.size() != o.world) fail("world (", o.world, ") must equal the size of ", world.describe());
@@ -221,8 +224,8 @@ Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double>
 }
 
 template <class T>
-Session<T>::Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                    View4<const double> dO, const AlgoOptions& o, Engine<T>& engine) {
+Session<T>::Session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                    const AnyView4& dO, const AlgoOptions& o, Engine<T>& engine) {
   start(p, Q, K, V, dO, o);
   own_world_ = std::make_unique<SimWorld>(o.world, plan_.o.sim);
   w_ = own_world_.get();
@@ -430,8 +433,8 @@ DistResult<T> Session<T>::result(bool outputs) const {
 }
 
 template <class T>
-DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
+DistResult<T> run_session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                          const AnyView4& dO, const AlgoOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors) {
   Session<T> s(p, Q, K, V, dO, o, engine);
   try {
@@ -446,8 +449,8 @@ DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const d
 }
 
 #define BURSTLAB_DIST_INST(T)                                                                        \
-  template DistResult<T> run_session<T>(const Problem&, View4<const double>, View4<const double>,  \
-                                        View4<const double>, View4<const double>, const AlgoOptions&, \
+  template DistResult<T> run_session<T>(const Problem&, const AnyView4&, const AnyView4&,          \
+                                        const AnyView4&, const AnyView4&, const AlgoOptions&,        \
                                         Engine<T>&, std::vector<std::string>*);                       \
   template Tensor4<T> slice<T, double>(View4<const double>, const Partition&, int);                \
   template Tensor3<T> slice<T, double>(View3<const double>, const Partition&, int);                \

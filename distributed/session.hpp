@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/any_tensor.hpp"
 #include "burstlab/engine.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
@@ -54,13 +55,14 @@ template <class T>
 class Session {
  public:
   // Q (B, H_q, N_q, d), K, V (B, H_kv, N_k, d), dO (B, H_q, N_q, d; may be null-data when
-  // !o.backward), any layout, in double: each held rank receives its slice rounded to T.
+  // !o.backward), any layout, any storage type: each held rank receives its slice rounded to T
+  // (from_double<T> of each element's fp64 value).
   // `world` must outlive the session and have o.world ranks.
-  Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-          View4<const double> dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine);
+  Session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+          const AnyView4& dO, const AlgoOptions& o, World& world, EngineMaker<T> make_engine);
   // Every rank on a SimWorld(o.world, o.sim) of the session's own, all on `engine`.
-  Session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine);
+  Session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+          const AnyView4& dO, const AlgoOptions& o, Engine<T>& engine);
   ~Session();  // frees each rank's shard and engine on its own thread
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -90,11 +92,11 @@ class Session {
 
  private:
   // Validates the inputs, makes the plan, sizes the per-rank members.
-  void start(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-             View4<const double> dO, const AlgoOptions& o);
+  void start(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+             const AnyView4& dO, const AlgoOptions& o);
   // Every held rank on engine e: the mask prepared once, each shard uploaded.
-  void place_all(Engine<T>& e, View4<const double> Q, View4<const double> K, View4<const double> V,
-                 View4<const double> dO);
+  void place_all(Engine<T>& e, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                 const AnyView4& dO);
   // The checks of a rank's pass: the communicator's size, and rank comm.rank() held here.
   Engine<T>& held(const Communicator& comm) const;
   // rank_pass's body: held, the algorithm's pass, the engine drained.
@@ -117,8 +119,8 @@ class Session {
 // Throws Error when any rank failed; each rank's error ("" = ok) goes to *rank_errors when
 // given, also when it throws.
 template <class T>
-DistResult<T> run_session(const Problem& p, View4<const double> Q, View4<const double> K, View4<const double> V,
-                          View4<const double> dO, const AlgoOptions& o, Engine<T>& engine,
+DistResult<T> run_session(const Problem& p, const AnyView4& Q, const AnyView4& K, const AnyView4& V,
+                          const AnyView4& dO, const AlgoOptions& o, Engine<T>& engine,
                           std::vector<std::string>* rank_errors = nullptr);
 
 // Host helpers. slice: the rows of `global` a rank holds, in local order, as BHSD (any T -> U).

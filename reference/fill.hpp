@@ -12,6 +12,7 @@
 #include <random>
 
 #include "burstlab/precision.hpp"
+#include "burstlab/storage.hpp"
 #include "burstlab/tensor.hpp"
 
 namespace burstlab::reference {
@@ -33,9 +34,10 @@ struct Filled {
 };
 
 // Fills t in logical order (b, h, n, k) with round_to(dtype, draw(rng, normal)), redrawn while it
-// is 0. draw calls normal exactly once per call, or never (then no carry passes through t).
-template <class Draw>
-Filled fill_alone(Tensor4<double>& t, Dtype dtype, std::mt19937_64 rng, Draw draw) {
+// is 0. draw calls normal exactly once per call, or never (then no carry passes through t). E is
+// any storage type that holds dtype's values exactly (storage.hpp): each value is stored unchanged.
+template <class E, class Draw>
+Filled fill_alone(Tensor4<E>& t, Dtype dtype, std::mt19937_64 rng, Draw draw) {
   std::normal_distribution<double> nd(0.0, 1.0);
   Filled f;
   int64_t mark = -1;
@@ -45,7 +47,7 @@ Filled fill_alone(Tensor4<double>& t, Dtype dtype, std::mt19937_64 rng, Draw dra
     ++f.k_all;
     return x;
   };
-  View4<double> v = t.view();
+  View4<E> v = t.view();
   const int64_t last = t.B * t.H * t.N * t.d - 1;
   int64_t i = 0;
   for (int64_t b = 0; b < t.B; ++b)
@@ -55,7 +57,7 @@ Filled fill_alone(Tensor4<double>& t, Dtype dtype, std::mt19937_64 rng, Draw dra
           if (i == last) f.k_but_one = mark = f.k_all;
           double x;
           do { x = round_to(dtype, draw(rng, normal)); } while (x == 0.0);
-          v(b, h, n, k) = x;
+          v(b, h, n, k) = from_double<E>(x);
         }
   f.s_next = nd(rng);  // the cached value when k_all is odd (no engine draw then)
   return f;
@@ -65,16 +67,16 @@ Filled fill_alone(Tensor4<double>& t, Dtype dtype, std::mt19937_64 rng, Draw dra
 // With a carried value c, the serial pass's first draw of t is c: when c rounds to a non-zero x,
 // t is x followed by all but the last of its values filled alone, and the draws of t's own stream
 // stop at k_but_one; when c rounds to 0 it is redrawn, and t is as filled alone.
-template <class Draw>
-Carry stitch(Tensor4<double>& t, Dtype dtype, const Filled& f, Carry in, Draw draw) {
+template <class E, class Draw>
+Carry stitch(Tensor4<E>& t, Dtype dtype, const Filled& f, Carry in, Draw draw) {
   if (f.k_all == 0) return in;  // t draws no normal: the cached value waits for the next tensor
   if (in.available) {
     std::mt19937_64 untouched;  // the draw's normal returns the carried value, no engine draw
     auto carried = [&](std::mt19937_64&) { return in.value; };
     const double x = round_to(dtype, draw(untouched, carried));
     if (x != 0.0) {
-      View4<double> v = t.view();
-      double carry = x;  // shift every element one place on in logical order
+      View4<E> v = t.view();
+      E carry = from_double<E>(x);  // shift every element one place on in logical order
       for (int64_t b = 0; b < t.B; ++b)
         for (int64_t h = 0; h < t.H; ++h)
           for (int64_t n = 0; n < t.N; ++n)

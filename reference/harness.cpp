@@ -91,10 +91,10 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
   validate(p);
   Inputs in;
   in.dtype = dtype;
-  in.Q = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
-  in.K = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
-  in.V = make_tensor4<double>(layout, p.B, p.H_kv, p.N_k, p.d);
-  in.dO = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
+  in.Q = AnyTensor4::zeros(dtype, layout, p.B, p.H_q, p.N_q, p.d);
+  in.K = AnyTensor4::zeros(dtype, layout, p.B, p.H_kv, p.N_k, p.d);
+  in.V = AnyTensor4::zeros(dtype, layout, p.B, p.H_kv, p.N_k, p.d);
+  in.dO = AnyTensor4::zeros(dtype, layout, p.B, p.H_q, p.N_q, p.d);
   const double qk_mult = qk_multiplier(p, values);
   // Each draw calls normal once, or never (fill.hpp). Logical order (b, h, n, k): BSHD and BHSD
   // inputs of one seed hold the same values; inputs are never zero (spec §9.5).
@@ -110,17 +110,22 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
     const double sign = std::uniform_int_distribution<int>(0, 1)(r) ? 1.0 : -1.0;
     return sign * std::pow(10.0, e);
   };
-  // The four tensors side by side (up to 4 threads of the OpenMP team), then stitched in order.
-  Tensor4<double>* const t[4] = {&in.Q, &in.K, &in.V, &in.dO};
+  // The four tensors side by side (up to 4 threads of the OpenMP team), then stitched in order;
+  // each in dtype's storage type, which holds its rounded values exactly.
+  AnyTensor4* const t[4] = {&in.Q, &in.K, &in.V, &in.dO};
   const StreamId id[4] = {kQ, kK, kV, kdO};
   reference::Filled f[4];
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(4, omp_get_max_threads()))
   for (int i = 0; i < 4; ++i)
-    f[i] = i < 2 ? reference::fill_alone(*t[i], dtype, stream(seed, id[i]), qk_draw)
-                 : reference::fill_alone(*t[i], dtype, stream(seed, id[i]), v_draw);
+    f[i] = t[i]->visit([&](auto& x) {
+      return i < 2 ? reference::fill_alone(x, dtype, stream(seed, id[i]), qk_draw)
+                   : reference::fill_alone(x, dtype, stream(seed, id[i]), v_draw);
+    });
   reference::Carry c;
   for (int i = 0; i < 4; ++i)
-    c = i < 2 ? reference::stitch(*t[i], dtype, f[i], c, qk_draw) : reference::stitch(*t[i], dtype, f[i], c, v_draw);
+    c = t[i]->visit([&](auto& x) {
+      return i < 2 ? reference::stitch(x, dtype, f[i], c, qk_draw) : reference::stitch(x, dtype, f[i], c, v_draw);
+    });
   return in;
 }
 
@@ -269,24 +274,31 @@ MaskSpec make_mask(const std::string& spec, int64_t N_q, int64_t N_k, uint64_t s
   return m;
 }
 
-Oracle run_oracle(const Problem& p, const Inputs& in, bool backward) {
+Oracle run_oracle(const Problem& p, const Inputs& inputs, bool backward) {
   validate(p);
+  // The inputs in fp64: themselves when held so, else widened copies (exact).
+  Tensor4<double> copies[4];
+  struct {
+    View4<const double> Q, K, V, dO;
+    Dtype dtype;
+  } const in{f64_view(inputs.Q, copies[0]), f64_view(inputs.K, copies[1]), f64_view(inputs.V, copies[2]),
+             backward ? f64_view(inputs.dO, copies[3]) : View4<const double>{}, inputs.dtype};
   Oracle o;
-  const Layout layout = in.Q.layout;
+  const Layout layout = inputs.Q.layout();
   o.O = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
   o.LSE = make_tensor3<double>(p.B, p.H_q, p.N_q);
-  reference::forward<double>(p, in.Q.view(), in.K.view(), in.V.view(), o.O.view(), o.LSE.view());
-  o.fwd = forward_bounds(p, in.dtype, in.Q.view(), in.K.view(), in.V.view());
+  reference::forward<double>(p, in.Q, in.K, in.V, o.O.view(), o.LSE.view());
+  o.fwd = forward_bounds(p, in.dtype, in.Q, in.K, in.V);
   if (backward) {
     o.dQ = make_tensor4<double>(layout, p.B, p.H_q, p.N_q, p.d);
-    o.dK = make_tensor4<double>(in.K.layout, p.B, p.H_kv, p.N_k, p.d);
-    o.dV = make_tensor4<double>(in.V.layout, p.B, p.H_kv, p.N_k, p.d);
+    o.dK = make_tensor4<double>(inputs.K.layout(), p.B, p.H_kv, p.N_k, p.d);
+    o.dV = make_tensor4<double>(inputs.V.layout(), p.B, p.H_kv, p.N_k, p.d);
     const Tensor4<double>& O = o.O;
     const Tensor3<double>& L = o.LSE;
-    reference::backward<double>(p, in.Q.view(), in.K.view(), in.V.view(), O.view(), in.dO.view(),
+    reference::backward<double>(p, in.Q, in.K, in.V, O.view(), in.dO,
                                 L.view(), o.dQ.view(), o.dK.view(), o.dV.view());
-    o.bwd = backward_bounds(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), O.view(),
-                            in.dO.view(), L.view());
+    o.bwd = backward_bounds(p, in.dtype, in.Q, in.K, in.V, O.view(),
+                            in.dO, L.view());
   }
   return o;
 }

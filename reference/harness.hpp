@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "burstlab/any_tensor.hpp"
 #include "burstlab/precision.hpp"
 #include "burstlab/problem.hpp"
 #include "burstlab/tensor.hpp"
@@ -27,11 +28,13 @@ Values parse_values(const std::string& s);  // "normal|large|ties|widev"
 // scale 0, the default scale's magnitude), 1 otherwise.
 double qk_multiplier(const Problem& p, Values values);
 
-// Generated inputs, already rounded to `dtype` and stored as double, so the oracle sees exactly
-// what the candidate sees. Q, dO (B, H_q, N_q, d); K, V (B, H_kv, N_k, d), in `layout`.
+// Generated inputs, already rounded to `dtype` and held exactly in its storage type (bf16_t,
+// f16_t, float, double: any_tensor.hpp), so the oracle, reading them widened to fp64, sees exactly
+// what the candidate sees. Q, dO (B, H_q, N_q, d); K, V (B, H_kv, N_k, d), in `layout`. A case
+// file's or a caller's inputs may lie in another storage type that holds them exactly.
 struct Inputs {
   Dtype dtype = Dtype::F64;
-  Tensor4<double> Q, K, V, dO;
+  AnyTensor4 Q, K, V, dO;
 };
 Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed,
                    Values values = Values::Normal);
@@ -60,8 +63,8 @@ void poison(Tensor3<T>& x);
 // spec, e.g. "mask (causl) has unknown part 'causl'; parts: none, causal, window:L,R, ...".
 MaskSpec make_mask(const std::string& spec, int64_t N_q, int64_t N_k, uint64_t seed);
 
-// The oracle (reference<double>) on the inputs, plus the bounds of §9 for a candidate of
-// inputs.dtype. backward = false leaves the gradient tensors and bounds empty.
+// The oracle (reference<double>) on the inputs (widened to an fp64 copy: the full oracle is for
+// problems small enough for it), plus the bounds of §9 for a candidate of inputs.dtype. backward = false leaves the gradient tensors and bounds empty.
 struct Oracle {
   Tensor4<double> O;        // (B, H_q, N_q, d)
   Tensor3<double> LSE;      // (B, H_q, N_q)

@@ -433,10 +433,41 @@ void validate_stored_inputs(const Problem& p, const StoredInputs& in, bool backw
 }
 }  // namespace
 
+Stored4 stored4(const AnyView4& v) {
+  return std::visit([](const auto& x) {
+    using S = std::remove_const_t<std::remove_reference_t<decltype(*x.data)>>;
+    Stored4 s;
+    s.base = reinterpret_cast<const char*>(x.data);
+    s.dtype = dtype_of<S>();
+    for (int a = 0; a < 4; ++a) {
+      s.dim[a] = x.dim[a];
+      s.bytes[a] = x.stride[a] * int64_t(sizeof(S));
+    }
+    return s;
+  }, v);
+}
+StoredInputs stored_inputs(const Inputs& in) {
+  StoredInputs s;
+  s.dtype = in.dtype;
+  s.Q = stored4(in.Q.view());
+  s.K = stored4(in.K.view());
+  s.V = stored4(in.V.view());
+  s.dO = stored4(in.dO.view());
+  return s;
+}
+
+namespace {
+// Inputs as the problem's view checks read them: shapes, and data where there are elements.
+void validate_inputs(const Problem& p, const Inputs& in, bool dO) {
+  validate_views(p, shape_of(in.Q.view()), shape_of(in.K.view()), shape_of(in.V.view()));
+  if (dO) validate_q_side(p, "dO", shape_of(in.dO.view()));
+}
+}  // namespace
+
 RowOracle row_oracle(const Problem& p, const Inputs& in, const std::vector<RowId>& rows, bool backward) {
-  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
-  if (backward) validate_q_side(p, "dO", in.dO.view());
-  return row_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), rows, backward);
+  validate_inputs(p, in, backward);
+  const StoredInputs s = stored_inputs(in);
+  return row_oracle_on(p, in.dtype, s.Q, s.K, s.V, s.dO, rows, backward);
 }
 RowOracle row_oracle(const Problem& p, const StoredInputs& in, const std::vector<RowId>& rows, bool backward) {
   validate_stored_inputs(p, in, backward);
@@ -461,28 +492,28 @@ void row_D(const double* dO, const double* O, int64_t d, double* D, double* Dmag
   *Dmag = m;
 }
 
-RunRows run_rows(const Problem& p, View4<const double> dO, View4<const double> O, View3<const double> LSE,
+RunRows run_rows(const Problem& p, const AnyView4& dO, View4<const double> O, View3<const double> LSE,
                  const std::vector<ColumnId>& columns) {
   validate(p);
-  validate_q_side(p, "dO", dO);
+  validate_q_side(p, "dO", shape_of(dO));
   validate_q_side(p, "O", O);
   validate_rows(p, "LSE", LSE);
-  return run_rows_on(p, dO, O, LSE, columns);
+  return run_rows_on(p, stored4(dO), O, LSE, columns);
 }
 
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, const RunRows& run, const std::vector<ColumnId>& columns) {
-  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
-  validate_q_side(p, "dO", in.dO.view());
-  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), run, columns);
+  validate_inputs(p, in, true);
+  const StoredInputs s = stored_inputs(in);
+  return column_oracle_on(p, in.dtype, s.Q, s.K, s.V, s.dO, run, columns);
 }
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, View4<const double> O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns) {
-  validate_views(p, in.Q.view(), in.K.view(), in.V.view());
-  validate_q_side(p, "dO", in.dO.view());
+  validate_inputs(p, in, true);
   validate_q_side(p, "O", O);
   validate_rows(p, "LSE", LSE);
-  const RunRows run = run_rows_on(p, in.dO.view(), O, LSE, columns);
-  return column_oracle_on(p, in.dtype, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), run, columns);
+  const StoredInputs s = stored_inputs(in);
+  const RunRows run = run_rows_on(p, s.dO, O, LSE, columns);
+  return column_oracle_on(p, in.dtype, s.Q, s.K, s.V, s.dO, run, columns);
 }
 ColumnOracle column_oracle(const Problem& p, const StoredInputs& in, const Stored4& O, View3<const double> LSE,
                            const std::vector<ColumnId>& columns) {

@@ -91,6 +91,9 @@ struct StoredInputs {
   Dtype dtype = Dtype::F64;
   Stored4 Q, K, V, dO;
 };
+// A view of any storage type as a Stored4, and Inputs as StoredInputs (no copy).
+Stored4 stored4(const AnyView4& v);
+StoredInputs stored_inputs(const Inputs& in);
 // The row oracle on inputs where they lie: the same arithmetic, bit for bit, as on fp64 Inputs
 // holding the same values.
 RowOracle row_oracle(const Problem& p, const StoredInputs& in, const std::vector<RowId>& rows, bool backward);
@@ -116,7 +119,7 @@ std::vector<int64_t> column_heads(const Problem& p, const std::vector<ColumnId>&
 // RunRows uses (global tensors here, a rank's shard in tools/gather.cpp), so both give the same bits.
 void row_D(const double* dO, const double* O, int64_t d, double* D, double* Dmag);
 // RunRows of a run's GLOBAL O (B, H_q, N_q, d) and LSE (B, H_q, N_q) with the inputs' dO.
-RunRows run_rows(const Problem& p, View4<const double> dO, View4<const double> O, View3<const double> LSE,
+RunRows run_rows(const Problem& p, const AnyView4& dO, View4<const double> O, View3<const double> LSE,
                  const std::vector<ColumnId>& columns);
 // The column oracle given RunRows (what the forms below call after run_rows).
 ColumnOracle column_oracle(const Problem& p, const Inputs& in, const RunRows& run, const std::vector<ColumnId>& columns);

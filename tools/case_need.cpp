@@ -24,7 +24,7 @@ MemPart file_bytes(const Problem& p, int64_t elem_bytes, const std::string& what
 }
 // read_case: the inputs (the last one parsed next to its file's bytes).
 MemNeed reading_case(const Problem& p, Dtype dtype) {
-  std::vector<MemPart> parts = inputs_footprint(p);
+  std::vector<MemPart> parts = inputs_footprint(p, Dtype::F64);
   parts.push_back(file_bytes(p, bytes_of(dtype), "input"));
   parts.push_back(small_allocations());
   return make_need("reading the case's inputs", parts);
@@ -46,11 +46,11 @@ MemNeed bounds_need(const Problem& p, bool backward, int threads, const std::vec
 // compute_expected: the oracle next to the inputs, then the Expected copies of its outputs while
 // the Oracle (outputs and bounds) is still alive.
 MemNeed computing_expected(const Problem& p, bool backward, int threads) {
-  std::vector<MemPart> parts = inputs_footprint(p);
+  std::vector<MemPart> parts = inputs_footprint(p, Dtype::F64);
   const MemNeed o = oracle_need(p, backward, threads);
   parts.insert(parts.end(), o.parts.begin(), o.parts.end());
   MemNeed n = make_need(o.step, parts);
-  std::vector<MemPart> copy = inputs_footprint(p);
+  std::vector<MemPart> copy = inputs_footprint(p, Dtype::F64);
   for (const MemPart& x : oracle_kept(p, backward)) copy.push_back(x);
   copy.push_back({"the expected outputs copied from the oracle's, fp64", outputs_bytes(p, backward)});
   copy.push_back(small_allocations());
@@ -61,7 +61,7 @@ MemNeed computing_expected(const Problem& p, bool backward, int threads) {
 MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threads) {
   MemNeed n = peak_of(reading_case(p, dtype), computing_expected(p, backward, threads));
   // write_expected: format_npy makes one file's bytes next to the outputs.
-  std::vector<MemPart> w = inputs_footprint(p);
+  std::vector<MemPart> w = inputs_footprint(p, Dtype::F64);
   w.push_back({"the expected outputs in fp64", outputs_bytes(p, backward)});
   w.push_back(file_bytes(p, 8, "output"));
   w.push_back(small_allocations());
@@ -71,7 +71,7 @@ MemNeed oracle_case_need(const Problem& p, Dtype dtype, bool backward, int threa
 MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int threads) {
   // read_expected and read_candidate: fp64 values of both, a candidate file of up to 8 bytes an
   // element being parsed last.
-  std::vector<MemPart> held = inputs_footprint(p);
+  std::vector<MemPart> held = inputs_footprint(p, Dtype::F64);
   held.push_back({"the oracle's outputs read from expected/, fp64", outputs_bytes(p, backward)});
   held.push_back({"the candidate's outputs in fp64", outputs_bytes(p, backward)});
   std::vector<MemPart> reading = held;
@@ -84,7 +84,7 @@ MemNeed check_case_need(const Problem& p, Dtype dtype, bool backward, int thread
 MemNeed conform_case_need(const Problem& p, Dtype dtype, bool backward, bool expected_on_disk,
                           const std::vector<ConformColumn>& columns, int threads) {
   MemNeed n = reading_case(p, dtype);
-  std::vector<MemPart> base = inputs_footprint(p);
+  std::vector<MemPart> base = inputs_footprint(p, Dtype::F64);
   if (expected_on_disk) {
     std::vector<MemPart> r = base;
     r.push_back({"the oracle's outputs read from expected/, fp64", outputs_bytes(p, backward)});

@@ -36,7 +36,7 @@ double sgemm_gflops(int64_t n, int reps) {
   return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e9;
 }
 
-// The timing loop's peak: the fp64 inputs of one problem and one prepared implementation (its
+// The timing loop's peak: the inputs of one problem and one prepared implementation (its
 // forward and backward on `threads` threads); the SGEMM's three n x n fp32 matrices come before.
 MemNeed timing_need(const Problem& p, Dtype dtype, const ImplOptions& opt, const std::vector<const Impl*>& impls,
                     int threads, int64_t gemm_n) {
@@ -44,7 +44,7 @@ MemNeed timing_need(const Problem& p, Dtype dtype, const ImplOptions& opt, const
                                             bytes_mul(12, bytes_mul(gemm_n, gemm_n))}});
   for (const Impl* m : impls) {
     if (!m->footprint) continue;
-    std::vector<MemPart> parts = inputs_footprint(p);
+    std::vector<MemPart> parts = inputs_footprint(p, dtype);
     for (MemPart x : m->footprint(p, dtype, opt, true, threads)) {
       x.what = "impl " + m->name + ": " + x.what;
       parts.push_back(x);

@@ -105,7 +105,7 @@ Runner dist_runner(const Problem& p, const Inputs& in, const ImplOptions& opt, s
     });
   };
   // The sampled check's reads: the held ranks' rows from engine memory, the logs alone gathered.
-  const View4<const double> dO = in.dO.view();
+  const AnyView4 dO = in.dO.view();
   r.fetch_sampled_forward = [fetch, s, p, dO](const Sample& smp, bool columns, SampledOutputs& got, RunRows& run) {
     fetch(dist::Phase::Forward, false, [&](const dist::DistResult<T>& res) {
       sampled_forward(*s->world, p, res.qp, smp, session_reader(*s->session), dO, got, columns ? &run : nullptr);

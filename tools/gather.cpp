@@ -175,17 +175,18 @@ void rows_of(dist::World& w, int64_t d, const dist::Partition& part, int64_t H, 
 }  // namespace
 
 void sampled_forward(dist::World& w, const Problem& p, const dist::Partition& qp, const Sample& s,
-                     const ReadOutput& read, View4<const double> dO, SampledOutputs& got, RunRows* run) {
+                     const ReadOutput& read, const AnyView4& dO, SampledOutputs& got, RunRows* run) {
   validate(p);
   check_partition(w, qp, p.N_q, "query");
   check_sample(p, s);
-  if (run) validate_q_side(p, "dO", dO);
+  if (run) validate_q_side(p, "dO", shape_of(dO));
   rows_of(w, p.d, qp, p.H_q, s.rows, row_i, read, {{dist::Output::O, &got.O}}, "the sampled rows of O");
   rows_of(w, 1, qp, p.H_q, s.rows, row_i, read, {{dist::Output::LSE, &got.LSE}}, "the sampled rows of LSE");
   if (!run) return;
   // RunRows: per (b, q-head) of the sampled columns' groups, every rank's LSE_i, D_i and its
   // magnitude for its rows, placed at their global positions.
   const int64_t N_q = p.N_q, d = p.d;
+  const Stored4 dOs = stored4(dO);  // widened to fp64 as read
   run->heads = column_heads(p, s.columns);
   const size_t nh = run->heads.size();
   run->LSE.assign(nh * size_t(N_q), kNaN);
@@ -211,7 +212,7 @@ void sampled_forward(dist::World& w, const Problem& p, const dist::Partition& qp
 #pragma omp for schedule(static)
               for (int64_t il = i0; il < i0 + n; ++il) {
                 const int64_t i = pos[size_t(il)];
-                for (int64_t k = 0; k < d; ++k) dOr[size_t(k)] = dO(b, h, i, k);
+                for (int64_t k = 0; k < d; ++k) dOr[size_t(k)] = dOs(b, h, i, k);
                 row_D(dOr.data(), O.data() + (il - i0) * d, d, &D[size_t(il)], &Dm[size_t(il)]);
               }
             }

@@ -43,7 +43,7 @@ ReadOutput result_reader(const dist::DistResult<T>& res);
 // Forward: got.O, got.LSE; when run is given, also RunRows of the run's O and LSE with the
 // inputs' dO (B, H_q, N_q, d), for the column check of the backward.
 void sampled_forward(dist::World& w, const Problem& p, const dist::Partition& qp, const Sample& s,
-                     const ReadOutput& read, View4<const double> dO, SampledOutputs& got, RunRows* run);
+                     const ReadOutput& read, const AnyView4& dO, SampledOutputs& got, RunRows* run);
 // Backward: got.dQ at the rows, got.dK, got.dV at the columns.
 void sampled_backward(dist::World& w, const Problem& p, const dist::Partition& qp, const dist::Partition& kp,
                       const Sample& s, const ReadOutput& read, SampledOutputs& got);

@@ -44,8 +44,8 @@ struct HostState {
 };
 
 template <class T>
-Tensor4<T> poisoned_like(const Tensor4<double>& x) {
-  Tensor4<T> t = make_tensor4<T>(x.layout, x.B, x.H, x.N, x.d);
+Tensor4<T> poisoned_like(const AnyTensor4& x) {
+  Tensor4<T> t = make_tensor4<T>(x.layout(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
   poison(t);
   return t;
 }
@@ -56,10 +56,10 @@ template <class T, class Fwd, class Bwd>
 Runner host_runner(const Problem& p, const Inputs& in, Fwd fwd, Bwd bwd) {
   auto s = std::make_shared<HostState<T>>();
   s->p = p;
-  s->Q = convert<T>(in.Q);
-  s->K = convert<T>(in.K);
-  s->V = convert<T>(in.V);
-  s->dO = convert<T>(in.dO);
+  s->Q = in.Q.as<T>();
+  s->K = in.K.as<T>();
+  s->V = in.V.as<T>();
+  s->dO = in.dO.as<T>();
   s->O = poisoned_like<T>(in.Q);
   s->dQ = poisoned_like<T>(in.Q);
   s->dK = poisoned_like<T>(in.K);
@@ -176,14 +176,13 @@ struct CudaT4 {  // device tensor in the inputs' layout
   View4<const T> cview() const { return as_const(view()); }
 };
 template <class T>
-CudaT4<T> cuda_like(const Tensor4<double>& x, bool copy) {
+CudaT4<T> cuda_like(const AnyTensor4& x, bool copy) {
   CudaT4<T> t;
-  t.buf = cuda::DeviceBuffer<T>(x.data.size());
-  t.layout = x.layout; t.B = x.B; t.H = x.H; t.N = x.N; t.d = x.d;
+  t.buf = cuda::DeviceBuffer<T>(x.size());
+  t.layout = x.layout(); t.B = x.dim(0); t.H = x.dim(1); t.N = x.dim(2); t.d = x.dim(3);
   if (copy) {
-    std::vector<T> h(x.data.size());
-    for (size_t i = 0; i < h.size(); ++i) h[i] = from_double<T>(x.data[i]);
-    t.buf.upload(h.data(), h.size());
+    const Tensor4<T> h = x.as<T>();
+    t.buf.upload(h.data.data(), h.data.size());
   } else {
     t.buf.poison();
   }

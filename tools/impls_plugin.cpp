@@ -41,13 +41,12 @@ Runner plugin_runner(const std::shared_ptr<const plugin::Library>& lib, const Pr
   };
   auto s = std::make_shared<S>();
   s->p = p;
-  s->layout = in.Q.layout;
+  s->layout = in.Q.layout();
   s->e = plugin::make_engine<T>(lib);
   Engine<T>& e = *s->e;
   s->mask = e.prepare(compile_mask(p));
-  const auto put = [&e](Buffer<T>& b, const Tensor4<double>& x) {
-    std::vector<T> h(x.data.size());  // rounded to T, the inputs' layout
-    for (size_t i = 0; i < h.size(); ++i) h[i] = from_double<T>(x.data[i]);
+  const auto put = [&e](Buffer<T>& b, const AnyTensor4& x) {
+    const std::vector<T> h = x.as<T>().data;  // rounded to T, the inputs' layout
     b = alloc<T>(e, static_cast<int64_t>(h.size()));
     upload(e, b.data, h.data(), b.n);
   };
@@ -55,7 +54,7 @@ Runner plugin_runner(const std::shared_ptr<const plugin::Library>& lib, const Pr
   put(s->K, in.K);
   put(s->V, in.V);
   put(s->dO, in.dO);
-  const int64_t nq = static_cast<int64_t>(in.Q.data.size()), nk = static_cast<int64_t>(in.K.data.size());
+  const int64_t nq = static_cast<int64_t>(in.Q.size()), nk = static_cast<int64_t>(in.K.size());
   const int64_t rows = p.B * p.H_q * p.N_q;
   s->O = alloc<T>(e, nq);
   s->LSE = alloc<A>(e, rows);

@@ -36,14 +36,22 @@ MemPart fetched(const Problem& p, bool backward) {
 
 }  // namespace
 
-std::vector<MemPart> inputs_footprint(const Problem& p) {
+std::vector<MemPart> inputs_footprint(const Problem& p, Dtype dtype) {
   const Sizes z(p);
   const int64_t mask = bytes_sum({bytes_mul(4, static_cast<int64_t>(p.mask.q_segment.size())),
                                   bytes_mul(4, static_cast<int64_t>(p.mask.k_segment.size())),
                                   static_cast<int64_t>(p.mask.block_mask.size())});
   // The Problem (its mask) is copied by the Case, each prepared run and the layer calls: 4 copies.
-  return {{"inputs Q, K, V, dO in fp64", bytes_mul(8, bytes_add(bytes_mul(2, z.Eq), bytes_mul(2, z.Ek)))},
+  return {{"inputs Q, K, V, dO in " + to_string(dtype),
+           bytes_mul(bytes_of(dtype), bytes_add(bytes_mul(2, z.Eq), bytes_mul(2, z.Ek)))},
           {"the mask's segment ids and block bits (4 copies)", bytes_mul(4, mask)}};
+}
+
+MemPart inputs_widened(const Problem& p, Dtype dtype, bool backward) {
+  const Sizes z(p);
+  if (dtype == Dtype::F64) return {"the inputs widened to fp64 (none: held in fp64)", 0};
+  return {std::string("the inputs Q, K, V") + (backward ? ", dO" : "") + " widened to fp64 for the oracle",
+          bytes_mul(8, bytes_add(bytes_mul(backward ? 2 : 1, z.Eq), bytes_mul(2, z.Ek)))};
 }
 
 std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions&, bool backward, int threads) {
@@ -140,10 +148,11 @@ MemNeed case_need(const Case& c, const std::vector<const Impl*>& impls, int thre
   if (c.op == Operator::LmHeadCe) return lmhead_case_need(c, impls, threads);
   const Problem& p = c.p;
   const bool sampled = c.check_rows > 0;
-  std::vector<MemPart> base = inputs_footprint(p);
+  std::vector<MemPart> base = inputs_footprint(p, c.dtype);
   MemNeed oracle = sampled ? sampled_oracle_need(p, c.check_rows, c.pass.bwd, threads)
                            : oracle_need(p, c.pass.bwd, threads);
   std::vector<MemPart> with_oracle = base;
+  if (!sampled) with_oracle.push_back(inputs_widened(p, c.dtype, c.pass.bwd));
   with_oracle.insert(with_oracle.end(), oracle.parts.begin(), oracle.parts.end());
   MemNeed n = make_need(oracle.step, with_oracle);
   const std::vector<MemPart> kept = sampled ? sampled_oracle_kept(p, c.check_rows, c.pass.bwd) : oracle_kept(p, c.pass.bwd);

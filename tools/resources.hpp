@@ -46,8 +46,12 @@ using reference::sampled_oracle_kept;
 using reference::sampled_oracle_need;
 
 // ---------------------------------------------------------------- the tool's runs
-// make_inputs (harness.cpp): Q, K, V, dO in fp64.
-std::vector<MemPart> inputs_footprint(const Problem& p);
+// Inputs Q, K, V, dO held in the storage type of `dtype` (make_inputs, harness.cpp: 2, 4 or 8 bytes
+// an element); case files' inputs are read in fp64.
+std::vector<MemPart> inputs_footprint(const Problem& p, Dtype dtype);
+// run_oracle's fp64 copies of inputs held narrower than fp64 (none for fp64): Q, K, V, and dO
+// for a backward.
+MemPart inputs_widened(const Problem& p, Dtype dtype, bool backward);
 // Implementation footprints (Impl::footprint): the run's own copies of the inputs and outputs in
 // its dtype, the fp64 copies fetch_* returns, and its workspace at `threads` OpenMP threads.
 std::vector<MemPart> reference_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,

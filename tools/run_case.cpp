@@ -38,7 +38,8 @@ Checker attention_checker(const Case& c, int threads) {
   // subcommands have checked case_need against the memory available before.
   auto in = std::make_shared<Inputs>();
   {
-    Allocating step("generating the inputs Q, K, V, dO in fp64", make_need("", inputs_footprint(c.p)).bytes);
+    Allocating step("generating the inputs Q, K, V, dO in " + to_string(c.dtype),
+                    make_need("", inputs_footprint(c.p, c.dtype)).bytes);
     *in = make_inputs(c.p, c.layout, c.dtype, c.seed, c.values);
   }
   // Before computing: logits that overflow fp64 would make the oracle NaN (spec §1.4).
@@ -72,7 +73,7 @@ Checker attention_checker(const Case& c, int threads) {
     validate_q_side(c.p, "O", as_const(O.view()));
     validate_rows(c.p, "LSE", as_const(LSE.view()));
     got = sampled_outputs(s, c.p.d, as_const(O.view()), as_const(LSE.view()), {}, {}, {});
-    if (columns) rr = run_rows(c.p, as_const(in->dO.view()), as_const(O.view()), as_const(LSE.view()), s.columns);
+    if (columns) rr = run_rows(c.p, in->dO.view(), as_const(O.view()), as_const(LSE.view()), s.columns);
   };
   auto sampled_backward = [&c](const Runner& run, const Sample& s, SampledOutputs& got) {
     if (run.fetch_sampled_backward) return run.fetch_sampled_backward(s, got);

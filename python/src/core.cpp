@@ -264,7 +264,7 @@ check::CheckResult check_arrays(const py::array& q, const py::array& k, const py
     const int64_t Er = tools::bytes_mul(tools::bytes_mul(x.B, x.H_q), x.N_q);
     int64_t cand = tools::bytes_add(out ? Eq : 0, lse ? Er : 0);
     if (bwd) cand = tools::bytes_add(cand, tools::bytes_add(dq ? Eq : 0, tools::bytes_mul(int64_t(!!dk) + !!dv, Ek)));
-    std::vector<tools::MemPart> held = tools::inputs_footprint(x);
+    std::vector<tools::MemPart> held = tools::inputs_footprint(x, Dtype::F64);
     held.push_back({"the candidate's tensors in fp64", tools::bytes_mul(8, cand)});
     return expected_need(x, bwd, held);
   };
@@ -670,6 +670,15 @@ py::array view4_of(const Tensor4<double>& t, py::handle owner) {
   std::vector<py::ssize_t> shape = t.layout == Layout::BSHD ? std::vector<py::ssize_t>{t.B, t.N, t.H, t.d}
                                                              : std::vector<py::ssize_t>{t.B, t.H, t.N, t.d};
   return py::array_t<double>(shape, t.data.data(), owner);
+}
+// An input of a case in fp64: a view when it is held in fp64, else a widened copy of its own
+// (generated inputs are held in their dtype's storage type; NumPy has no bf16).
+py::array view4_of(const AnyTensor4& a, py::handle owner) {
+  if (const auto* t = std::get_if<Tensor4<double>>(&a.t)) return view4_of(*t, owner);
+  const Tensor4<double> t = a.as<double>();
+  std::vector<py::ssize_t> shape = t.layout == Layout::BSHD ? std::vector<py::ssize_t>{t.B, t.N, t.H, t.d}
+                                                             : std::vector<py::ssize_t>{t.B, t.H, t.N, t.d};
+  return py::array_t<double>(shape, t.data.data());  // copies
 }
 py::array view3_of(const Tensor3<double>& t, py::handle owner) {
   return py::array_t<double>(std::vector<py::ssize_t>{t.B, t.H, t.N}, t.data.data(), owner);
