@@ -232,15 +232,7 @@ CaseData make_case(const CaseMeta& m) {
   validate(m.p);
   CaseData c;
   c.meta = m;
-  Inputs in = make_inputs(m.p, m.layout, m.dtype, m.seed, m.values);
-  // A case holds its inputs in fp64, as read_case does; widened one tensor at a time.
-  c.in.dtype = in.dtype;
-  AnyTensor4* from[4] = {&in.Q, &in.K, &in.V, &in.dO};
-  AnyTensor4* to[4] = {&c.in.Q, &c.in.K, &c.in.V, &c.in.dO};
-  for (int t = 0; t < 4; ++t) {
-    *to[t] = from[t]->as<double>();
-    *from[t] = AnyTensor4();
-  }
+  c.in = as_fp64(make_inputs(m.p, m.layout, m.dtype, m.seed, m.values));  // held in fp64, as read_case's
   return c;
 }
 

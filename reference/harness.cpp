@@ -129,6 +129,12 @@ Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed, 
   return in;
 }
 
+Inputs as_fp64(Inputs in) {
+  for (AnyTensor4* t : {&in.Q, &in.K, &in.V, &in.dO})
+    if (t->dtype() != Dtype::F64) *t = t->as<double>();  // the narrower one freed as it is replaced
+  return in;
+}
+
 namespace {
 // x's elements as U, each converted once.
 template <class U, class T>

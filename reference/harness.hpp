@@ -38,10 +38,15 @@ struct Inputs {
 };
 Inputs make_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed,
                    Values values = Values::Normal);
+// The same inputs held in fp64 (for readers of Tensor4<double>), widened one tensor at a time.
+Inputs as_fp64(Inputs in);
 
-// Element-wise conversion (double -> T), keeping the layout.
+// Element-wise conversion (double -> T; an input of any storage type through its fp64 value),
+// keeping the layout.
 template <class T>
 Tensor4<T> convert(const Tensor4<double>& x);
+template <class T>
+Tensor4<T> convert(const AnyTensor4& x) { return x.as<T>(); }
 template <class T>
 Tensor3<T> convert(const Tensor3<double>& x);
 template <class T>
@@ -63,8 +68,10 @@ void poison(Tensor3<T>& x);
 // spec, e.g. "mask (causl) has unknown part 'causl'; parts: none, causal, window:L,R, ...".
 MaskSpec make_mask(const std::string& spec, int64_t N_q, int64_t N_k, uint64_t seed);
 
-// The oracle (reference<double>) on the inputs (widened to an fp64 copy: the full oracle is for
-// problems small enough for it), plus the bounds of §9 for a candidate of inputs.dtype. backward = false leaves the gradient tensors and bounds empty.
+// The oracle (reference<double>) on the inputs, plus the bounds of §9 for a candidate of
+// inputs.dtype. Inputs held narrower than fp64 are widened to fp64 copies first (the full oracle
+// is for problems small enough for it). backward = false leaves the gradient tensors and bounds
+// empty.
 struct Oracle {
   Tensor4<double> O;        // (B, H_q, N_q, d)
   Tensor3<double> LSE;      // (B, H_q, N_q)

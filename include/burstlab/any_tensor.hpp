@@ -10,6 +10,7 @@
 #include <utility>
 #include <variant>
 
+#include "burstlab/error.hpp"
 #include "burstlab/storage.hpp"
 #include "burstlab/tensor.hpp"
 
@@ -18,7 +19,8 @@ namespace burstlab {
 // A read-only view of a tensor in any storage type, in the logical order (b, h, n, k).
 using AnyView4 = std::variant<View4<const double>, View4<const float>, View4<const bf16_t>, View4<const f16_t>>;
 
-// The view's dims and strides with no data: what the problem's checks of a view read.
+// The view's dims and strides, and its data pointer only to tell null from not: what the
+// problem's checks of a view (validate_views) read.
 inline View4<const double> shape_of(const AnyView4& v) {
   return std::visit([](const auto& x) {
     View4<const double> s;
@@ -30,11 +32,7 @@ inline View4<const double> shape_of(const AnyView4& v) {
     return s;
   }, v);
 }
-// One element, widened to fp64.
-inline double at(const AnyView4& v, int64_t b, int64_t h, int64_t n, int64_t k) {
-  return std::visit([&](const auto& x) { return to_double(x(b, h, n, k)); }, v);
-}
-
+// An owning host tensor (Tensor4) of one of the storage types.
 struct AnyTensor4 {
   std::variant<Tensor4<double>, Tensor4<float>, Tensor4<bf16_t>, Tensor4<f16_t>> t;
 
@@ -56,16 +54,22 @@ struct AnyTensor4 {
   template <class F> decltype(auto) visit(F&& f) const { return std::visit(std::forward<F>(f), t); }
   template <class F> decltype(auto) visit(F&& f) { return std::visit(std::forward<F>(f), t); }
 
-  Dtype dtype() const { return visit([](const auto& x) { return dtype_of<typename std::decay_t<decltype(x.data)>::value_type>(); }); }
+  Dtype dtype() const {  // of the storage type
+    return visit([](const auto& x) { return dtype_of<typename std::decay_t<decltype(x.data)>::value_type>(); });
+  }
   Layout layout() const { return visit([](const auto& x) { return x.layout; }); }
   int64_t dim(int a) const {
     return visit([a](const auto& x) { const int64_t d[4] = {x.B, x.H, x.N, x.d}; return d[a]; });
   }
   size_t size() const { return visit([](const auto& x) { return x.data.size(); }); }
-  bool empty() const { return size() == 0; }
   size_t bytes() const { return visit([](const auto& x) { return x.data.size() * sizeof(x.data[0]); }); }
   AnyView4 view() const { return visit([](const auto& x) -> AnyView4 { return x.view(); }); }
-  double at(int64_t b, int64_t h, int64_t n, int64_t k) const { return burstlab::at(view(), b, h, n, k); }
+  // The tensor itself when held in fp64 (a case's inputs, fp64 inputs); Error otherwise.
+  const Tensor4<double>& f64() const { return const_cast<AnyTensor4*>(this)->f64(); }
+  Tensor4<double>& f64() {
+    if (auto* x = std::get_if<Tensor4<double>>(&t)) return *x;
+    fail("tensor held in ", to_string(dtype()), ", not fp64: read it with as<double>()");
+  }
 
   // Every element as T (from_double<T> of its fp64 value), same layout.
   template <class T> Tensor4<T> as() const {
@@ -78,7 +82,9 @@ struct AnyTensor4 {
       } else {
         y.data.resize(x.data.size());
         const int64_t n = static_cast<int64_t>(x.data.size());
+#if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
+#endif
         for (int64_t e = 0; e < n; ++e) y.data[size_t(e)] = from_double<T>(to_double(x.data[size_t(e)]));
       }
       return y;

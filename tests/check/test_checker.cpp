@@ -113,9 +113,9 @@ TEST(CaseFile, WriteReadRoundTripAndShapeErrors) {
   write_case(dir, c);
   write_expected(dir, c, compute_expected(c));
   const CaseData back = read_case(dir);
-  EXPECT_EQ(back.in.Q.data, c.in.Q.data);
-  EXPECT_EQ(back.in.K.data, c.in.K.data);
-  EXPECT_EQ(back.in.dO.data, c.in.dO.data);
+  EXPECT_EQ(back.in.Q.f64().data, c.in.Q.f64().data);
+  EXPECT_EQ(back.in.K.f64().data, c.in.K.f64().data);
+  EXPECT_EQ(back.in.dO.f64().data, c.in.dO.f64().data);
   const Expected e = read_expected(dir, back.meta);
   EXPECT_EQ(e.LSE.data, compute_expected(c).LSE.data);
   // q.npy of the wrong shape / dtype: the file and the problem are named.

@@ -101,13 +101,13 @@ TEST(Merge, SplitKeysReproducesWhole) {
     Problem pa = p, pb = p;
     pa.N_k = split;
     pb.N_k = p.N_k - split;
-    View4<const double> Ka = in.K.view(), Va = in.V.view(), Kb = Ka, Vb = Va;
+    View4<const double> Ka = in.K.f64().view(), Va = in.V.f64().view(), Kb = Ka, Vb = Va;
     Ka.dim[2] = Va.dim[2] = split;
     Kb.dim[2] = Vb.dim[2] = p.N_k - split;
     Kb.data += split * Kb.stride[2];
     Vb.data += split * Vb.stride[2];
-    reference::forward<double>(pa, in.Q.view(), Ka, Va, Oa.view(), La.view());
-    reference::forward<double>(pb, in.Q.view(), Kb, Vb, Ob.view(), Lb.view());
+    reference::forward<double>(pa, in.Q.f64().view(), Ka, Va, Oa.view(), La.view());
+    reference::forward<double>(pb, in.Q.f64().view(), Kb, Vb, Ob.view(), Lb.view());
     merge<double>(Oa.view(), La.view(), as_const(Ob.view()), as_const(Lb.view()));
     for (const Metrics& m : check_forward<double>(want, Oa, La))
       EXPECT_TRUE(m.pass()) << "split " << split << ": " << m.tensor << " err/bound " << m.err_bound << " "

@@ -50,7 +50,7 @@ std::vector<Metrics> run_and_check(const Problem& p, const Inputs& in, const Ora
                                    cpu::Tiles tiles, bool backward) {
   const Tensor4<T> Q = convert<T>(in.Q), K = convert<T>(in.K), V = convert<T>(in.V),
                    dO = convert<T>(in.dO);
-  const Layout L = in.Q.layout;
+  const Layout L = in.Q.layout();
   Tensor4<T> O = make_tensor4<T>(L, p.B, p.H_q, p.N_q, p.d);  // (B, H_q, N_q, d)
   Tensor3<T> LSE = make_tensor3<T>(p.B, p.H_q, p.N_q);        // (B, H_q, N_q)
   poison(O);
@@ -59,8 +59,8 @@ std::vector<Metrics> run_and_check(const Problem& p, const Inputs& in, const Ora
   std::vector<Metrics> ms = check_forward<T>(want, O, LSE);
   if (!backward) return ms;
   Tensor4<T> dQ = make_tensor4<T>(L, p.B, p.H_q, p.N_q, p.d);
-  Tensor4<T> dK = make_tensor4<T>(in.K.layout, p.B, p.H_kv, p.N_k, p.d);
-  Tensor4<T> dV = make_tensor4<T>(in.V.layout, p.B, p.H_kv, p.N_k, p.d);
+  Tensor4<T> dK = make_tensor4<T>(in.K.layout(), p.B, p.H_kv, p.N_k, p.d);
+  Tensor4<T> dV = make_tensor4<T>(in.V.layout(), p.B, p.H_kv, p.N_k, p.d);
   poison(dQ);
   poison(dK);
   poison(dV);

@@ -200,8 +200,8 @@ TEST(CpuViews, NonUnitElementStrideMatchesOracle) {
     return v;
   };
   std::vector<double> sQ, sK, sV, sdO, sO, sdQ, sdK, sdV;
-  const View4<double> Q = strided(in.Q, sQ), K = strided(in.K, sK), V = strided(in.V, sV),
-                      dO = strided(in.dO, sdO);
+  const View4<double> Q = strided(in.Q.f64(), sQ), K = strided(in.K.f64(), sK), V = strided(in.V.f64(), sV),
+                      dO = strided(in.dO.f64(), sdO);
   Tensor4<double> O0 = make_tensor4<double>(Layout::BHSD, 2, 2, 37, 6, std::nan(""));
   Tensor4<double> K0 = make_tensor4<double>(Layout::BHSD, 2, 1, 53, 6, std::nan(""));
   const View4<double> O = strided(O0, sO), dQ = strided(O0, sdQ), dK = strided(K0, sdK),
@@ -339,8 +339,8 @@ TEST(CpuBlocks, Fp64MergedBlocksAgreeWithWholeForward) {
   const auto k_parts = cputest::split_positions(p.N_k, 4, cputest::Split::Striped, 2);
   Tensor4<double> O = make_tensor4<double>(Layout::BHSD, 1, 2, 97, 16), Ow = O;
   Tensor3<double> L = make_tensor3<double>(1, 2, 97), Lw = L;
-  cputest::forward_by_blocks(p, md.params(), in.Q, in.K, in.V, q_parts, k_parts, {8, 8}, O, L);
-  cpu::forward<double>(p, in.Q.view(), in.K.view(), in.V.view(), Ow.view(), Lw.view(), {32, 32});
+  cputest::forward_by_blocks(p, md.params(), in.Q.f64(), in.K.f64(), in.V.f64(), q_parts, k_parts, {8, 8}, O, L);
+  cpu::forward<double>(p, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), Ow.view(), Lw.view(), {32, 32});
   for (size_t e = 0; e < O.data.size(); ++e)
     EXPECT_NEAR(O.data[e], Ow.data[e], 1e-13 * (1 + std::fabs(Ow.data[e]))) << e;
   for (size_t e = 0; e < L.data.size(); ++e) {
@@ -356,16 +356,16 @@ TEST(CpuBlocks, NoKeysGivesTheMergeIdentityAndBackwardNoop) {
   Tensor4<double> O = make_tensor4<double>(Layout::BHSD, 1, 2, 10, 4, std::nan(""));
   Tensor3<double> L = make_tensor3<double>(1, 2, 10, std::nan(""));
   const Tensor4<double> K0 = make_tensor4<double>(Layout::BHSD, 1, 1, 0, 4);
-  cpu::forward_block<double>(p, md.params(), contiguous(0, 10), contiguous(0, 0), in.Q.view(),
+  cpu::forward_block<double>(p, md.params(), contiguous(0, 10), contiguous(0, 0), in.Q.f64().view(),
                              K0.view(), K0.view(), O.view(), L.view());
   for (double x : O.data) EXPECT_EQ(x, 0.0);
   for (double x : L.data) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
   // Keys all right of every query's diagonal: the block is empty, so O = 0, LSE = -inf too.
   const std::vector<int64_t> late{11};
-  const Tensor4<double> K1 = cputest::gather_rows(in.K, late), V1 = cputest::gather_rows(in.V, late);
+  const Tensor4<double> K1 = cputest::gather_rows(in.K.f64(), late), V1 = cputest::gather_rows(in.V.f64(), late);
   std::fill(O.data.begin(), O.data.end(), std::nan(""));
   cpu::forward_block<double>(p, md.params(), contiguous(0, 8), contiguous(11, 1),
-                             as_const(cputest::gather_rows(in.Q, {0, 1, 2, 3, 4, 5, 6, 7}).view()),
+                             as_const(cputest::gather_rows(in.Q.f64(), {0, 1, 2, 3, 4, 5, 6, 7}).view()),
                              K1.view(), V1.view(),
                              View4<double>{O.data.data(), {1, 2, 8, 4}, {80, 40, 4, 1}},
                              View3<double>{L.data.data(), {1, 2, 8}, {20, 10, 1}});
@@ -377,8 +377,8 @@ TEST(CpuBlocks, NoKeysGivesTheMergeIdentityAndBackwardNoop) {
   // backward_block with no keys leaves the accumulators alone.
   Tensor4<double> dQ = make_tensor4<double>(Layout::BHSD, 1, 2, 10, 4, 1.5);
   const Tensor3<double> Lz = make_tensor3<double>(1, 2, 10, 0.0), Dz = Lz;
-  cpu::backward_block<double>(p, md.params(), contiguous(0, 10), contiguous(0, 0), in.Q.view(),
-                              K0.view(), K0.view(), in.dO.view(), Lz.view(), Dz.view(), dQ.view(),
+  cpu::backward_block<double>(p, md.params(), contiguous(0, 10), contiguous(0, 0), in.Q.f64().view(),
+                              K0.view(), K0.view(), in.dO.f64().view(), Lz.view(), Dz.view(), dQ.view(),
                               make_tensor4<double>(Layout::BHSD, 1, 1, 0, 4).view(),
                               make_tensor4<double>(Layout::BHSD, 1, 1, 0, 4).view());
   for (double x : dQ.data) EXPECT_EQ(x, 1.5);
@@ -388,12 +388,12 @@ TEST(CpuBlocks, ComputeDMatchesDefinition) {
   const Problem p = make_problem(2, 3, 3, 17, 17, 5);
   const Inputs in = make_inputs(p, Layout::BSHD, Dtype::F64, 8);
   Tensor3<double> D = make_tensor3<double>(2, 3, 17, std::nan(""));
-  cpu::compute_D<double>(in.V.view(), in.dO.view(), D.view());  // any two (B,H,N,d) tensors
+  cpu::compute_D<double>(in.V.f64().view(), in.dO.f64().view(), D.view());  // any two (B,H,N,d) tensors
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t h = 0; h < 3; ++h)
       for (int64_t i = 0; i < 17; ++i) {
         double s = 0;
-        for (int64_t k = 0; k < 5; ++k) s += in.V.view()(b, h, i, k) * in.dO.view()(b, h, i, k);
+        for (int64_t k = 0; k < 5; ++k) s += in.V.f64().view()(b, h, i, k) * in.dO.f64().view()(b, h, i, k);
         // d = 5 products of N(0,1) values summed in fp64: gamma(5) sum|V||dO| ~ 5.6e-16 x ~5,
         // under 1e-14 (1 + |s|); a missing or doubled term is O(1).
         EXPECT_NEAR(D.view()(b, h, i), s, 1e-14 * (1 + std::fabs(s)));

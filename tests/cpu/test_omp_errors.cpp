@@ -126,28 +126,28 @@ TEST(OmpErrors, ReferenceForwardAndBackwardThrowBadAlloc) {
   const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F64, 1);
   Tensor4<double> O = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
   Tensor3<double> LSE = make_tensor3<double>(p.B, p.H_q, p.N_q);
-  Tensor4<double> dQ = O, dK = in.K, dV = in.V;
+  Tensor4<double> dQ = O, dK = in.K.f64(), dV = in.V.f64();
   {
     RefuseAbove limit(kLimit);
-    EXPECT_THROW(reference::forward<double>(p, in.Q.view(), in.K.view(), in.V.view(), O.view(), LSE.view()),
+    EXPECT_THROW(reference::forward<double>(p, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), O.view(), LSE.view()),
                  std::bad_alloc);
   }
-  reference::forward<double>(p, in.Q.view(), in.K.view(), in.V.view(), O.view(), LSE.view());  // recovers
+  reference::forward<double>(p, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), O.view(), LSE.view());  // recovers
   RefuseAbove limit(kLimit);
-  EXPECT_THROW(reference::backward<double>(p, in.Q.view(), in.K.view(), in.V.view(), as_const(O.view()),
-                                           in.dO.view(), as_const(LSE.view()), dQ.view(), dK.view(), dV.view()),
+  EXPECT_THROW(reference::backward<double>(p, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), as_const(O.view()),
+                                           in.dO.f64().view(), as_const(LSE.view()), dQ.view(), dK.view(), dV.view()),
                std::bad_alloc);
 }
 
 TEST(OmpErrors, OracleAndBoundsThrowBadAlloc) {
   if (!refusal_works()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
   const Problem p = problem();
-  const Inputs in = make_inputs(p, Layout::BSHD, Dtype::F32, 2);
+  const Inputs in = as_fp64(make_inputs(p, Layout::BSHD, Dtype::F32, 2));
   const Oracle o = run_oracle(p, in, true);
   RefuseAbove limit(kLimit);
   EXPECT_THROW(run_oracle(p, in, true), std::bad_alloc);
-  EXPECT_THROW(forward_bounds(p, Dtype::F32, in.Q.view(), in.K.view(), in.V.view()), std::bad_alloc);
-  EXPECT_THROW(backward_bounds(p, Dtype::F32, in.Q.view(), in.K.view(), in.V.view(), o.O.view(), in.dO.view(),
+  EXPECT_THROW(forward_bounds(p, Dtype::F32, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view()), std::bad_alloc);
+  EXPECT_THROW(backward_bounds(p, Dtype::F32, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), o.O.view(), in.dO.f64().view(),
                                o.LSE.view()),
                std::bad_alloc);
 }

@@ -208,9 +208,9 @@ void run_fwd_case(const FwdCase& c) {
   using A = acc_t<T>;
   const Shape& s = c.shape;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
-  const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
+  const Inputs in = as_fp64(make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values));  // read as Tensor4<double> below
   const Oracle want = run_oracle(p, in, false);
-  DT4<T> Q = to_device<T>(in.Q), K = to_device<T>(in.K), V = to_device<T>(in.V);
+  DT4<T> Q = to_device<T>(in.Q.f64()), K = to_device<T>(in.K.f64()), V = to_device<T>(in.V.f64());
   DT4<T> O = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);  // poisoned
   DT3<A> L = dev_rows<A>(s.B, s.Hq, s.Nq);                  // poisoned
   bc::Options opt;
@@ -267,10 +267,10 @@ void run_bwd_case(const FwdCase& c, bool deterministic) {
   using A = acc_t<T>;
   const Shape& s = c.shape;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, c.seed);
-  const Inputs in = make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values);
+  const Inputs in = as_fp64(make_inputs(p, c.layout, dtype_of<T>(), c.seed, c.values));  // read as Tensor4<double> below
   const Oracle want = run_oracle(p, in, true);
-  DT4<T> Q = to_device<T>(in.Q), K = to_device<T>(in.K), V = to_device<T>(in.V),
-         dO = to_device<T>(in.dO);
+  DT4<T> Q = to_device<T>(in.Q.f64()), K = to_device<T>(in.K.f64()), V = to_device<T>(in.V.f64()),
+         dO = to_device<T>(in.dO.f64());
   DT4<T> O = dev_empty<T>(c.layout, s.B, s.Hq, s.Nq, s.d);
   DT3<A> L = dev_rows<A>(s.B, s.Hq, s.Nq);
   bc::Options opt;
@@ -386,7 +386,7 @@ void run_block_case(const BlockCase& c) {
   const uint64_t seed = 4242;
   Problem p = make_problem(s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.d, c.mask, seed);
   const Layout layout = Layout::BSHD;
-  const Inputs in = make_inputs(p, layout, dtype_of<T>(), seed, Values::Normal);
+  const Inputs in = as_fp64(make_inputs(p, layout, dtype_of<T>(), seed, Values::Normal));  // read as Tensor4<double> below
   const Oracle want = run_oracle(p, in, true);
   const MaskData md = compile_mask(p);
   const bc::DeviceMask dm(md);
@@ -401,8 +401,8 @@ void run_block_case(const BlockCase& c) {
   std::vector<DT4<T>> Kb, Vb;
   std::vector<bc::DeviceBuffer<int64_t>> kidx;
   for (const auto& kp : kparts) {
-    Kb.push_back(to_device<T>(gather(in.K, kp)));
-    Vb.push_back(to_device<T>(gather(in.V, kp)));
+    Kb.push_back(to_device<T>(gather(in.K.f64(), kp)));
+    Vb.push_back(to_device<T>(gather(in.V.f64(), kp)));
     kidx.emplace_back(kp.size());
     kidx.back().upload(kp.data(), kp.size());
   }
@@ -422,7 +422,7 @@ void run_block_case(const BlockCase& c) {
     bc::DeviceBuffer<int64_t> qidx(qp.size());
     qidx.upload(qp.data(), qp.size());
     const Positions qpos = c.q_indexed ? Positions{0, nq, qidx.data()} : contiguous(qp.empty() ? 0 : qp[0], nq);
-    DT4<T> Q = to_device<T>(gather(in.Q, qp)), dO = to_device<T>(gather(in.dO, qp));
+    DT4<T> Q = to_device<T>(gather(in.Q.f64(), qp)), dO = to_device<T>(gather(in.dO.f64(), qp));
     DT4<T> O = dev_empty<T>(layout, s.B, s.Hq, nq, s.d);
     DT3<A> L = dev_rows<A>(s.B, s.Hq, nq);
     for (size_t kb = 0; kb < kparts.size(); ++kb) {
@@ -565,15 +565,15 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBackwardBlock, ::testing::ValuesIn(bwd_block
 void run_deterministic_block(bc::Variant variant) {
   using A = float;
   const Problem p = make_problem(1, 4, 2, 300, 500, 128, "causal", 17);
-  const Inputs in = make_inputs(p, Layout::BSHD, Dtype::BF16, 17, Values::Normal);
+  const Inputs in = as_fp64(make_inputs(p, Layout::BSHD, Dtype::BF16, 17, Values::Normal));  // read as Tensor4<double> below
   const MaskData md = compile_mask(p);
   const bc::DeviceMask dm(md);
   // Rows [100, 300) against keys [128, 450): offsets on both sides; LSE and D arbitrary finite.
   std::vector<int64_t> qi(200), ki(322);
   std::iota(qi.begin(), qi.end(), int64_t(100));
   std::iota(ki.begin(), ki.end(), int64_t(128));
-  DT4<bf16_t> Q = to_device<bf16_t>(gather(in.Q, qi)), dO = to_device<bf16_t>(gather(in.dO, qi));
-  DT4<bf16_t> K = to_device<bf16_t>(gather(in.K, ki)), V = to_device<bf16_t>(gather(in.V, ki));
+  DT4<bf16_t> Q = to_device<bf16_t>(gather(in.Q.f64(), qi)), dO = to_device<bf16_t>(gather(in.dO.f64(), qi));
+  DT4<bf16_t> K = to_device<bf16_t>(gather(in.K.f64(), ki)), V = to_device<bf16_t>(gather(in.V.f64(), ki));
   Tensor3<double> lse = make_tensor3<double>(1, 4, 200), dd = make_tensor3<double>(1, 4, 200);
   for (size_t i = 0; i < lse.data.size(); ++i) { lse.data[i] = 3.0 + 0.01 * double(i % 50); dd.data[i] = 0.1 * double(i % 7); }
   auto rows = [](const Tensor3<double>& x) {
@@ -588,8 +588,8 @@ void run_deterministic_block(bc::Variant variant) {
   opt.deterministic = true;
   std::vector<std::vector<A>> got;
   for (int rep = 0; rep < 2; ++rep) {
-    DT4<A> dQ = to_device<A>(initial_grad(gather(in.Q, qi))), dK = to_device<A>(initial_grad(gather(in.K, ki))),
-           dV = to_device<A>(initial_grad(gather(in.V, ki)));
+    DT4<A> dQ = to_device<A>(initial_grad(gather(in.Q.f64(), qi))), dK = to_device<A>(initial_grad(gather(in.K.f64(), ki))),
+           dV = to_device<A>(initial_grad(gather(in.V.f64(), ki)));
     bc::backward_block<bf16_t>(p, dm.params(), contiguous(100, 200), contiguous(128, 322), Q.cview(), K.cview(),
                                  V.cview(), dO.cview(), L.cview(), D.cview(), dQ.view(), dK.view(), dV.view(), opt);
     BURSTLAB_CUDA_CHECK(cudaDeviceSynchronize());

@@ -43,7 +43,7 @@ struct Buffers {
   Buffer<T> LSE, D, dQ, dK, dV;  // A == T for fp32 and fp64
   PreparedMask mask;
   Buffers(Engine<T>& eng, const Problem& pr, const Inputs& in) : e(eng), p(pr) {
-    const auto put = [&](Buffer<T>& b, const Tensor4<double>& x) {
+    const auto put = [&](Buffer<T>& b, const AnyTensor4& x) {
       const Tensor4<T> h = convert<T>(x);
       b = alloc<T>(e, int64_t(h.data.size()));
       upload(e, b.data, h.data.data(), b.n);

@@ -122,8 +122,8 @@ double max_abs(const std::vector<double>& x) {
 // sum_j |dS_ij| |K_jk| <= 2 d max|dO| max|V| max|K|, and dK, dV sum G N_q such rows.
 double grad_atol(const Problem& p, const Inputs& in) {
   return 1e-13 * 2.0 * double(p.d) * double(group_size(p)) * double(std::max(p.N_q, p.N_k)) *
-         max_abs(in.dO.data) * max_abs(in.V.data) *
-         std::max({max_abs(in.Q.data), max_abs(in.K.data), 1.0});
+         max_abs(in.dO.f64().data) * max_abs(in.V.f64().data) *
+         std::max({max_abs(in.Q.f64().data), max_abs(in.K.f64().data), 1.0});
 }
 
 // Tolerances of the cpu-vs-cpu properties below. Both sides are fp64 cpu runs on normal values
@@ -211,12 +211,12 @@ struct Partial {
 Partial partial(const Problem& p, const MaskParams& mp, const Inputs& in,
                 const std::vector<int64_t>& keys, cpu::Tiles t) {
   Partial r;
-  r.O = make_tensor4<double>(in.Q.layout, p.B, p.H_q, p.N_q, p.d);
+  r.O = make_tensor4<double>(in.Q.layout(), p.B, p.H_q, p.N_q, p.d);
   r.L = make_tensor3<double>(p.B, p.H_q, p.N_q);
   poison(r.O);
   poison(r.L);
-  const Tensor4<double> Kb = cputest::gather_rows(in.K, keys), Vb = cputest::gather_rows(in.V, keys);
-  cpu::forward_block<double>(p, mp, contiguous(0, p.N_q), cputest::positions_of(keys), in.Q.view(),
+  const Tensor4<double> Kb = cputest::gather_rows(in.K.f64(), keys), Vb = cputest::gather_rows(in.V.f64(), keys);
+  cpu::forward_block<double>(p, mp, contiguous(0, p.N_q), cputest::positions_of(keys), in.Q.f64().view(),
                              Kb.view(), Vb.view(), r.O.view(), r.L.view(), t);
   return r;
 }
@@ -237,13 +237,13 @@ RC_GTEST_PROP(CpuProperty, SplitKeysAnywhereAndMergeEqualsWhole, ()) {
   const Inputs in = make_inputs(p, layout_of(s), Dtype::F64, static_cast<uint64_t>(s.seed));
   const Oracle want = run_oracle(p, in, false);
   Partial acc;
-  acc.O = make_tensor4<double>(in.Q.layout, p.B, p.H_q, p.N_q, p.d, 0.0);
+  acc.O = make_tensor4<double>(in.Q.layout(), p.B, p.H_q, p.N_q, p.d, 0.0);
   acc.L = make_tensor3<double>(p.B, p.H_q, p.N_q, -std::numeric_limits<double>::infinity());
   for (const auto& keys : key_pieces(p.N_k, parts, scattered, s.seed + 1))
     acc = merged(acc, partial(p, md.params(), in, keys, tiles_of(s)));
   assert_pass(check_forward<double>(want, acc.O, acc.L));
-  const Result whole = run_cpu64(p, in.Q, in.K, in.V, in.dO, tiles_of(s), false);
-  RC_ASSERT_CLOSE(acc.O.data, whole.O.data, 1e-12, 1e-13 * max_abs(in.V.data));
+  const Result whole = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), tiles_of(s), false);
+  RC_ASSERT_CLOSE(acc.O.data, whole.O.data, 1e-12, 1e-13 * max_abs(in.V.f64().data));
   RC_ASSERT_CLOSE(acc.L.data, whole.LSE.data, 1e-13, 1e-13);
 }
 
@@ -263,11 +263,11 @@ RC_GTEST_PROP(CpuProperty, MergeAlgebra, ()) {
   RC_ASSERT(std::memcmp(ab.L.data.data(), ba.L.data.data(), ab.L.data.size() * sizeof(double)) == 0);
   // associative up to rounding
   const Partial ab_c = merged(ab, c), a_bc = merged(a, merged(b, c));
-  RC_ASSERT_CLOSE(ab_c.O.data, a_bc.O.data, 1e-13, 1e-14 * max_abs(in.V.data));
+  RC_ASSERT_CLOSE(ab_c.O.data, a_bc.O.data, 1e-13, 1e-14 * max_abs(in.V.f64().data));
   RC_ASSERT_CLOSE(ab_c.L.data, a_bc.L.data, 1e-14, 1e-14);
   // identity (O = 0, LSE = -inf) on either side, bitwise
   Partial id;
-  id.O = make_tensor4<double>(in.Q.layout, p.B, p.H_q, p.N_q, p.d, 0.0);
+  id.O = make_tensor4<double>(in.Q.layout(), p.B, p.H_q, p.N_q, p.d, 0.0);
   id.L = make_tensor3<double>(p.B, p.H_q, p.N_q, -std::numeric_limits<double>::infinity());
   for (const Partial& x : {merged(a, id), merged(id, a)}) {
     RC_ASSERT(std::memcmp(x.O.data.data(), a.O.data.data(), a.O.data.size() * sizeof(double)) == 0);
@@ -285,10 +285,10 @@ RC_GTEST_PROP(CpuProperty, KeyPermutationInvarianceWithoutMask, ()) {
   std::vector<int64_t> perm(static_cast<size_t>(p.N_k));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937_64(static_cast<uint64_t>(s.seed) + 3));
-  const Tensor4<double> Kp = cputest::gather_rows(in.K, perm), Vp = cputest::gather_rows(in.V, perm);
-  const Result r0 = run_cpu64(p, in.Q, in.K, in.V, in.dO, tiles_of(s), true);
-  const Result r1 = run_cpu64(p, in.Q, Kp, Vp, in.dO, tiles_of(s), true);
-  RC_ASSERT_CLOSE(r1.O.data, r0.O.data, 1e-12, 1e-13 * max_abs(in.V.data));
+  const Tensor4<double> Kp = cputest::gather_rows(in.K.f64(), perm), Vp = cputest::gather_rows(in.V.f64(), perm);
+  const Result r0 = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), tiles_of(s), true);
+  const Result r1 = run_cpu64(p, in.Q.f64(), Kp, Vp, in.dO.f64(), tiles_of(s), true);
+  RC_ASSERT_CLOSE(r1.O.data, r0.O.data, 1e-12, 1e-13 * max_abs(in.V.f64().data));
   RC_ASSERT_CLOSE(r1.LSE.data, r0.LSE.data, 1e-13, 1e-13);
   RC_ASSERT_CLOSE(r1.dQ.data, r0.dQ.data, 1e-11, grad_atol(p, in));
   const Tensor4<double> dK0p = cputest::gather_rows(r0.dK, perm), dV0p = cputest::gather_rows(r0.dV, perm);
@@ -303,14 +303,14 @@ RC_GTEST_PROP(CpuProperty, LinearInV, ()) {
   const Inputs in = make_inputs(p, layout_of(s), Dtype::F64, static_cast<uint64_t>(s.seed));
   const Inputs in2 = make_inputs(p, layout_of(s), Dtype::F64, static_cast<uint64_t>(s.seed) + 7);
   const double a = *rc::gen::inRange(-20, 21) / 8.0, b = *rc::gen::inRange(-20, 21) / 8.0;
-  Tensor4<double> Vc = in.V;
-  for (size_t e = 0; e < Vc.data.size(); ++e) Vc.data[e] = a * in.V.data[e] + b * in2.V.data[e];
-  const Result r1 = run_cpu64(p, in.Q, in.K, in.V, in.dO, tiles_of(s), false);
-  const Result r2 = run_cpu64(p, in.Q, in.K, in2.V, in.dO, tiles_of(s), false);
-  const Result rc_ = run_cpu64(p, in.Q, in.K, Vc, in.dO, tiles_of(s), false);
+  Tensor4<double> Vc = in.V.f64();
+  for (size_t e = 0; e < Vc.data.size(); ++e) Vc.data[e] = a * in.V.f64().data[e] + b * in2.V.f64().data[e];
+  const Result r1 = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), tiles_of(s), false);
+  const Result r2 = run_cpu64(p, in.Q.f64(), in.K.f64(), in2.V.f64(), in.dO.f64(), tiles_of(s), false);
+  const Result rc_ = run_cpu64(p, in.Q.f64(), in.K.f64(), Vc, in.dO.f64(), tiles_of(s), false);
   std::vector<double> lin(r1.O.data.size());
   for (size_t e = 0; e < lin.size(); ++e) lin[e] = a * r1.O.data[e] + b * r2.O.data[e];
-  const double scale = (std::fabs(a) + std::fabs(b)) * std::max(max_abs(in.V.data), max_abs(in2.V.data));
+  const double scale = (std::fabs(a) + std::fabs(b)) * std::max(max_abs(in.V.f64().data), max_abs(in2.V.f64().data));
   RC_ASSERT_CLOSE(rc_.O.data, lin, 0.0, 1e-13 * scale + 1e-300);
   RC_ASSERT(std::memcmp(rc_.LSE.data.data(), r1.LSE.data.data(), r1.LSE.data.size() * sizeof(double)) == 0);
 }
@@ -325,8 +325,8 @@ RC_GTEST_PROP(CpuProperty, OnesGiveOnesOnVisibleRowsAndZeroOnEmptyRows, ()) {
   auto check = [&](auto tag, double tol) {
     using T = decltype(tag);
     const Tensor4<T> Q = convert<T>(in.Q), K = convert<T>(in.K);
-    const Tensor4<T> V = make_tensor4<T>(in.V.layout, p.B, p.H_kv, p.N_k, p.d, T(1));
-    Tensor4<T> O = make_tensor4<T>(in.Q.layout, p.B, p.H_q, p.N_q, p.d);
+    const Tensor4<T> V = make_tensor4<T>(in.V.layout(), p.B, p.H_kv, p.N_k, p.d, T(1));
+    Tensor4<T> O = make_tensor4<T>(in.Q.layout(), p.B, p.H_q, p.N_q, p.d);
     Tensor3<T> L = make_tensor3<T>(p.B, p.H_q, p.N_q);
     poison(O);
     poison(L);
@@ -368,12 +368,12 @@ RC_GTEST_PROP(CpuProperty, GqaEqualsMhaWithRepeatedKV, ()) {
           for (int64_t k = 0; k < p.d; ++k) y.view()(b, h, j, k) = x.view()(b, h / G, j, k);
     return y;
   };
-  const Result g = run_cpu64(p, in.Q, in.K, in.V, in.dO, tiles_of(s), true);
-  const Result m = run_cpu64(pm, in.Q, repeat(in.K), repeat(in.V), in.dO, tiles_of(s), true);
-  RC_ASSERT_CLOSE(g.O.data, m.O.data, 1e-13, 1e-14 * max_abs(in.V.data));
+  const Result g = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), tiles_of(s), true);
+  const Result m = run_cpu64(pm, in.Q.f64(), repeat(in.K.f64()), repeat(in.V.f64()), in.dO.f64(), tiles_of(s), true);
+  RC_ASSERT_CLOSE(g.O.data, m.O.data, 1e-13, 1e-14 * max_abs(in.V.f64().data));
   RC_ASSERT_CLOSE(g.LSE.data, m.LSE.data, 1e-14, 1e-14);
   RC_ASSERT_CLOSE(g.dQ.data, m.dQ.data, 1e-12, grad_atol(p, in));
-  Tensor4<double> dKs = make_tensor4<double>(in.K.layout, p.B, p.H_kv, p.N_k, p.d, 0.0), dVs = dKs;
+  Tensor4<double> dKs = make_tensor4<double>(in.K.layout(), p.B, p.H_kv, p.N_k, p.d, 0.0), dVs = dKs;
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H_q; ++h)
       for (int64_t j = 0; j < p.N_k; ++j)
@@ -391,9 +391,9 @@ RC_GTEST_PROP(CpuProperty, TileSizeInvariance, ()) {
   const cpu::Tiles t2{*rc::gen::inRange(1, 70), *rc::gen::inRange(1, 70)};
   const Problem p = problem_of(s);
   const Inputs in = make_inputs(p, layout_of(s), Dtype::F64, static_cast<uint64_t>(s.seed));
-  const Result r1 = run_cpu64(p, in.Q, in.K, in.V, in.dO, tiles_of(s), true);
-  const Result r2 = run_cpu64(p, in.Q, in.K, in.V, in.dO, t2, true);
-  RC_ASSERT_CLOSE(r1.O.data, r2.O.data, 1e-12, 1e-13 * max_abs(in.V.data));
+  const Result r1 = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), tiles_of(s), true);
+  const Result r2 = run_cpu64(p, in.Q.f64(), in.K.f64(), in.V.f64(), in.dO.f64(), t2, true);
+  RC_ASSERT_CLOSE(r1.O.data, r2.O.data, 1e-12, 1e-13 * max_abs(in.V.f64().data));
   RC_ASSERT_CLOSE(r1.LSE.data, r2.LSE.data, 1e-13, 1e-13);
   RC_ASSERT_CLOSE(r1.dQ.data, r2.dQ.data, 1e-11, grad_atol(p, in));
   RC_ASSERT_CLOSE(r1.dK.data, r2.dK.data, 1e-11, grad_atol(p, in));

@@ -27,18 +27,18 @@ struct Case {
 };
 
 double loss(const Problem& p, const Inputs& in) {
-  Tensor4<double> O = make_tensor4<double>(in.Q.layout, p.B, p.H_q, p.N_q, p.d);
+  Tensor4<double> O = make_tensor4<double>(in.Q.layout(), p.B, p.H_q, p.N_q, p.d);
   Tensor3<double> L = make_tensor3<double>(p.B, p.H_q, p.N_q);
-  reference::forward<double>(p, as_const(in.Q.view()), as_const(in.K.view()), as_const(in.V.view()), O.view(), L.view());
+  reference::forward<double>(p, as_const(in.Q.f64().view()), as_const(in.K.f64().view()), as_const(in.V.f64().view()), O.view(), L.view());
   double s = 0;
-  for (size_t e = 0; e < O.data.size(); ++e) s += in.dO.data[e] * O.data[e];  // same layout
+  for (size_t e = 0; e < O.data.size(); ++e) s += in.dO.f64().data[e] * O.data[e];  // same layout
   return s;
 }
 
 // Max |fd - analytic| over the tensor, and max |analytic|.
-void check_tensor(const char* name, const Problem& p, Inputs in, Tensor4<double> Inputs::*which,
+void check_tensor(const char* name, const Problem& p, Inputs in, AnyTensor4 Inputs::*which,
                   const Tensor4<double>& grad, const std::string& ctx) {
-  Tensor4<double>& X = in.*which;
+  Tensor4<double>& X = (in.*which).f64();
   double max_err = 0, max_g = 0;
   size_t worst = 0;
   for (size_t e = 0; e < X.data.size(); ++e) {
@@ -101,20 +101,20 @@ TEST(FiniteDiffLse, MatchesSoftmaxWeightedKeys) {
     Inputs in = make_inputs(p, Layout::BHSD, Dtype::F64, 29);
     Tensor4<double> PK = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
     Tensor3<double> L0 = make_tensor3<double>(p.B, p.H_q, p.N_q);
-    reference::forward<double>(p, as_const(in.Q.view()), as_const(in.K.view()), as_const(in.K.view()), PK.view(), L0.view());
+    reference::forward<double>(p, as_const(in.Q.f64().view()), as_const(in.K.f64().view()), as_const(in.K.f64().view()), PK.view(), L0.view());
     const double scale = scale_of(p);
     Tensor4<double> O = make_tensor4<double>(Layout::BHSD, p.B, p.H_q, p.N_q, p.d);
     Tensor3<double> Lp = L0, Lm = L0;
     double max_err = 0;
-    for (size_t e = 0; e < in.Q.data.size(); ++e) {
+    for (size_t e = 0; e < in.Q.f64().data.size(); ++e) {
       const size_t row = e / p.d;  // BHSD: flat row index (b, h, i)
       if (std::isinf(L0.data[row])) continue;
-      const double x0 = in.Q.data[e];
-      in.Q.data[e] = x0 + kStep;
-      reference::forward<double>(p, as_const(in.Q.view()), as_const(in.K.view()), as_const(in.V.view()), O.view(), Lp.view());
-      in.Q.data[e] = x0 - kStep;
-      reference::forward<double>(p, as_const(in.Q.view()), as_const(in.K.view()), as_const(in.V.view()), O.view(), Lm.view());
-      in.Q.data[e] = x0;
+      const double x0 = in.Q.f64().data[e];
+      in.Q.f64().data[e] = x0 + kStep;
+      reference::forward<double>(p, as_const(in.Q.f64().view()), as_const(in.K.f64().view()), as_const(in.V.f64().view()), O.view(), Lp.view());
+      in.Q.f64().data[e] = x0 - kStep;
+      reference::forward<double>(p, as_const(in.Q.f64().view()), as_const(in.K.f64().view()), as_const(in.V.f64().view()), O.view(), Lm.view());
+      in.Q.f64().data[e] = x0;
       const double fd = (Lp.data[row] - Lm.data[row]) / (2 * kStep);
       max_err = std::max(max_err, std::fabs(fd - scale * PK.data[e]));
     }

@@ -196,13 +196,13 @@ TEST(Hand, GqaEqualsPerHeadSum) {
         one.V = make_tensor4<double>(Layout::BHSD, 1, 1, 5, 3);
         for (int64_t i = 0; i < 6; ++i)
           for (int64_t k = 0; k < 3; ++k) {
-            one.Q.view()(0, 0, i, k) = in.Q.view()(0, h, i, k);
-            one.dO.view()(0, 0, i, k) = in.dO.view()(0, h, i, k);
+            one.Q.f64().view()(0, 0, i, k) = in.Q.f64().view()(0, h, i, k);
+            one.dO.f64().view()(0, 0, i, k) = in.dO.f64().view()(0, h, i, k);
           }
         for (int64_t j = 0; j < 5; ++j)
           for (int64_t k = 0; k < 3; ++k) {
-            one.K.view()(0, 0, j, k) = in.K.view()(0, hk, j, k);
-            one.V.view()(0, 0, j, k) = in.V.view()(0, hk, j, k);
+            one.K.f64().view()(0, 0, j, k) = in.K.f64().view()(0, hk, j, k);
+            one.V.f64().view()(0, 0, j, k) = in.V.f64().view()(0, hk, j, k);
           }
         const Oracle o1 = run_oracle(p1, one, true);
         for (int64_t i = 0; i < 6; ++i) {
@@ -244,8 +244,8 @@ TEST(Hand, LayoutsAgree) {
         for (int64_t n = 0; n < u.dim[2]; ++n)
           for (int64_t k = 0; k < u.dim[3]; ++k) EXPECT_NEAR(u(q, h, n, k), v(q, h, n, k), 1e-14);
   };
-  same4(a.Q, b.Q);
-  same4(a.V, b.V);
+  same4(a.Q.f64(), b.Q.f64());
+  same4(a.V.f64(), b.V.f64());
   same4(oa.O, ob.O);
   same4(oa.dQ, ob.dQ);
   same4(oa.dK, ob.dK);

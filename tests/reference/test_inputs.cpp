@@ -11,6 +11,7 @@
 
 #include "fill.hpp"
 #include "harness.hpp"
+#include "rows.hpp"
 #include "streams.hpp"
 
 namespace burstlab {
@@ -47,20 +48,25 @@ Inputs serial_inputs(const Problem& p, Layout layout, Dtype dtype, uint64_t seed
     return sign * std::pow(10.0, e);
   };
   auto gauss = [&](std::mt19937_64& r) { return normal(r); };
-  fill(in.Q, rq, qk);
-  fill(in.K, rk, qk);
+  fill(in.Q.f64(), rq, qk);
+  fill(in.K.f64(), rk, qk);
   if (values == Values::WideV) {
-    fill(in.V, rv, wide);
-    fill(in.dO, rdo, wide);
+    fill(in.V.f64(), rv, wide);
+    fill(in.dO.f64(), rdo, wide);
   } else {
-    fill(in.V, rv, gauss);
-    fill(in.dO, rdo, gauss);
+    fill(in.V.f64(), rv, gauss);
+    fill(in.dO.f64(), rdo, gauss);
   }
   return in;
 }
 
 bool same_bits(const Tensor4<double>& a, const Tensor4<double>& b) {
   return a.data.size() == b.data.size() && std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(double)) == 0;
+}
+// The same values (widened to fp64), whatever each is held in.
+bool same_bits(const AnyTensor4& a, const AnyTensor4& b) { return same_bits(a.as<double>(), b.as<double>()); }
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
 Problem shape(int64_t B, int64_t H_q, int64_t H_kv, int64_t N_q, int64_t N_k, int64_t d) {
@@ -83,6 +89,8 @@ TEST(Inputs, SideBySideEqualsTheSerialPass) {
             const Inputs a = make_inputs(p, l, dt, seed, v), b = serial_inputs(p, l, dt, seed, v);
             const std::string at = to_string(dt) + " " + to_string(v) + " seed " + std::to_string(seed) + " Nq " +
                                    std::to_string(p.N_q) + " Nk " + std::to_string(p.N_k);
+            EXPECT_EQ(a.Q.dtype(), dt) << "make_inputs holds Q in the dtype's storage type, " << at;
+            EXPECT_EQ(a.Q.bytes(), a.Q.size() * size_t(bytes_of(dt))) << at;
             EXPECT_TRUE(same_bits(a.Q, b.Q)) << "Q " << at;
             EXPECT_TRUE(same_bits(a.K, b.K)) << "K " << at;
             EXPECT_TRUE(same_bits(a.V, b.V)) << "V " << at;
@@ -145,6 +153,40 @@ TEST(Inputs, ACarriedValueThatRoundsToZeroIsRedrawn) {
                                    << zeros_at_start_of_2 << ")";
   }
   EXPECT_GT(carried_zero, 0) << "no seed carried a value that rounds to 0: the case was not exercised";
+}
+
+// The inputs in their storage type and widened to fp64 are the same values: every oracle (full,
+// sampled rows, sampled columns) and the conversion to each storage type give the same bits.
+TEST(Inputs, EveryReaderSeesTheSameBitsAsOfAnFp64Copy) {
+  Problem p = shape(2, 4, 2, 37, 29, 8);
+  p.mask.causal = true;
+  int checked = 0;
+  for (Dtype dt : {Dtype::F32, Dtype::BF16, Dtype::F16})
+    for (Layout l : {Layout::BHSD, Layout::BSHD}) {
+      const Inputs in = make_inputs(p, l, dt, 5, Values::WideV);
+      const Inputs wide{dt, in.Q.as<double>(), in.K.as<double>(), in.V.as<double>(), in.dO.as<double>()};
+      ASSERT_EQ(in.Q.dtype(), dt);
+      ASSERT_EQ(wide.Q.dtype(), Dtype::F64);
+      const std::string at = to_string(dt) + " " + to_string(l);
+      const Oracle a = run_oracle(p, in, true), b = run_oracle(p, wide, true);
+      for (auto [x, y] : {std::pair{&a.O, &b.O}, {&a.dQ, &b.dQ}, {&a.dK, &b.dK}, {&a.dV, &b.dV}, {&a.fwd.O, &b.fwd.O},
+                          {&a.bwd.dQ, &b.bwd.dQ}, {&a.bwd.dK, &b.bwd.dK}, {&a.bwd.dV, &b.bwd.dV}})
+        EXPECT_TRUE(same_bits(*x, *y)) << at;
+      EXPECT_TRUE(same_bits(a.LSE.data, b.LSE.data)) << at;
+      const Sample smp = choose_sample(p, 12, 3);
+      const RowOracle ra = row_oracle(p, in, smp.rows, true), rb = row_oracle(p, wide, smp.rows, true);
+      EXPECT_TRUE(same_bits(ra.O, rb.O) && same_bits(ra.LSE, rb.LSE) && same_bits(ra.dQ, rb.dQ) &&
+                  same_bits(ra.bound_dQ, rb.bound_dQ)) << at;
+      const ColumnOracle ca = column_oracle(p, in, as_const(a.O.view()), as_const(a.LSE.view()), smp.columns);
+      const ColumnOracle cb = column_oracle(p, wide, as_const(a.O.view()), as_const(a.LSE.view()), smp.columns);
+      EXPECT_TRUE(same_bits(ca.dK, cb.dK) && same_bits(ca.dV, cb.dV) && same_bits(ca.bound_dK, cb.bound_dK)) << at;
+      const Tensor4<float> fa = in.V.as<float>(), fb = wide.V.as<float>();
+      EXPECT_EQ(0, std::memcmp(fa.data.data(), fb.data.data(), fa.data.size() * sizeof(float))) << at;
+      const Tensor4<bf16_t> ha = in.dO.as<bf16_t>(), hb = wide.dO.as<bf16_t>();
+      EXPECT_EQ(0, std::memcmp(ha.data.data(), hb.data.data(), ha.data.size() * sizeof(bf16_t))) << at;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 6);
 }
 
 }  // namespace

@@ -239,9 +239,9 @@ TEST(SampledCheck, DroppedBlockOfDKIsCaught) {
   Inputs cut = in;
   for (int64_t h = 0; h < p.H_q; ++h)
     for (int64_t i = p.N_q / 2; i < p.N_q; ++i)
-      for (int64_t k = 0; k < p.d; ++k) cut.dO.view()(0, h, i, k) = 0;
+      for (int64_t k = 0; k < p.d; ++k) cut.dO.f64().view()(0, h, i, k) = 0;
   Tensor4<double> dQ = o.dQ, dK = o.dK, dV = o.dV;
-  reference::backward<double>(p, in.Q.view(), in.K.view(), in.V.view(), o.O.view(), as_const(cut.dO.view()), o.LSE.view(),
+  reference::backward<double>(p, in.Q.f64().view(), in.K.f64().view(), in.V.f64().view(), o.O.view(), as_const(cut.dO.f64().view()), o.LSE.view(),
                               dQ.view(), dK.view(), dV.view());
   Tensor4<double> bad_dK = o.dK, bad_dV = o.dV;
   for (int64_t hk = 0; hk < p.H_kv; ++hk)
@@ -360,13 +360,14 @@ TEST(StoredInputs, StridedBf16AndFp32GiveTheBitsOfFp64Inputs) {
   for (Dtype dt : {Dtype::BF16, Dtype::F32})
     for (const char* mask : {"causal", "document:3", "block:8x8@0.5"}) {
       const Problem p = make_problem(2, 4, 2, 37, 45, 6, mask, 3);
-      const Inputs in = make_inputs(p, Layout::BHSD, dt, 5);  // values representable in dt
+      const Inputs in = as_fp64(make_inputs(p, Layout::BHSD, dt, 5));  // values representable in dt
       const Oracle o = run_oracle(p, in, true);
-      const Stored Q = store(in.Q, dt), K = store(in.K, dt), V = store(in.V, dt), dO = store(in.dO, dt);
+      const Stored Q = store(in.Q.f64(), dt), K = store(in.K.f64(), dt), V = store(in.V.f64(), dt),
+                   dO = store(in.dO.f64(), dt);
       Tensor4<double> O_dt = o.O;  // the run's O as a candidate of dt would hold it
       for (double& x : O_dt.data) x = dt == Dtype::BF16 ? double(round_to_bf16(float(x))) : double(float(x));
       const Stored O = store(O_dt, dt);
-      for (const auto& [t, st] : {std::pair{&in.Q, &Q}, {&in.K, &K}, {&in.V, &V}, {&in.dO, &dO}, {&O_dt, &O}}) {
+      for (const auto& [t, st] : {std::pair{&in.Q.f64(), &Q}, {&in.K.f64(), &K}, {&in.V.f64(), &V}, {&in.dO.f64(), &dO}, {&O_dt, &O}}) {
         const View4<const double> v = as_const(t->view());
         for (int64_t b = 0; b < v.dim[0]; ++b)
           for (int64_t h = 0; h < v.dim[1]; ++h)
@@ -394,8 +395,8 @@ TEST(StoredInputs, StridedBf16AndFp32GiveTheBitsOfFp64Inputs) {
       same(c.bound_dK, e.bound_dK, "bound_dK");
     }
   const Problem p = make_problem(1, 2, 1, 8, 8, 4, "none", 1);
-  const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
-  const Stored Q = store(in.Q, Dtype::F32);
+  const Inputs in = as_fp64(make_inputs(p, Layout::BHSD, Dtype::F32, 5));
+  const Stored Q = store(in.Q.f64(), Dtype::F32);
   const StoredInputs short_k{Dtype::F32, Q.s, Q.s, Q.s, Q.s};  // K with H_q heads: the wrong shape
   EXPECT_THROW(row_oracle(p, short_k, {{0, 0, 0}}, false), Error);
 }

@@ -276,12 +276,12 @@ TEST(Memory, AnAllocationThatFailsAnywayIsAClearErrorNotAnAbort) {
   // cannot throw the std::bad_alloc this test is about.
   GTEST_SKIP() << "AddressSanitizer build: a refused operator new aborts instead of throwing";
 #endif
-  // The check told that 2^63 bytes are free: make_inputs asks for 2^51 bytes, which malloc refuses
-  // at once (more than any address space), and std::bad_alloc reaches main().
+  // The check told that 2^63 bytes are free: make_inputs asks for petabytes (fp32 inputs), which
+  // malloc refuses at once (more than any address space), and std::bad_alloc reaches main().
   const Output o = burstlab("run --nq 1099511627776", "BURSTLAB_MEMORY_AVAILABLE=9223372036854775807");
   EXPECT_EQ(o.rc, 2) << o.err;
   EXPECT_NE(o.err.find("burstlab run: error: out of memory (std::bad_alloc) while generating the inputs Q, K, V, "
-                       "dO in fp64 (estimated 4.5 PB)"),
+                       "dO in fp32 (estimated 2.3 PB)"),
             std::string::npos)
       << o.err;
   EXPECT_NE(o.err.find("use a smaller problem (--nq, --nk, --threads)"), std::string::npos) << o.err;

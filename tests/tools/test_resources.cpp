@@ -161,6 +161,23 @@ TEST(Estimate, DistributedDevicePartsAreOneDevicesShare) {
   EXPECT_EQ(cpu.bytes, cpu_all.bytes);
 }
 
+TEST(Estimate, InputsAreCountedInTheirStorageType) {
+  // 1M tokens, H = 32, d = 128: 2^32 elements a tensor, 4 tensors; bf16 and fp16 2 bytes an
+  // element (34.4 GB), fp32 4, fp64 8 (137 GB). The full oracle's fp64 copies of narrower inputs
+  // are counted where it runs: Q, K, V (and dO for a backward).
+  const Problem p = shape(1, 32, 32, int64_t(1) << 20, int64_t(1) << 20, 128);
+  const int64_t elements = int64_t(4) << 32;
+  for (auto [dt, bytes] : {std::pair{Dtype::BF16, 2}, {Dtype::F16, 2}, {Dtype::F32, 4}, {Dtype::F64, 8}}) {
+    const std::vector<MemPart> parts = inputs_footprint(p, dt);
+    ASSERT_FALSE(parts.empty());
+    EXPECT_EQ(parts[0].bytes, bytes * elements) << to_string(dt);
+    EXPECT_NE(parts[0].what.find(to_string(dt)), std::string::npos) << parts[0].what;
+    EXPECT_EQ(inputs_widened(p, dt, true).bytes, dt == Dtype::F64 ? 0 : 8 * elements) << to_string(dt);
+    EXPECT_EQ(inputs_widened(p, dt, false).bytes, dt == Dtype::F64 ? 0 : 8 * (elements / 4 * 3)) << to_string(dt);
+  }
+  EXPECT_EQ(inputs_footprint(p, Dtype::BF16)[0].bytes, int64_t(34359738368));
+}
+
 TEST(Estimate, OverflowIsTooManyNotUndefined) {
   // N_q x N_k = 2^80: beyond int64 (validate() refuses such a problem; the estimate must not be UB
   // either way).
@@ -169,7 +186,7 @@ TEST(Estimate, OverflowIsTooManyNotUndefined) {
   EXPECT_EQ(make_need("", reference_footprint(p, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
   // B x H_q = 2^80 elements per row statistic: every product saturates.
   const Problem q = shape(int64_t(1) << 40, int64_t(1) << 40, int64_t(1) << 40, 1, 1, 1);
-  EXPECT_EQ(make_need("", inputs_footprint(q)).bytes, kTooMany);
+  EXPECT_EQ(make_need("", inputs_footprint(q, Dtype::F64)).bytes, kTooMany);
   EXPECT_EQ(oracle_need(q, true, 2).bytes, kTooMany);
   EXPECT_EQ(make_need("", cpu_footprint(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
   EXPECT_EQ(make_need("", distributed_footprint(/*gathers_kv=*/false, 4, cpu_engine_footprint())(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
