@@ -158,8 +158,9 @@ Sample choose_sample(const Problem& p, int64_t K, uint64_t seed) {
 }
 
 namespace {
-// The oracles over any element accessor A (View4<const double> of Inputs, or Stored4): one body,
-// so both give the same bits for the same values.
+// The oracles over any element accessor A returning fp64 (Stored4 of inputs of any storage type,
+// a View4<const double> of a run's O): one body, so every form gives the same bits for the same
+// values.
 
 // eq. (2.1)-(2.4) and (5.1)-(5.6) for each sampled row, with eq. (9.3), (9.4), (9.9).
 template <class A>
