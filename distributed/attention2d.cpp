@@ -476,8 +476,16 @@ template <class T>
 void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Grid& g,
                            const Partition& qp, const Partition& kp, Shard<T>& x) {
   Ctx<T> c(comm, e, p, g, qp, kp, Phase::Forward, x);
-  fill(e, x.O.data, x.O.n, 0.0);  // the merge identity (§4.3)
-  fill(e, x.LSE.data, x.LSE.n, -std::numeric_limits<double>::infinity());
+  const int pr = g.p_r, pc = g.p_c;
+  // With a column of one member (p_r = 1), phase A is one block, the own queries against the own
+  // shard, with nothing travelling: it runs last, merged by the kernel (forward_block's
+  // accumulate, eq. 4.5) into the chain of the own block, which arrives straight into (O, LSE);
+  // no merge of whole partials then finishes the pass.
+  const bool own_last = pr == 1 && pc > 1;
+  if (!own_last) {
+    fill(e, x.O.data, x.O.n, 0.0);  // the merge identity (§4.3)
+    fill(e, x.LSE.data, x.LSE.n, -std::numeric_limits<double>::infinity());
+  }
   using A = acc_t<T>;
   const int r = c.r;
   const Members &row = c.row, &col = c.col;
@@ -497,7 +505,7 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     std::tie(Kc, Vc) = c.column_ring_buffers(Ks, Vs, Kcb, Vcb);
   }
   // Phase A: the column ring. Step u holds the block of member me - u; it goes on to me + 1.
-  const int pr = g.p_r, pc = g.p_c, me = col.me;
+  const int me = col.me;
   auto own_block = [&](int k) {  // own queries x column block k, merged into (O, LSE), eq. (4.5)
     e.forward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[k])),
                     as_const(bhsd<T>(x.Q.data, B, Hq, nq, d)), as_const(rows4<T>(Kc, B, Hkv, NC, d, col.off[k], col.rows[k])),
@@ -507,7 +515,7 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Forward, 1 + u);
     column_ring_step<T>(comm, reqs, Kc, Vc, B, Hkv, d, col, u);
-    own_block(md(me - u, pr));  // overlaps the transfers above
+    if (!own_last) own_block(md(me - u, pr));  // overlaps the transfers above
     e.synchronize();
     wait_all(reqs);
   }
@@ -552,17 +560,23 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     {  // post the next partial's receive before anything waits: block j + v + 1 (our own at the end)
       const int m2 = md(jm + v + 1, pc);
       const int64_t n2 = row.rows[m2];
+      const bool home = own_last && v == pc - 1;  // our own block's chain: into (O, LSE) itself
+      T* ro = home ? x.O.data : Ar[(v + 1) % 2].data;
+      A* rl = home ? x.LSE.data : ALr[(v + 1) % 2].data;
       comm.batch([&] {
-        recv_rows<T>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
-        recv_rows<A>(comm, acc, ALr[(v + 1) % 2].data, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
+        recv_rows<T>(comm, acc, ro, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
+        recv_rows<A>(comm, acc, rl, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
         send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
         send_rows<A>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
       });
     }
     if (v == pc - 1) {  // the chain of our own block arrives from the right
       wait_all(acc);
-      e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<A>(x.LSE.data, B, Hq, nq),
-              as_const(bhsd<T>(Ar[(v + 1) % 2].data, B, Hq, nq, d)), as_const(view3<A>(ALr[(v + 1) % 2].data, B, Hq, nq)));
+      if (own_last) own_block(0);
+      else
+        e.merge(bhsd<T>(x.O.data, B, Hq, nq, d), view3<A>(x.LSE.data, B, Hq, nq),
+                as_const(bhsd<T>(Ar[(v + 1) % 2].data, B, Hq, nq, d)),
+                as_const(view3<A>(ALr[(v + 1) % 2].data, B, Hq, nq)));
     }
     wait_all(reqs);
   }

@@ -313,6 +313,7 @@ Trace attention2d_o_steps(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
     const int64_t dkv_row = 2 * Hkv * d * a;                              // dK, dV
     const char* q_side = bw ? "Q,dO,LSE,D" : "Q";
     const char* part = bw ? "dQ" : "(O,LSE)";
+    const bool own_last = !bw && pr == 1 && pc > 1;  // attention2d_o_forward's own block after the row ring
     std::vector<int64_t> sent(P, 0), recv(P, 0), computed(P, 0), blocks(P, 0);
     std::vector<std::vector<std::string>> step_lines;  // [step][rank]
     auto step = [&](const std::string& title) {
@@ -365,9 +366,12 @@ Trace attention2d_o_steps(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
         const int64_t n = pairs(r, cur);
         computed[r] += n;
         ++blocks[r];
-        l.push_back("compute " + std::string(q_side) + "[rank " + std::to_string(r) + "] x K,V[shard " +
-                    std::to_string(cur) + "] (" + std::to_string(n) + " pairs)" +
-                    (bw ? ": dQ at home, dK,dV of the block" : ", merged into (O, LSE)"));
+        if (own_last)
+          l.push_back("holds K,V[shard " + std::to_string(cur) + "]: its own block runs after the row ring");
+        else
+          l.push_back("compute " + std::string(q_side) + "[rank " + std::to_string(r) + "] x K,V[shard " +
+                      std::to_string(cur) + "] (" + std::to_string(n) + " pairs)" +
+                      (bw ? ": dQ at home, dK,dV of the block" : ", merged into (O, LSE)"));
         if (u < pr - 1) {
           send(l, r, "K,V[shard " + std::to_string(cur) + "]", g.rank(md(i + 1, pr), j), B * nk(cur) * kv_row);
           receive(l, r, "K,V[shard " + std::to_string(nxt) + "]", g.rank(md(i - 1, pr), j), B * nk(nxt) * kv_row);
@@ -410,7 +414,11 @@ Trace attention2d_o_steps(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
                                 std::to_string(mv) + " from the right");
         send(l, r, std::string(part) + "[rank " + std::to_string(mv) + "]", left, B * nq(mv) * part_row);
         receive(l, r, std::string(part) + "[rank " + std::to_string(mn) + "]", right, B * nq(mn) * part_row);
-        if (v == pc - 1)
+        if (v == pc - 1 && own_last)
+          l.push_back("compute " + std::string(q_side) + "[rank " + std::to_string(r) + "] x K,V[shard " +
+                      std::to_string(g.row_major(r)) + "] (" + std::to_string(pairs(r, g.row_major(r))) +
+                      " pairs), merged into the chain of its own block, received into (O, LSE)");
+        else if (v == pc - 1)
           l.push_back(std::string(bw ? "add" : "merge") + " the chain of its own block into " + (bw ? "dQ" : "(O, LSE)"));
         step_lines.back()[r] = list(l);
       }
