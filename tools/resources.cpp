@@ -205,12 +205,22 @@ struct Step {
 Step g_failed;  // the innermost Allocating an exception unwound through (main thread only)
 }  // namespace
 
-Allocating::Allocating(std::string what, int64_t bytes)
-    : what_(std::move(what)), bytes_(bytes), uncaught_(std::uncaught_exceptions()) {
+Allocating::Allocating(std::string what, int64_t bytes, int64_t announce_from)
+    : what_(std::move(what)), bytes_(bytes), uncaught_(std::uncaught_exceptions()), announced_(bytes >= announce_from) {
   g_failed.set = false;  // a new step: an earlier failure was handled
+  if (announced_) {
+    std::fprintf(stderr, "burstlab: %s (estimated %s) ...\n", what_.c_str(), format_bytes(bytes_).c_str());
+    std::fflush(stderr);
+    t0_ = omp_get_wtime();
+  }
 }
 Allocating::~Allocating() {
-  if (std::uncaught_exceptions() > uncaught_ && !g_failed.set) g_failed = Step{what_, bytes_, true};
+  const bool failed = std::uncaught_exceptions() > uncaught_;
+  if (failed && !g_failed.set) g_failed = Step{what_, bytes_, true};
+  if (announced_) {
+    std::fprintf(stderr, "burstlab: %s: %s after %.1f s\n", what_.c_str(), failed ? "failed" : "done", omp_get_wtime() - t0_);
+    std::fflush(stderr);
+  }
 }
 
 std::string out_of_memory_message(const std::exception& e, const std::string& advice) {

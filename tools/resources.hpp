@@ -102,10 +102,13 @@ void require_device_memory(const Case& c, const std::vector<const Impl*>& impls,
 // ---------------------------------------------------------------- out of memory anyway
 // Names the step under way (and its estimated bytes) for the message of an allocation failure
 // the estimate did not foresee. The innermost Allocating that an exception unwinds through is
-// remembered; out_of_memory_message() reports it.
+// remembered; out_of_memory_message() reports it. A step of at least `announce_from` bytes takes
+// seconds to minutes (1M tokens: minutes), so it says on stderr when it starts and how long it
+// took, which is a long run's progress.
+constexpr int64_t kAnnounceBytes = int64_t(1) << 30;
 class Allocating {
  public:
-  Allocating(std::string what, int64_t bytes);
+  Allocating(std::string what, int64_t bytes, int64_t announce_from = kAnnounceBytes);
   ~Allocating();
   Allocating(const Allocating&) = delete;
   Allocating& operator=(const Allocating&) = delete;
@@ -114,6 +117,8 @@ class Allocating {
   std::string what_;
   int64_t bytes_;
   int uncaught_;
+  bool announced_;
+  double t0_ = 0;
 };
 // "out of memory (std::bad_alloc) while <step> (estimated <bytes>); <available> available
 // (<source>); <advice>". Forgets the remembered step.

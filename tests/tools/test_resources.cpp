@@ -436,6 +436,28 @@ TEST(OutOfMemory, MessageNamesTheStepItsBytesAndTheAdvice) {
   EXPECT_FALSE(has(msg, "while")) << msg;
 }
 
+// A step of at least its announce size says on stderr when it starts and how it ended; a smaller
+// one says nothing.
+TEST(Progress, LargeStepsAnnounceTheirStartAndEnd) {
+  testing::internal::CaptureStderr();
+  { Allocating small("a small step", 1000, 1001); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  testing::internal::CaptureStderr();
+  { Allocating large("generating the inputs", 3000000000LL, 1001); }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(has(err, "burstlab: generating the inputs (estimated 3.0 GB) ...\n")) << err;
+  EXPECT_TRUE(has(err, "burstlab: generating the inputs: done after ")) << err;
+  testing::internal::CaptureStderr();
+  try {
+    Allocating failing("running the oracle", 5000, 1001);
+    throw std::bad_alloc();
+  } catch (const std::bad_alloc&) {
+  }
+  err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(has(err, "burstlab: running the oracle: failed after ")) << err;
+  out_of_memory_message(std::bad_alloc());  // forget the failed step
+}
+
 }  // namespace
 }  // namespace burstlab::tools
 
