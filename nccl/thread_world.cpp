@@ -56,15 +56,13 @@ ThreadWorld::ThreadWorld(int G, NcclOptions o) {
          ": use --world ", n > 0 ? n : 1, ", or one process per GPU under mpirun (mpirun -np G burstlab run "
          "--transport nccl ...) on machines with more GPUs");
   if (!(o.timeout_s > 0)) fail("timeout (", o.timeout_s, ") must be > 0 seconds");
+  // The watchdog's calls hold comms_mu_ while they use a communicator: a rank thread that frees
+  // its own (~ThreadWorld) takes it out under the same lock first.
   watch_.stop_all = [this](const std::string& why) {
-    std::vector<NcclComm*> cs;
-    {
-      std::lock_guard<std::mutex> lk(comms_mu_);
-      for (auto& c : comms_)
-        if (c) cs.push_back(c.get());
-    }
     const std::string reason = "stopped after the first failure: " + why;
-    for (NcclComm* c : cs) c->abort(reason);
+    std::lock_guard<std::mutex> lk(comms_mu_);
+    for (auto& c : comms_)
+      if (c) c->abort(reason);
   };
   watch_.stalled = [this] { return stalled(); };
   watch_.where = [this](int r) -> std::string {
@@ -103,7 +101,13 @@ ThreadWorld::~ThreadWorld() {
     std::fprintf(stderr, "burstlab: %s\n", e.what());
   }
   // Free each rank's stream and scratch on its own thread and device.
-  std::vector<std::string> ignored = watched([&](int r) { comms_[r].reset(); });
+  std::vector<std::string> ignored = watched([&](int r) {
+    std::unique_ptr<NcclComm> c;
+    {
+      std::lock_guard<std::mutex> lk(comms_mu_);
+      c.swap(comms_[r]);
+    }
+  });
   (void)ignored;
 }
 
@@ -220,14 +224,10 @@ void shutdown() {
 }
 
 std::string ThreadWorld::stalled() {
-  std::vector<NcclComm*> cs;
-  {
-    std::lock_guard<std::mutex> lk(comms_mu_);
-    for (auto& c : comms_)
-      if (c) cs.push_back(c.get());
-  }
-  for (NcclComm* c : cs)
-    if (std::string why = nccl::stalled(*c); !why.empty()) return why;
+  std::lock_guard<std::mutex> lk(comms_mu_);
+  for (auto& c : comms_)
+    if (c)
+      if (std::string why = nccl::stalled(*c); !why.empty()) return why;
   return "";
 }
 
