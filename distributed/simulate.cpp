@@ -94,6 +94,11 @@ double flops_rate(const Cluster& c, Phase phase, const Problem& p) {
 namespace {
 int mod(int a, int m) { return ((a % m) + m) % m; }
 bool inter(const Cluster& c, int a, int b) { return a / c.gpus_per_node != b / c.gpus_per_node; }
+// The executors' element widths for storage elements of eb bytes: Q, K, V, O, dO in T (eb bytes),
+// LSE, D and the gradients in acc_t<T>, fp32 for 16- and 32-bit T and fp64 for fp64 (the closed
+// forms' ElemBytes). Table 1 prices every tensor alike: not used there.
+ElemBytes widths(int64_t eb) { return ElemBytes(eb, std::max<int64_t>(eb, 4)); }
+int64_t width_of(const Item& it, int64_t eb) { return widths(eb).of(it); }
 void check_cluster(const Cluster& c, int G) {
   if (c.gpus_per_node < 1 || c.nodes < 1 || c.nodes * c.gpus_per_node != G)
     fail("cluster nodes x gpus_per_node (", c.nodes, " x ", c.gpus_per_node, ") must equal the world size G (", G,
@@ -124,7 +129,7 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
     inter_t[r].assign(items.size(), 0.0);
   }
   for (int t = 0; t < G; ++t) {
-    double step_comp = 0, step_comm = 0;
+    double step_comp = 0, step_comm = 0, step_before = 0, step_after = 0;
     for (int r = 0; r < G; ++r) {
       const RankStep& st = s.steps[r][t];
       int64_t pairs = 0;
@@ -133,9 +138,10 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       comp[r] += ct;
       step_comp = std::max(step_comp, ct);
       // Messages: (item, peer, bytes).
-      struct Msg { int item, peer; int64_t bytes; };
+      struct Msg { int item, peer; int64_t bytes; bool after; };
       std::vector<Msg> msgs;
-      for (const Message& m : st.sends) msgs.push_back({m.item, m.peer, m.elems * eb});
+      for (const Message& m : st.sends)
+        msgs.push_back({m.item, m.peer, m.elems * (spec.table1 ? eb : width_of(items[m.item], eb)), m.after_compute});
       if (spec.table1 && t == G - 1 && G > 1) {  // the read-only tensors' return hop (Table 1: N = G moves)
         const int n = r / K, g = r % K;
         const int peer = spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : mod(r + 1, G);
@@ -144,10 +150,10 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
           const int shard = items[i].q_side ? st.q_shard : st.k_shard;
           const int64_t H = items[i].q_side ? p.H_q : p.H_kv;
           const int64_t n_rows = items[i].q_side ? qp.local_size(shard) : kp.local_size(shard);
-          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb});
+          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb, false});
         }
       }
-      double rank_comm = 0;
+      double rank_comm = 0, rank_before = 0, rank_after = 0;
       for (const Msg& m : msgs) {
         if (spec.table1 && items[m.item].per_row) continue;  // Table 1 leaves D, LSE out
         const bool x = inter(c, r, m.peer);
@@ -155,11 +161,17 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
         (x ? b_out : b_in)[r] += m.bytes;
         (x ? inter_t : intra_t)[r][m.item] += tt;
         rank_comm += tt;
+        (m.after ? rank_after : rank_before) += tt;
       }
       step_comm = std::max(step_comm, rank_comm);
+      step_before = std::max(step_before, rank_before);
+      step_after = std::max(step_after, rank_after);
     }
     lock_comm += step_comm;
-    const double step = spec.overlap ? std::max(step_comp, step_comm) : step_comp + step_comm;
+    // The executor posts a step's gradients after the compute that produced them and waits for
+    // them before the next step: only the traffic posted before the compute hides under it.
+    const double step =
+        spec.overlap ? std::max(step_comp, step_before) + step_after : step_comp + step_comm;
     lock_total += step;
     out.step_s[t] = spec.model == CommModel::Lockstep ? step : step_comp;
   }
@@ -225,20 +237,20 @@ Prediction collective(const std::vector<std::vector<Round>>& rounds, const std::
 void head_messages(Phase phase, const Problem& p, int64_t Hq, int64_t Hkv, int64_t eb, int s, int64_t nq, int64_t nk,
                    int64_t nqs, int64_t nks, std::vector<std::pair<int, int64_t>>& out,
                    std::vector<std::pair<int, int64_t>>& back) {
-  const int64_t B = p.B, d = p.d;
-  out.push_back({s, B * Hq * nq * d * eb});   // Q
-  out.push_back({s, B * Hkv * nk * d * eb});  // K
-  out.push_back({s, B * Hkv * nk * d * eb});  // V
+  const int64_t B = p.B, d = p.d, t = eb, a = widths(eb).a;
+  out.push_back({s, B * Hq * nq * d * t});   // Q
+  out.push_back({s, B * Hkv * nk * d * t});  // K
+  out.push_back({s, B * Hkv * nk * d * t});  // V
   if (phase == Phase::Forward) {
-    back.push_back({s, B * Hq * nqs * d * eb});  // O
-    back.push_back({s, B * Hq * nqs * eb});      // LSE
+    back.push_back({s, B * Hq * nqs * d * t});  // O
+    back.push_back({s, B * Hq * nqs * a});      // LSE
   } else {
-    out.push_back({s, B * Hq * nq * d * eb});     // dO
-    out.push_back({s, B * Hq * nq * eb});         // LSE
-    out.push_back({s, B * Hq * nq * eb});         // D
-    back.push_back({s, B * Hq * nqs * d * eb});   // dQ
-    back.push_back({s, B * Hkv * nks * d * eb});  // dK
-    back.push_back({s, B * Hkv * nks * d * eb});  // dV
+    out.push_back({s, B * Hq * nq * d * t});     // dO
+    out.push_back({s, B * Hq * nq * a});         // LSE
+    out.push_back({s, B * Hq * nq * a});         // D
+    back.push_back({s, B * Hq * nqs * d * a});   // dQ
+    back.push_back({s, B * Hkv * nks * d * a});  // dK
+    back.push_back({s, B * Hkv * nks * d * a});  // dV
   }
 }
 
@@ -274,7 +286,7 @@ Prediction simulate_allgather(Phase phase, const Problem& p, const MaskData& mas
                               const Partition& kp, const Cluster& c, int64_t eb) {
   const int G = qp.G;
   check_cluster(c, G);
-  const int64_t kv = p.B * p.H_kv * p.d * eb;
+  const int64_t kv = p.B * p.H_kv * p.d * eb, dkv = p.B * p.H_kv * p.d * widths(eb).a;
   std::vector<double> comp(G);
   std::vector<std::vector<Round>> rounds(G, std::vector<Round>(phase == Phase::Backward ? 2 : 1));
   for (int r = 0; r < G; ++r) {
@@ -284,8 +296,8 @@ Prediction simulate_allgather(Phase phase, const Problem& p, const MaskData& mas
       rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // K
       rounds[r][0].msgs.push_back({s, kv * kp.local_size(r)});  // V
       if (phase == Phase::Backward) {
-        rounds[r][1].msgs.push_back({s, kv * kp.local_size(s)});  // dK partial of s's rows
-        rounds[r][1].msgs.push_back({s, kv * kp.local_size(s)});  // dV
+        rounds[r][1].msgs.push_back({s, dkv * kp.local_size(s)});  // dK partial of s's rows
+        rounds[r][1].msgs.push_back({s, dkv * kp.local_size(s)});  // dV
       }
     }
   }
@@ -311,7 +323,7 @@ Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& m
       for (int ii = 0; ii < g.p_r; ++ii)
         pairs += visible_in(m, qp.chunks[g.rank(i, jj)], kp.chunks[g.row_major(g.rank(ii, j))]);
     comp[r] = flops_per_pair(phase, d) * double(B * Hq) * double(pairs) / flops_rate(c, phase, p);
-    const int64_t kv = B * Hkv * d * eb;
+    const int64_t a = widths(eb).a, kv = B * Hkv * d * eb, dkv = B * Hkv * d * a;
     if (rt != r) for (int k = 0; k < 2; ++k) rounds[r][0].msgs.push_back({holder, kv * kp.local_size(r)});  // K, V
     for (int jj = 0; jj < g.p_c; ++jj) {
       const int s = g.rank(i, jj);
@@ -319,17 +331,17 @@ Prediction simulate_attention2d(Phase phase, const Problem& p, const MaskData& m
       rounds[r][1].msgs.push_back({s, B * Hq * d * eb * qp.local_size(r)});  // Q
       if (bwd) {
         rounds[r][1].msgs.push_back({s, B * Hq * d * eb * qp.local_size(r)});  // dO
-        rounds[r][1].msgs.push_back({s, 2 * B * Hq * eb * qp.local_size(r)});  // LSE, D
+        rounds[r][1].msgs.push_back({s, 2 * B * Hq * a * qp.local_size(r)});  // LSE, D
       }
-      rounds[r][2].msgs.push_back({s, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(s)});  // (O, LSE) or dQ
+      rounds[r][2].msgs.push_back({s, B * Hq * (bwd ? d * a : d * eb + a) * qp.local_size(s)});  // (O, LSE) or dQ
     }
     for (int ii = 0; ii < g.p_r; ++ii) {
       const int s = g.rank(ii, j);
       if (s == r) continue;
       for (int k = 0; k < 2; ++k) rounds[r][1].msgs.push_back({s, kv * kp.local_size(rt)});  // K, V
-      if (bwd) for (int k = 0; k < 2; ++k) rounds[r][2].msgs.push_back({s, kv * kp.local_size(g.row_major(s))});  // dK, dV
+      if (bwd) for (int k = 0; k < 2; ++k) rounds[r][2].msgs.push_back({s, dkv * kp.local_size(g.row_major(s))});  // dK, dV
     }
-    if (bwd && rt != r) for (int k = 0; k < 2; ++k) rounds[r][3].msgs.push_back({rt, kv * kp.local_size(rt)});
+    if (bwd && rt != r) for (int k = 0; k < 2; ++k) rounds[r][3].msgs.push_back({rt, dkv * kp.local_size(rt)});
   }
   return collective(rounds, comp, c);
 }
@@ -341,7 +353,7 @@ Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mas
   check_distflash(mask, qp, kp);
   const FlashSchedule s = make_distflash_schedule(P);
   const bool bwd = phase == Phase::Backward;
-  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv;
+  const int64_t B = p.B, d = p.d, Hq = p.H_q, Hkv = p.H_kv, a = widths(eb).a;
   const MaskParams m = mask.params();
   Prediction out;
   std::vector<double> comp(P, 0.0);
@@ -352,14 +364,14 @@ Prediction simulate_distflash(Phase phase, const Problem& p, const MaskData& mas
       const FlashStep& st = s.steps[r][t];
       std::vector<std::pair<int, int64_t>> msgs;
       if (st.kv_dst >= 0) for (int k = 0; k < 2; ++k) msgs.push_back({st.kv_dst, B * Hkv * d * eb * kp.local_size(r)});
-      if (st.q_dst >= 0) msgs.push_back({st.q_dst, B * Hq * (bwd ? 2 * d + 2 : d) * eb * qp.local_size(r)});
+      if (st.q_dst >= 0) msgs.push_back({st.q_dst, B * Hq * (bwd ? 2 * d * eb + 2 * a : d * eb) * qp.local_size(r)});
       double ct = 0;
       if (st.role != FlashRole::Idle) {
         ct = flops_per_pair(phase, d) * double(B * Hq) *
              double(visible_in(m, qp.chunks[st.q], kp.chunks[st.k])) / flops_rate(c, phase, p);
-        if (st.role == FlashRole::Helper) msgs.push_back({st.q, B * Hq * (bwd ? d : d + 1) * eb * qp.local_size(st.q)});
+        if (st.role == FlashRole::Helper) msgs.push_back({st.q, B * Hq * (bwd ? d * a : d * eb + a) * qp.local_size(st.q)});
         if (bwd && st.role == FlashRole::Owner && st.k != r)
-          for (int k = 0; k < 2; ++k) msgs.push_back({st.k, B * Hkv * d * eb * kp.local_size(st.k)});
+          for (int k = 0; k < 2; ++k) msgs.push_back({st.k, B * Hkv * d * a * kp.local_size(st.k)});
       }
       comp[r] += ct;
       step_comp = std::max(step_comp, ct);
@@ -430,8 +442,10 @@ Prediction simulate_usp(Phase phase, const Problem& p, int u, const Schedule& ri
     int64_t bi = 0, bo = 0;
     for (const auto* rounds : {&in, &back})
       for (const auto& [peer, bytes] : (*rounds)[r][0].msgs) (inter(c, r, peer) ? bo : bi) += bytes;
+    const auto& items = travelling_items(ring.algo, ring.phase);
     for (const RankStep& st : ring.steps[r / u])
-      for (const Message& m : st.sends) (inter(c, r, m.peer * u + r % u) ? bo : bi) += m.elems * eb;
+      for (const Message& m : st.sends)
+        (inter(c, r, m.peer * u + r % u) ? bo : bi) += m.elems * width_of(items[m.item], eb);
     out.bytes_intra = std::max(out.bytes_intra, bi);
     out.bytes_inter = std::max(out.bytes_inter, bo);
   }

@@ -17,7 +17,9 @@
 //                                 its messages, never overlapped with compute (it must finish first).
 //                  usp            the all-to-all inside each group (collective), the ring across
 //                                 groups (lockstep), the all-to-all back, one after the other.
-//   overlap        with: a step costs max(compute, comm); without: compute + comm.
+//   overlap        with: a step costs max(compute, comm before) + comm after, where "after" is
+//                  the traffic the executor posts after the step's compute (gradients, lockstep
+//                  model); without: compute + comm.
 // table1 = true replays with BurstEngine Table 1's accounting: every travelling tensor moves
 // G times (the read-only ones' useless last hop included, on the link the return hop uses) and
 // the per-row tensors D, LSE are left out; the executed schedules skip that hop (default).
