@@ -78,8 +78,8 @@ void add_topology_flags(CLI::App& app, DistFlags& f) {
             "ulysses-degree", 1, kMaxWorld);
   int_range(app.add_option("--head-chunks", f.head_chunks,
                            "ulysses, usp: head chunks c per rank, each chunk's all-to-alls overlapping the compute of "
-                           "its neighbours (spec §7.7; default 2; lowered to the largest divisor of the kv heads a rank "
-                           "holds that is not above it; 1: no overlap)"),
+                           "its neighbours (spec §7.7; default 2, at most and a divisor of the rank's kv heads; 1: no "
+                           "overlap)"),
             "head-chunks", 1, 1 << 20);
   app.add_option("--ring", f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
 }
