@@ -76,11 +76,6 @@ void add_topology_flags(CLI::App& app, DistFlags& f) {
   int_range(app.add_option("--ulysses-degree", f.ulysses_degree,
                            "usp: ranks per Ulysses group u (divides --world, --hq and --hkv; default --gpus-per-node)"),
             "ulysses-degree", 1, kMaxWorld);
-  int_range(app.add_option("--head-chunks", f.head_chunks,
-                           "ulysses, usp: head chunks c per rank, each chunk's all-to-alls overlapping the compute of "
-                           "its neighbours (spec §7.7; default 2, at most and a divisor of the rank's kv heads; 1: no "
-                           "overlap)"),
-            "head-chunks", 1, 1 << 20);
   app.add_option("--ring", f.base, "double-ring, usp: the ring's traffic, ring | burst")->capture_default_str();
 }
 
@@ -136,7 +131,6 @@ dist::AlgoOptions options_of(const DistFlags& f) {
   o.gpus_per_node = f.gpus_per_node;
   o.ulysses_degree = f.ulysses_degree;
   if (f.ulysses_degree < 0) fail("ulysses-degree (", f.ulysses_degree, ") must be >= 1");
-  o.head_chunks = f.head_chunks;
   o.base = dist::ring_traffic_of(f.base);
   o.sim.poison = f.poison;
   o.sim.reorder = f.reorder;

@@ -31,7 +31,6 @@ struct DistFlags {
   int nodes = 0;  // --nodes M: world = M x gpus_per_node (0: use --world)
   bool world_given = false;  // --world on the command line (else --grid may imply it)
   int ulysses_degree = 0;    // usp: ranks per Ulysses group (0: --gpus-per-node)
-  int head_chunks = 0;       // ulysses, usp: head chunks per rank (0: the default)
   std::string base = "burst";  // double-ring, usp: the ring's traffic
   std::string transport_flag = "sim";     // what --transport was given
   Transport transport = Transport::Sim;  // parse_transport(transport_flag), once flags are parsed
@@ -41,7 +40,7 @@ struct DistFlags {
 };
 
 // The flags that lay the ranks out, bound to `f` (which outlives `app`): --grid, --overlap,
-// --world, --nodes, --partition, --gpus-per-node, --ulysses-degree, --head-chunks, --ring. `run` and `schedule`
+// --world, --nodes, --partition, --gpus-per-node, --ulysses-degree, --ring. `run` and `schedule`
 // take the same ones.
 void add_topology_flags(CLI::App& app, DistFlags& f);
 
