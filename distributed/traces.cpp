@@ -81,12 +81,13 @@ void layout_lines(std::string& out, const Partition& part, int u, const char* wh
     const HeadLayout L = head_layout(part, first, u);
     appendf(out, "  %s rows of ranks %d..%d:", what, first, first + u - 1);
     for (int m = 0; m < u; ++m) {
-      appendf(out, "%s rank %d", m == 0 ? "" : ";", first + m);
+      appendf(out, " rank %d", first + m);
       for (const LayoutRun& x : L.runs[m])
         appendf(out, " [%lld,%lld)->[%lld,%lld)", static_cast<long long>(x.src), static_cast<long long>(x.src + x.n),
                 static_cast<long long>(x.dst), static_cast<long long>(x.dst + x.n));
+      appendf(out, ";");
     }
-    if (order) appendf(out, "; %s", L.in_order ? "in global order (contiguous positions)" : "positions passed as an index");
+    if (order) appendf(out, " %s", L.in_order ? "in global order (contiguous positions)" : "positions passed as an index");
     appendf(out, "\n");
   }
 }
@@ -179,11 +180,9 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
       const char* back = bw ? "dQ,dK,dV" : "O,LSE";
       const int c = head_chunk_count(pl.o.head_chunks, Hkvg);
       const int64_t hq = Hg / c, hk = Hkvg / c;  // heads per chunk
-      appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each)%s\n", c, static_cast<long long>(hq),
-                  static_cast<long long>(hk),
-                  c > 1 ? "; chunk j's all-to-all in travels while chunk j-1 computes, its all-to-all back while chunk "
-                          "j+1 computes"
-                        : ": no traffic overlaps the compute");
+      appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each); chunk j's all-to-all in travels "
+                  "while chunk j-1 computes, its all-to-all back while chunk j+1 computes\n",
+                  c, static_cast<long long>(hq), static_cast<long long>(hk));
       appendf(out, "before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
                   static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
                   bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
@@ -574,11 +573,9 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
     const int c = usp_head_chunks(p, u, pl.o.head_chunks), L = ring.G;
     const Schedule& cring = bw ? pl.bwd_chunk : pl.fwd_chunk;  // the ring of one head chunk
     const int64_t hq = Hu / c, hk = Hkvu / c;
-    appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each)%s\n", c, static_cast<long long>(hq),
-            static_cast<long long>(hk),
-            c > 1 ? "; chunk j's all-to-all in travels while chunk j-1's ring runs, its all-to-all back while chunk "
-                    "j+1's ring runs"
-                  : ": the all-to-alls overlap no ring");
+    appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each); chunk j's all-to-all in travels "
+            "while chunk j-1's ring runs, its all-to-all back while chunk j+1's ring runs\n",
+            c, static_cast<long long>(hq), static_cast<long long>(hk));
     appendf(out, "gathered layout (each group, every member's head block): the members' chunks in global order, local "
             "rows [a,b) -> group rows [x,y), one message per (b, head, peer) and run; the ring's group shards are these rows, "
             "adjacent runs of positions one chunk\n");
