@@ -5,7 +5,6 @@
 #include "burstlab/error.hpp"
 #include "burstlab/names.hpp"
 #include "double_ring.hpp"
-#include "head_a2a.hpp"
 #include "traces.hpp"
 
 namespace burstlab::dist {
@@ -57,16 +56,13 @@ Prediction double_ring_model(const Plan& pl, Phase ph, const Cluster& c, int64_t
 
 // ---- Ulysses (§7.7) and all-gather CP (§7.8): two collective schedules with the same
 // arguments everywhere, so one set of entries serves both (U: Ulysses).
-void prepare_ulysses(Plan& pl) {
-  check_ulysses(pl.p, pl.o.world);
-  head_chunk_count(pl.o.head_chunks, pl.p.H_kv / pl.o.world);  // an Error for a negative count
-}
+void prepare_ulysses(Plan& pl) { check_ulysses(pl.p, pl.o.world); }
 void prepare_nothing(Plan&) {}
 template <bool U>
 struct Collective {
   template <class T>
   static void pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-    run_collective(U, ph, c, e, pl.p, m, pl.qp, pl.kp, pl.o.head_chunks, x);
+    run_collective(U, ph, c, e, pl.p, m, pl.qp, pl.kp, x);
   }
   static int64_t closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
     return (U ? &ulysses_bytes : &allgather_bytes)(ph, pl.p, pl.qp, pl.kp, r, sent, w);
@@ -128,16 +124,11 @@ void prepare_usp(Plan& pl) {
   const Partition gq = usp_group_partition(pl.qp, u), gk = usp_group_partition(pl.kp, u);
   pl.fwd = make_schedule(pl.o.base, Phase::Forward, ph, pl.mask, gq, gk);
   if (pl.o.backward) pl.bwd = make_schedule(pl.o.base, Phase::Backward, ph, pl.mask, gq, gk);
-  const int c = usp_head_chunks(pl.p, u, pl.o.head_chunks);
-  const Problem pc = usp_chunk_problem(pl.p, u, c);
-  pl.fwd_chunk = c == 1 ? pl.fwd : make_schedule(pl.o.base, Phase::Forward, pc, pl.mask, gq, gk);
-  if (pl.o.backward) pl.bwd_chunk = c == 1 ? pl.bwd : make_schedule(pl.o.base, Phase::Backward, pc, pl.mask, gq, gk);
 }
 template <class T>
 void usp_pass(Phase ph, const Plan& pl, Communicator& c, Engine<T>& e, const PreparedMask& m, Shard<T>& x) {
-  const int u = pl.o.ulysses_degree, hc = pl.o.head_chunks;
-  if (fwd(ph)) usp_forward(c, e, pl.p, m, u, hc, pl.fwd_chunk, pl.qp, pl.kp, x);
-  else usp_backward(c, e, pl.p, m, u, hc, pl.bwd_chunk, pl.qp, pl.kp, x);
+  if (fwd(ph)) usp_forward(c, e, pl.p, m, pl.o.ulysses_degree, pl.fwd, pl.qp, pl.kp, x);
+  else usp_backward(c, e, pl.p, m, pl.o.ulysses_degree, pl.bwd, pl.qp, pl.kp, x);
 }
 int64_t usp_closed(const Plan& pl, Phase ph, int r, bool sent, ElemBytes w, int) {
   return usp_bytes(pl.o.base, ph, pl.p, pl.qp, pl.kp, pl.o.ulysses_degree, r, sent, w);

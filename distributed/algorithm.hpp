@@ -35,9 +35,6 @@ struct AlgoOptions {
   bool prefetch_inter = true;  // double-ring: the separate inter-node buffer (§7.9)
   Grid grid{0, 0};             // attention2d, attention2d-o: p_r x p_c (p_r = 0: default_grid(world))
   int ulysses_degree = 0;      // usp: ranks per Ulysses group u (0: gpus_per_node)
-  int head_chunks = 0;         // ulysses, usp: head chunks c per rank, each one's all-to-alls overlapping the
-                               // neighbouring chunks' compute (head_a2a.hpp; 0: 2; at most, and a divisor
-                               // of, the rank's kv heads; 1: the unchunked schedule)
   bool backward = true;
   SimOptions sim;              // SimComm's options (sim.gpus_per_node is set from gpus_per_node)
 };
@@ -50,7 +47,6 @@ struct Plan {
   MaskData mask;
   Partition qp, kp;
   Schedule fwd, bwd;    // ring, burst, double-ring; usp: its ring across groups (bwd empty without a backward)
-  Schedule fwd_chunk, bwd_chunk;  // usp: that ring on one head chunk's heads, as the pass runs it per chunk
   FlashSchedule flash;  // distflash
   Grid grid;            // attention2d, attention2d-o
 };

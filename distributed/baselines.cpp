@@ -1,12 +1,10 @@
 // distributed/baselines.cpp — Ulysses and all-gather CP (spec §7.7, §7.8).
 #include "baselines.hpp"
 
-#include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "burstlab/error.hpp"
-#include "head_a2a.hpp"
 #include "shard_ops.hpp"
 
 namespace burstlab::dist {
@@ -37,6 +35,8 @@ Positions rank_positions(const Partition& part, int r) {
   if (part.kind == PartitionKind::Contiguous) return contiguous(part.positions[r][0], part.local_size(r));
   return Positions{part.positions[r][0], part.local_size(r), part.positions[r].data()};
 }
+
+enum class Dir { ToHeads, ToSeq };
 
 // The collectives of one rank, on elements of any type U (T inputs, A statistics and gradients).
 template <class T>
@@ -83,6 +83,21 @@ struct Ctx {
       }
     });
   }
+  // All-to-all between sequence and heads (spec §7.7). ToHeads: src (B, H, n_r, w) home rows of
+  // every head -> dst (B, H/G, N, w) every rank's rows (rank order) of head group r; ToSeq: the
+  // inverse, src (B, H/G, N, w) -> dst (B, H, n_r, w).
+  template <class U>
+  void all_to_all(Dir dir, const U* src, U* dst, int64_t H, int64_t w, const Partition& part, int tag,
+                  const char* what, std::vector<RequestPtr>& reqs) {
+    const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
+    const std::vector<int64_t> off = offsets(part);
+    each_peer<U>(Hg, w, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+      const int64_t home = at(b, s * Hg + h, 0, H, n_r, w), group = at(b, h, off[s], Hg, N, w);
+      const int64_t n_s = part.local_size(s);
+      return dir == Dir::ToHeads ? Piece<U>{src + home, n_r, dst + group, n_s}
+                                 : Piece<U>{src + group, n_s, dst + home, n_r};
+    });
+  }
   // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
   template <class U>
   void gather_rows(const U* src, U* dst, int64_t H, const Partition& part, int tag, const char* what,
@@ -114,51 +129,15 @@ struct Ctx {
 
 int64_t n_of(const Partition& part, int r) { return part.local_size(r); }
 
+// Ulysses' local problem (§7.7): the H_q / G, H_kv / G heads of one group, the whole sequence.
+Problem head_group_problem(const Problem& p, int G) {
+  Problem pl = p;
+  pl.H_q = p.H_q / G;
+  pl.H_kv = p.H_kv / G;
+  return pl;
+}
+
 }  // namespace
-
-std::vector<const Chunk*> group_chunks(const Partition& part, int first, int u) {
-  std::vector<const Chunk*> cs;
-  for (int m = 0; m < u; ++m)
-    for (int c : part.rank_chunks[first + m]) cs.push_back(&part.chunks[c]);
-  std::sort(cs.begin(), cs.end(), [](const Chunk* a, const Chunk* b) { return a->start < b->start; });
-  return cs;
-}
-
-HeadLayout head_layout(const Partition& part, int r, int u) {
-  HeadLayout L;
-  L.u = u;
-  L.me = r % u;
-  L.first = r - L.me;
-  std::vector<int64_t> dst(part.chunks.size(), 0);  // by chunk id: its first gathered row
-  for (const Chunk* ch : group_chunks(part, L.first, u)) {
-    dst[ch->id] = L.total;
-    L.total += ch->n;
-    const std::vector<int64_t>& pos = part.positions[ch->rank];
-    L.index.insert(L.index.end(), pos.begin() + ch->local_start, pos.begin() + ch->local_start + ch->n);
-  }
-  L.runs.assign(u, {});
-  for (int m = 0; m < u; ++m) {
-    L.rows.push_back(part.local_size(L.first + m));
-    for (int c : part.rank_chunks[L.first + m]) {
-      const Chunk& ch = part.chunks[c];
-      std::vector<LayoutRun>& rs = L.runs[m];
-      if (!rs.empty() && rs.back().src + rs.back().n == ch.local_start && rs.back().dst + rs.back().n == dst[c])
-        rs.back().n += ch.n;  // adjacent in the shard and in the layout: one message
-      else
-        rs.push_back({ch.local_start, dst[c], ch.n});
-    }
-  }
-  L.in_order = true;
-  for (int64_t k = 1; k < L.total; ++k) L.in_order = L.in_order && L.index[k] == L.index[0] + k;
-  return L;
-}
-
-int head_chunk_count(int requested, int64_t kv_heads) {
-  if (requested < 0) fail("head chunks (", requested, ") must be >= 0 (0: ", kDefaultHeadChunks, ")");
-  int64_t c = std::min<int64_t>(requested == 0 ? kDefaultHeadChunks : requested, std::max<int64_t>(kv_heads, 1));
-  while (kv_heads % c != 0) --c;
-  return static_cast<int>(c);
-}
 
 void check_ulysses(const Problem& p, int G) {
   if (G < 1) fail("world size G (", G, ") must be >= 1");
@@ -170,45 +149,72 @@ void check_ulysses(const Problem& p, int G) {
          "); every rank must own whole kv heads of its query heads");
 }
 
-// Ulysses (§7.7) as the chunked pipeline of head_a2a.hpp on the whole world: each head chunk's
-// one block over all N_q x N_k positions of its heads (§6.1, §6.2) while the next chunk's inputs
-// arrive and the previous chunk's outputs leave.
 template <class T>
-void ulysses_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask,
-                  const Partition& qp, const Partition& kp, int chunks, Shard<T>& x) {
+void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
+                     const Partition& kp, Shard<T>& x) {
+  check_ulysses(p, comm.size());
+  Ctx<T> c(comm, e, p, Phase::Forward, qp, kp, x);
+  const int G = c.G;
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
+  // Head-sharded tensors over the whole sequence, rows in rank order of the partition.
   using A = acc_t<T>;
-  const int G = comm.size(), r = comm.rank();
-  check_ulysses(p, G);
-  if (phase == Phase::Forward) prepare_forward(e, p, qp, kp, r, x);
-  else prepare_backward(e, p, qp, kp, r, x);
-  const HeadLayout lq = head_layout(qp, r, G), lk = head_layout(kp, r, G);
-  const Positions qa = lq.positions(), ka = lk.positions();
-  const int64_t B = p.B, d = p.d, Nq = p.N_q, Nk = p.N_k;
-  const int c = head_chunk_count(chunks, p.H_kv / G);
-  head_chunked_pass(phase, comm, e, p, G, c, 1, lq, lk, x, [&](int, Shard<T>& h, int64_t hq, int64_t hk, int) {
-    Problem pc = p;  // the chunk's heads over the whole sequence
-    pc.H_q = hq;
-    pc.H_kv = hk;
-    const auto Q = as_const(bhsd<T>(h.Q.data, B, hq, Nq, d));
-    const auto K = as_const(bhsd<T>(h.K.data, B, hk, Nk, d)), V = as_const(bhsd<T>(h.V.data, B, hk, Nk, d));
-    if (phase == Phase::Forward) {
-      h.O = alloc<T>(e, B * hq * Nq * d);
-      h.LSE = alloc<A>(e, B * hq * Nq);
-      e.forward_block(pc, mask, qa, ka, Q, K, V, bhsd<T>(h.O.data, B, hq, Nq, d), view3<A>(h.LSE.data, B, hq, Nq),
-                      false);  // §6.1 over all keys
-      return;
-    }
-    h.dQ = alloc<A>(e, B * hq * Nq * d);
-    h.dK = alloc<A>(e, B * hk * Nk * d);
-    h.dV = alloc<A>(e, B * hk * Nk * d);
-    fill(e, h.dQ.data, h.dQ.n, 0.0);
-    fill(e, h.dK.data, h.dK.n, 0.0);
-    fill(e, h.dV.data, h.dV.n, 0.0);
-    e.backward_block(pc, mask, qa, ka, Q, K, V, as_const(bhsd<T>(h.dO.data, B, hq, Nq, d)),
-                     as_const(view3<A>(h.LSE.data, B, hq, Nq)), as_const(view3<A>(h.D.data, B, hq, Nq)),
-                     bhsd<A>(h.dQ.data, B, hq, Nq, d), bhsd<A>(h.dK.data, B, hk, Nk, d),
-                     bhsd<A>(h.dV.data, B, hk, Nk, d));  // §6.2
-  });
+  Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d), Vh = alloc<T>(e, B * Hkvg * Nk * d);
+  Buffer<T> Oh = alloc<T>(e, B * Hg * Nq * d);
+  Buffer<A> Lh = alloc<A>(e, B * Hg * Nq);
+  std::vector<RequestPtr> reqs;  // after the buffers: destroyed (cancelled) first
+  comm.set_context(Phase::Forward, 0);
+  c.all_to_all(Dir::ToHeads, x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
+  c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 2, "K", reqs);
+  c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 3, "V", reqs);
+  wait_all(reqs);
+  const AllPositions qa = all_positions(qp), ka = all_positions(kp);
+  e.forward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
+                  as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
+                  bhsd<T>(Oh.data, B, Hg, Nq, d), view3<A>(Lh.data, B, Hg, Nq), false);  // §6.1 over all keys
+  e.synchronize();
+  comm.set_context(Phase::Forward, 1);
+  c.all_to_all(Dir::ToSeq, Oh.data, x.O.data, p.H_q, d, qp, 4, "O", reqs);
+  c.all_to_all(Dir::ToSeq, Lh.data, x.LSE.data, p.H_q, 1, qp, 5, "LSE", reqs);
+  wait_all(reqs);
+}
+
+template <class T>
+void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, const Partition& qp,
+                      const Partition& kp, Shard<T>& x) {
+  check_ulysses(p, comm.size());
+  Ctx<T> c(comm, e, p, Phase::Backward, qp, kp, x);
+  using A = acc_t<T>;
+  const Buffer<A> D = home_D(e, p, x);  // eq. (5.1) at home: D travels instead of O
+  const int G = c.G;
+  const int64_t B = p.B, d = p.d, Hg = p.H_q / G, Hkvg = p.H_kv / G, Nq = p.N_q, Nk = p.N_k;
+  Buffer<T> Qh = alloc<T>(e, B * Hg * Nq * d), dOh = alloc<T>(e, B * Hg * Nq * d), Kh = alloc<T>(e, B * Hkvg * Nk * d),
+            Vh = alloc<T>(e, B * Hkvg * Nk * d);
+  Buffer<A> Lh = alloc<A>(e, B * Hg * Nq), Dh = alloc<A>(e, B * Hg * Nq);
+  Buffer<A> dQh = alloc<A>(e, B * Hg * Nq * d), dKh = alloc<A>(e, B * Hkvg * Nk * d), dVh = alloc<A>(e, B * Hkvg * Nk * d);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(Phase::Backward, 0);
+  c.all_to_all(Dir::ToHeads, x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
+  c.all_to_all(Dir::ToHeads, x.dO.data, dOh.data, p.H_q, d, qp, 2, "dO", reqs);
+  c.all_to_all(Dir::ToHeads, x.LSE.data, Lh.data, p.H_q, 1, qp, 3, "LSE", reqs);
+  c.all_to_all(Dir::ToHeads, D.data, Dh.data, p.H_q, 1, qp, 4, "D", reqs);
+  c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 5, "K", reqs);
+  c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 6, "V", reqs);
+  wait_all(reqs);
+  fill(e, dQh.data, dQh.n, 0.0);
+  fill(e, dKh.data, dKh.n, 0.0);
+  fill(e, dVh.data, dVh.n, 0.0);
+  const AllPositions qa = all_positions(qp), ka = all_positions(kp);
+  e.backward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
+                   as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
+                   as_const(bhsd<T>(dOh.data, B, Hg, Nq, d)), as_const(view3<A>(Lh.data, B, Hg, Nq)),
+                   as_const(view3<A>(Dh.data, B, Hg, Nq)), bhsd<A>(dQh.data, B, Hg, Nq, d),
+                   bhsd<A>(dKh.data, B, Hkvg, Nk, d), bhsd<A>(dVh.data, B, Hkvg, Nk, d));  // §6.2
+  e.synchronize();
+  comm.set_context(Phase::Backward, 1);
+  c.all_to_all(Dir::ToSeq, dQh.data, x.dQ.data, p.H_q, d, qp, 7, "dQ", reqs);
+  c.all_to_all(Dir::ToSeq, dKh.data, x.dK.data, p.H_kv, d, kp, 8, "dK", reqs);
+  c.all_to_all(Dir::ToSeq, dVh.data, x.dV.data, p.H_kv, d, kp, 9, "dV", reqs);
+  wait_all(reqs);
 }
 
 template <class T>
@@ -294,14 +300,16 @@ int64_t allgather_bytes(Phase phase, const Problem& p, const Partition& qp, cons
 
 template <class T>
 void run_collective(bool ulysses, Phase phase, Communicator& comm, Engine<T>& e, const Problem& p,
-                     const PreparedMask& mask, const Partition& qp, const Partition& kp, int head_chunks, Shard<T>& x) {
-  if (ulysses) return ulysses_pass(phase, comm, e, p, mask, qp, kp, head_chunks, x);
-  (phase == Phase::Forward ? &allgather_forward<T> : &allgather_backward<T>)(comm, e, p, mask, qp, kp, x);
+                     const PreparedMask& mask, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  const bool f = phase == Phase::Forward;
+  const auto run = ulysses ? (f ? &ulysses_forward<T> : &ulysses_backward<T>)
+                           : (f ? &allgather_forward<T> : &allgather_backward<T>);
+  run(comm, e, p, mask, qp, kp, x);
 }
 
 #define BURSTLAB_BASELINES_INST(T)                                                                        \
   template void run_collective<T>(bool, Phase, Communicator&, Engine<T>&, const Problem&, const PreparedMask&, \
-                                   const Partition&, const Partition&, int, Shard<T>&);
+                                   const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_BASELINES_INST)
 #undef BURSTLAB_BASELINES_INST
 

@@ -11,7 +11,6 @@
 
 #include "baselines.hpp"
 #include "double_ring.hpp"
-#include "head_a2a.hpp"
 
 namespace burstlab::dist {
 
@@ -72,25 +71,6 @@ void exchange_lines(std::string& out, int u, int64_t scale, std::vector<int64_t>
   }
 }
 
-
-// The gathered layout of head_a2a.hpp for each group of u ranks: where each member's runs of rows
-// land (one message per (b, head, peer) each); `order`: whether the rows are in global order (a
-// block over contiguous positions) or need an index.
-void layout_lines(std::string& out, const Partition& part, int u, const char* what, bool order) {
-  for (int first = 0; first < part.G; first += u) {
-    const HeadLayout L = head_layout(part, first, u);
-    appendf(out, "  %s rows of ranks %d..%d:", what, first, first + u - 1);
-    for (int m = 0; m < u; ++m) {
-      appendf(out, " rank %d", first + m);
-      for (const LayoutRun& x : L.runs[m])
-        appendf(out, " [%lld,%lld)->[%lld,%lld)", static_cast<long long>(x.src), static_cast<long long>(x.src + x.n),
-                static_cast<long long>(x.dst), static_cast<long long>(x.dst + x.n));
-      appendf(out, ";");
-    }
-    if (order) appendf(out, " %s", L.in_order ? "in global order (contiguous positions)" : "positions passed as an index");
-    appendf(out, "\n");
-  }
-}
 
 }  // namespace
 
@@ -177,57 +157,34 @@ Trace collective_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd, bool uly
       // Row widths: Q, dO (d) + LSE, D (1) in the backward; K, V (2d per kv head).
       const int64_t wq = bw ? 2 * d + 2 : d, wkv = 2 * d;
       const char* qname = bw ? "Q,dO,LSE,D" : "Q";
-      const char* back = bw ? "dQ,dK,dV" : "O,LSE";
-      const int c = head_chunk_count(pl.o.head_chunks, Hkvg);
-      const int64_t hq = Hg / c, hk = Hkvg / c;  // heads per chunk
-      appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each); chunk j's all-to-all in travels "
-                  "while chunk j-1 computes, its all-to-all back while chunk j+1 computes\n",
-                  c, static_cast<long long>(hq), static_cast<long long>(hk));
       appendf(out, "before: rank r holds its sequence rows of every head (H_q=%lld, H_kv=%lld)%s\n",
                   static_cast<long long>(p.H_q), static_cast<long long>(p.H_kv),
                   bw ? "; D = rowsum(dO o O) computed at home (5.1)" : "");
       for (int r = 0; r < G; ++r)
         appendf(out, "  rank %d: q rows %s, kv rows %s\n", r, rows_of(qp, r).c_str(), rows_of(kp, r).c_str());
-      appendf(out, "gathered layout (every rank, its head group): each rank's chunks in global order, local rows "
-                  "[a,b) -> gathered rows [x,y), one message per (b, head, peer) and run\n");
-      layout_lines(out, qp, G, "q", true);
-      layout_lines(out, kp, G, "kv", true);
-      const auto in = [&](int j) {
-        appendf(out, "collective 1: all-to-all sequence -> heads of %s,K,V, chunk %d (rank r sends peer s its rows of "
-                    "q heads [s Hg + %lld, s Hg + %lld) and kv heads [s Hkvg + %lld, s Hkvg + %lld))\n",
-                    qname, j, static_cast<long long>(j * hq), static_cast<long long>((j + 1) * hq),
-                    static_cast<long long>(j * hk), static_cast<long long>((j + 1) * hk));
-        to_peers([&](int r, int) { return B * (hq * qp.local_size(r) * wq + hk * kp.local_size(r) * wkv); },
-                 [&](int s) {
-                   return " (q heads " + heads(s * Hg + j * hq, hq) + ", kv heads " + heads(s * Hkvg + j * hk, hk) + ")";
-                 });
-      };
-      const auto out_of = [&](int j) {
-        appendf(out, "collective 2: all-to-all heads -> sequence of %s, chunk %d (rank r sends peer s the rows of "
-                    "shard s of its chunk's heads)\n", back, j);
-        to_peers(
-            [&](int, int s) {
-              return bw ? B * (hq * qp.local_size(s) * d + hk * kp.local_size(s) * 2 * d)
-                        : B * hq * qp.local_size(s) * (d + 1);
-            },
-            no_note);
-      };
-      appendf(out, "step 0 (exposed: nothing to compute yet)\n");
-      in(0);
-      for (int j = 0; j < c; ++j) {
-        appendf(out, "step %d: every rank r computes chunk %d: q heads [r Hg + %lld, r Hg + %lld) over all N_q=%lld "
-                    "rows, kv heads [r Hkvg + %lld, r Hkvg + %lld) over all N_k=%lld rows (Hg=%lld, Hkvg=%lld): one "
-                    "%s over %lld visible pairs per head%s\n",
-                    1 + j, j, static_cast<long long>(j * hq), static_cast<long long>((j + 1) * hq),
-                    static_cast<long long>(p.N_q), static_cast<long long>(j * hk), static_cast<long long>((j + 1) * hk),
-                    static_cast<long long>(p.N_k), static_cast<long long>(Hg), static_cast<long long>(Hkvg),
+      appendf(out, "collective 1: all-to-all sequence -> heads of %s,K,V (rank r sends peer s its rows of head group s)\n",
+                  qname);
+      to_peers([&](int r, int) { return B * (Hg * qp.local_size(r) * wq + Hkvg * kp.local_size(r) * wkv); },
+               [&](int s) { return " (q heads " + heads(s * Hg, Hg) + ", kv heads " + heads(s * Hkvg, Hkvg) + ")"; });
+      appendf(out, "after: rank r holds all N_q=%lld q rows of q heads [r Hg, (r+1) Hg) and all N_k=%lld kv rows of kv "
+                  "heads [r Hkvg, (r+1) Hkvg) (Hg=%lld, Hkvg=%lld), shards end to end in rank order\n",
+                  static_cast<long long>(p.N_q), static_cast<long long>(p.N_k), static_cast<long long>(Hg),
+                  static_cast<long long>(Hkvg));
+      for (int r = 0; r < G; ++r)
+        appendf(out, "  rank %d: q heads %s, kv heads %s; compute one %s over %lld visible pairs per head\n", r,
+                    heads(r * Hg, Hg).c_str(), heads(r * Hkvg, Hkvg).c_str(),
                     bw ? "backward_block (6.2) into dQ, dK, dV of its heads" : "forward_block (6.1)",
-                    static_cast<long long>(visible_pairs(p)), c > 1 ? "; meanwhile in flight:" : "");
-        if (j > 0) out_of(j - 1);
-        if (j + 1 < c) in(j + 1);
-      }
-      appendf(out, "step %d (exposed: nothing left to compute)\n", 1 + c);
-      out_of(c - 1);
+                    static_cast<long long>(visible_pairs(p)));
+      const char* back = bw ? "dQ,dK,dV" : "O,LSE";
+      appendf(out, "collective 2: all-to-all heads -> sequence of %s (rank r sends peer s the rows of shard s of head "
+                  "group r)\n",
+                  back);
+      to_peers(
+          [&](int, int s) {
+            return bw ? B * (Hg * qp.local_size(s) * d + Hkvg * kp.local_size(s) * 2 * d)
+                      : B * Hg * qp.local_size(s) * (d + 1);
+          },
+          no_note);
       appendf(out, "after: rank r holds %s of its own sequence rows of every head (no reduction: one producer per "
                   "row)\n",
                   back);
@@ -549,6 +506,7 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
   const Partition &qp = pl.qp, &kp = pl.kp;
   const int G = qp.G, u = pl.o.ulysses_degree, Gg = G / u;
   const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u, t = w.t, a = w.a;
+  const Problem hp = usp_head_problem(p, u);
   const Partition gq = usp_group_partition(qp, u), gk = usp_group_partition(kp, u);
   std::string out;
   bool ok = true;
@@ -570,55 +528,30 @@ Trace usp_trace(const Plan& pl, ElemBytes w, bool fwd, bool bwd) {
     for (int r = 0; r < G; ++r)
       appendf(out, "  rank %d (group %d, member %d): q rows %s, kv rows %s\n", r, r / u, r % u, rows_of(qp, r).c_str(),
               rows_of(kp, r).c_str());
-    const int c = usp_head_chunks(p, u, pl.o.head_chunks), L = ring.G;
-    const Schedule& cring = bw ? pl.bwd_chunk : pl.fwd_chunk;  // the ring of one head chunk
-    const int64_t hq = Hu / c, hk = Hkvu / c;
-    appendf(out, "head chunks: c=%d per rank (%lld q heads, %lld kv heads each); chunk j's all-to-all in travels "
-            "while chunk j-1's ring runs, its all-to-all back while chunk j+1's ring runs\n",
-            c, static_cast<long long>(hq), static_cast<long long>(hk));
-    appendf(out, "gathered layout (each group, every member's head block): the members' chunks in global order, local "
-            "rows [a,b) -> group rows [x,y), one message per (b, head, peer) and run; the ring's group shards are these rows, "
-            "adjacent runs of positions one chunk\n");
-    layout_lines(out, qp, u, "q", false);
-    layout_lines(out, kp, u, "kv", false);
+    appendf(out, "all-to-all 1, inside each group: sequence -> heads of %s,K,V (rank r sends member j its rows of "
+            "head block j)\n", bw ? "Q,dO,LSE,D" : "Q");
+    exchange_lines(
+        out, u, 1, sent, recv,
+        [&](int r, int) { return B * (Hu * qp.local_size(r) * in_q + Hkvu * kp.local_size(r) * in_kv); },
+        [&](int j) { return " (q heads " + heads(j * Hu, Hu) + ", kv heads " + heads(j * Hkvu, Hkvu) + ")"; });
+    appendf(out, "after: member i of group g holds the group's rows (its members' shards end to end) of q heads "
+            "[i Hu, (i+1) Hu) and kv heads [i Hkvu, (i+1) Hkvu) (Hu=%lld, Hkvu=%lld)\n",
+            static_cast<long long>(Hu), static_cast<long long>(Hkvu));
     for (int g = 0; g < Gg; ++g)
       appendf(out, "  group %d (ranks %d..%d): q rows %s, kv rows %s\n", g, g * u, g * u + u - 1, rows_of(gq, g).c_str(),
               rows_of(gk, g).c_str());
-    const auto in = [&](int j) {
-      appendf(out, "all-to-all 1, inside each group: sequence -> heads of %s,K,V, chunk %d (rank r sends member m its "
-              "rows of q heads [m Hu + %lld, m Hu + %lld) and kv heads [m Hkvu + %lld, m Hkvu + %lld))\n",
-              bw ? "Q,dO,LSE,D" : "Q", j, static_cast<long long>(j * hq), static_cast<long long>((j + 1) * hq),
-              static_cast<long long>(j * hk), static_cast<long long>((j + 1) * hk));
-      exchange_lines(
-          out, u, 1, sent, recv,
-          [&](int r, int) { return B * (hq * qp.local_size(r) * in_q + hk * kp.local_size(r) * in_kv); },
-          [&](int m) { return " (q heads " + heads(m * Hu + j * hq, hq) + ", kv heads " + heads(m * Hkvu + j * hk, hk) + ")"; });
-    };
-    const auto back = [&](int j) {
-      appendf(out, "all-to-all 2, inside each group: heads -> sequence of %s, chunk %d (rank r sends member m the rows "
-              "of m's shard of its chunk's heads)\n", bw ? "dQ,dK,dV" : "O,LSE", j);
-      exchange_lines(
-          out, u, 1, sent, recv,
-          [&](int, int s) { return B * (hq * qp.local_size(s) * out_q + hk * kp.local_size(s) * out_kv); }, no_note);
-    };
-    appendf(out, "step 0 (exposed: nothing to compute yet)\n");
-    in(0);
-    appendf(out, "ring across the %d groups, once per head chunk (chunk j: steps 1 + %d j .. %d (j + 1)): ranks with the "
-            "same member index i run it on the chunk's heads of their head block; ring rank g = group g, its peers "
-            "g +- 1 are world ranks (g +- 1) u + i. One chunk's ring (%lld q heads, %lld kv heads), its steps counted "
-            "from 0:\n", Gg, L, L, static_cast<long long>(hq), static_cast<long long>(hk));
-    out += trace(cring, usp_chunk_problem(p, u, c), gq, gk, w);
+    appendf(out, "ring across the %d groups: ranks with the same member index i run it on their head block; ring rank "
+            "g = group g, its peers g +- 1 are world ranks (g +- 1) u + i\n", Gg);
+    out += trace(ring, hp, gq, gk, w);
     for (int r = 0; r < G; ++r) {
-      sent[r] += c * schedule_bytes(cring, r / u, true, w);
-      recv[r] += c * schedule_bytes(cring, r / u, false, w);
+      sent[r] += schedule_bytes(ring, r / u, true, w);
+      recv[r] += schedule_bytes(ring, r / u, false, w);
     }
-    for (int j = 0; j < c; ++j) {
-      appendf(out, "step %d: chunk %d's ring begins%s\n", 1 + j * L, j, c > 1 ? "; meanwhile in flight:" : "");
-      if (j > 0) back(j - 1);
-      if (j + 1 < c) in(j + 1);
-    }
-    appendf(out, "step %d (exposed: nothing left to compute)\n", 1 + c * L);
-    back(c - 1);
+    appendf(out, "all-to-all 2, inside each group: heads -> sequence of %s (rank r sends member j the rows of j's "
+            "shard of head block i)\n", bw ? "dQ,dK,dV" : "O,LSE");
+    exchange_lines(
+        out, u, 1, sent, recv,
+        [&](int, int s) { return B * (Hu * qp.local_size(s) * out_q + Hkvu * kp.local_size(s) * out_kv); }, no_note);
     appendf(out, "after: rank r holds %s of its own sequence rows of every head\n", bw ? "dQ, dK, dV" : "O, LSE");
     appendf(out, "bytes per rank (spec 7.27):\n");
     for (int r = 0; r < G; ++r) {

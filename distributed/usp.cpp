@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
-#include "head_a2a.hpp"
 #include "shard_ops.hpp"
 
 namespace burstlab::dist {
@@ -19,7 +18,6 @@ void check_usp(const Problem& p, int G, int u) {
 }
 
 Partition usp_group_partition(const Partition& part, int u) {
-  if (u == 1) return part;  // a group of one holds its own shard as it lies (u = 1 is the plain ring)
   const int Gg = part.G / u;
   Partition g;
   g.kind = part.kind;
@@ -30,27 +28,19 @@ Partition usp_group_partition(const Partition& part, int u) {
   g.owner_of.assign(static_cast<size_t>(part.N), 0);
   g.local_of.assign(static_cast<size_t>(part.N), 0);
   for (int grp = 0; grp < Gg; ++grp) {
-    // The group's rows as its all-to-all lays them out (head_a2a.hpp): chunks in global order,
-    // neighbours of one run joined (zigzag's whole group shard is then two runs, or one).
-    int64_t off = 0;
-    for (const Chunk* c : group_chunks(part, grp * u, u)) {
-      if (!g.rank_chunks[grp].empty()) {
-        Chunk& prev = g.chunks.back();
-        if (prev.step == 1 && c->step == 1 && prev.start + prev.n == c->start) {
-          prev.n += c->n;
-          off += c->n;
-          continue;
-        }
+    for (int m = 0; m < u; ++m) {
+      const int r = grp * u + m;
+      const int64_t off = static_cast<int64_t>(g.positions[grp].size());
+      for (int c : part.rank_chunks[r]) {
+        Chunk ch = part.chunks[c];
+        ch.id = static_cast<int>(g.chunks.size());
+        ch.rank = grp;
+        ch.local_start += off;
+        g.rank_chunks[grp].push_back(ch.id);
+        g.chunks.push_back(ch);
       }
-      Chunk ch = *c;
-      ch.id = static_cast<int>(g.chunks.size());
-      ch.rank = grp;
-      ch.local_start = off;
-      off += ch.n;
-      g.rank_chunks[grp].push_back(ch.id);
-      g.chunks.push_back(ch);
+      g.positions[grp].insert(g.positions[grp].end(), part.positions[r].begin(), part.positions[r].end());
     }
-    g.positions[grp] = head_layout(part, grp * u, u).index;
     for (size_t l = 0; l < g.positions[grp].size(); ++l) {
       g.owner_of[g.positions[grp][l]] = grp;
       g.local_of[g.positions[grp][l]] = static_cast<int64_t>(l);
@@ -58,15 +48,6 @@ Partition usp_group_partition(const Partition& part, int u) {
   }
   return g;
 }
-
-Problem usp_chunk_problem(const Problem& p, int u, int chunks) {
-  Problem h = usp_head_problem(p, u);
-  h.H_q /= chunks;
-  h.H_kv /= chunks;
-  return h;
-}
-
-int usp_head_chunks(const Problem& p, int u, int requested) { return head_chunk_count(requested, p.H_kv / u); }
 
 Problem usp_head_problem(const Problem& p, int u) {
   Problem h = p;
@@ -81,11 +62,10 @@ constexpr int kRingTags = 1 << 16;  // the ring's tags live above the all-to-all
 
 // The ring across groups as a Communicator: ring rank g is world rank g u + i (same member index
 // i); transfers go through the world's communicator, logged there with the world's ranks, at
-// world step = ring step + first (the head chunk's first step, head_a2a.hpp).
+// world step = ring step + 1 (step 0 is the first all-to-all).
 class GroupRing final : public ForwardingComm {
  public:
-  GroupRing(Communicator& world, int u, int first)
-      : ForwardingComm(world), w_(world), u_(u), i_(world.rank() % u), first_(first) {}
+  GroupRing(Communicator& world, int u) : ForwardingComm(world), w_(world), u_(u), i_(world.rank() % u) {}
   int rank() const override { return w_.rank() / u_; }
   int size() const override { return w_.size() / u_; }
   Link link_to(int peer) const override { return w_.link_to(world_rank(peer)); }
@@ -99,12 +79,12 @@ class GroupRing final : public ForwardingComm {
  protected:
   // Every ring step is a world step (so the world's failure injection reaches it, also a step
   // that moves nothing); every ring batch is a world batch (ForwardingComm).
-  void context_changed() override { w_.set_context(phase(), step() + first_); }
+  void context_changed() override { w_.set_context(phase(), step() + 1); }
 
  private:
   int world_rank(int g) const { return g * u_ + i_; }
   Communicator& w_;
-  int u_, i_, first_;
+  int u_, i_;
 };
 
 // Rows of the group's members end to end, in member order.
@@ -124,6 +104,35 @@ Group group_of(const Partition& part, int r, int u) {
     g.total += part.local_size(g.first + m);
   }
   return g;
+}
+
+// All-to-all inside the group (one batch). ToHeads: src (B, H, rows[me], w) -> dst (B, H/u,
+// total, w), member m's rows at off[m], heads block me; ToSeq: the inverse, src (B, H/u, total, w)
+// -> dst (B, H, rows[me], w).
+enum class Dir { ToHeads, ToSeq };
+template <class U, class T>
+void all_to_all(Dir dir, Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g,
+                const U* src, U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
+  const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
+  const bool to_heads = dir == Dir::ToHeads;
+  c.batch([&] {
+    for (int k = 0; k < g.u; ++k) {
+      const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hu; ++h) {
+          const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+          const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
+          const U* from = src + (to_heads ? home : group);
+          U* to = dst + (to_heads ? group : home);
+          if (m == g.me) {
+            copy(e, to, from, n * w);
+            continue;
+          }
+          reqs.push_back(c.irecv(to, (to_heads ? g.rows[m] : n) * w * eb, g.first + m, tag, what));
+          reqs.push_back(c.isend(from, (to_heads ? n : g.rows[m]) * w * eb, g.first + m, tag, what));
+        }
+    }
+  });
 }
 
 void check_ring(const Schedule& ring, Phase phase, int G, int u) {
@@ -147,36 +156,68 @@ int open_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, i
 
 namespace {
 
-// Both passes: the chunked pipeline of head_a2a.hpp inside the group (the all-to-all in of Q, K, V;
-// backward also dO, LSE and D, computed at home), each head chunk's ring across groups on the
-// chunk's heads (ring.G steps), its outputs back (O, LSE; backward dQ, dK, dV).
+// Both passes: the all-to-all in (Q, K, V; backward also dO, LSE and D, computed at home), the
+// ring across groups on this rank's heads (world steps 1 .. ring.G), the all-to-all back (O, LSE;
+// backward dQ, dK, dV).
 template <class T>
 void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
-              int chunks, const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
+              const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
+  using A = acc_t<T>;
+  const bool bw = phase == Phase::Backward;
   const int r = open_pass(phase, comm, e, p, u, ring, qp, kp, x);
-  const HeadLayout lq = head_layout(qp, r, u), lk = head_layout(kp, r, u);
-  const int c = usp_head_chunks(p, u, chunks);
-  const Problem hp = usp_chunk_problem(p, u, c);
+  const Buffer<A> D = bw ? home_D(e, p, x) : Buffer<A>{};  // eq. (5.1) at home: D travels instead of O
+  const Group gq = group_of(qp, r, u), gk = group_of(kp, r, u);
+  const int64_t B = p.B, d = p.d, Hu = p.H_q / u, Hkvu = p.H_kv / u;
+  Shard<T> h;  // this rank's heads over the group's rows
+  h.Q = alloc<T>(e, B * Hu * gq.total * d);
+  if (bw) {
+    h.dO = alloc<T>(e, B * Hu * gq.total * d);
+    h.LSE = alloc<A>(e, B * Hu * gq.total);
+    h.D = alloc<A>(e, B * Hu * gq.total);
+  }
+  h.K = alloc<T>(e, B * Hkvu * gk.total * d);
+  h.V = alloc<T>(e, B * Hkvu * gk.total * d);
+  std::vector<RequestPtr> reqs;
+  comm.set_context(phase, 0);
+  const int kv_tag = bw ? 5 : 2;
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
+  if (bw) {
+    all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs);
+  }
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, kv_tag, "K", reqs);
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, kv_tag + 1, "V", reqs);
+  wait_all(reqs);
+  e.synchronize();
+  GroupRing rc(comm, u);
+  const Problem hp = usp_head_problem(p, u);
   const Partition hq = usp_group_partition(qp, u), hk = usp_group_partition(kp, u);
-  head_chunked_pass(phase, comm, e, p, u, c, ring.G, lq, lk, x, [&](int, Shard<T>& h, int64_t, int64_t, int first) {
-    e.synchronize();  // the chunk's inputs, the own rows copied by the engine, before the ring sends them
-    GroupRing rc(comm, u, first);
-    run_ring(ring, rc, e, hp, mask, hq, hk, h);
-  });
+  run_ring(ring, rc, e, hp, mask, hq, hk, h);
+  comm.set_context(phase, ring.G + 1);
+  if (bw) {
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs);
+  } else {
+    all_to_all(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs);
+  }
+  wait_all(reqs);
 }
 
 }  // namespace
 
 template <class T>
-void usp_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u, int chunks,
+void usp_forward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
                  const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  usp_pass(Phase::Forward, comm, e, p, mask, u, chunks, ring, qp, kp, x);
+  usp_pass(Phase::Forward, comm, e, p, mask, u, ring, qp, kp, x);
 }
 
 template <class T>
-void usp_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u, int chunks,
+void usp_backward(Communicator& comm, Engine<T>& e, const Problem& p, const PreparedMask& mask, int u,
                   const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& x) {
-  usp_pass(Phase::Backward, comm, e, p, mask, u, chunks, ring, qp, kp, x);
+  usp_pass(Phase::Backward, comm, e, p, mask, u, ring, qp, kp, x);
 }
 
 int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int u, int r,
@@ -203,9 +244,9 @@ int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp,
 }
 
 #define BURSTLAB_USP_INST(T)                                                                                  \
-  template void usp_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int, int,       \
+  template void usp_forward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int,            \
                                const Schedule&, const Partition&, const Partition&, Shard<T>&);                \
-  template void usp_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int, int,      \
+  template void usp_backward<T>(Communicator&, Engine<T>&, const Problem&, const PreparedMask&, int,           \
                                 const Schedule&, const Partition&, const Partition&, Shard<T>&);
 BURSTLAB_FOR_EACH_STORAGE(BURSTLAB_USP_INST)
 #undef BURSTLAB_USP_INST

@@ -3,9 +3,8 @@
 // (groups are consecutive ranks, e.g. the GPUs of a node). Inside a group, Ulysses: an
 // all-to-all turns each member's sequence shard of all heads into the group's whole shard of
 // H/u heads; across groups, a ring (burst or ring, `base`) over the G/u group shards of those
-// heads, run by the ring executor on the ranks with the same i; then the all-to-all back; by head
-// chunks, each chunk's all-to-alls overlapping the neighbouring chunks' rings (head_a2a.hpp).
-// Needs u | G, u | H_q and u | H_kv.
+// heads, run by the ring executor on the ranks with the same i; then the all-to-all back. Needs
+// u | G, u | H_q and u | H_kv.
 #pragma once
 
 #include <cstdint>
@@ -22,27 +21,20 @@ namespace burstlab::dist {
 // Throws Error unless u >= 1, u divides G, H_q and H_kv (naming each field and value).
 void check_usp(const Problem& p, int G, int u);
 
-// The partition of the ring across groups: G/u shards, shard g = group g's rows as its
-// all-to-all lays them out (head_a2a.hpp: the members' chunks in global order, adjacent runs of
-// positions one chunk); u = 1: the partition itself.
+// The partition of the ring across groups: G/u shards, shard g = group g's members' shards laid
+// end to end in member order (the layout after the group's all-to-all).
 Partition usp_group_partition(const Partition& part, int u);
 // The problem each ring rank solves: the H_q/u, H_kv/u heads of its member index.
 Problem usp_head_problem(const Problem& p, int u);
-// Head chunks of a member's H/u heads (head_a2a.hpp): `requested` (AlgoOptions::head_chunks, 0:
-// the default) at most H_kv/u and a divisor of it; and the problem of one chunk's ring, H_q/(u c),
-// H_kv/(u c) heads.
-int usp_head_chunks(const Problem& p, int u, int requested);
-Problem usp_chunk_problem(const Problem& p, int u, int chunks);
 
-// One rank's pass. `ring` is the schedule of one head chunk's ring across groups (make_schedule
-// on usp_chunk_problem and the group partitions, G/u ranks), of the phase; it runs once per chunk
-// while the group's all-to-alls of the neighbouring chunks travel.
+// One rank's pass. `ring` is the schedule of the ring across groups (make_schedule on
+// usp_head_problem and the group partitions, G/u ranks), of the phase.
 template <class T>
-void usp_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask, int u, int chunks,
+void usp_forward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask, int u,
                  const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& shard);
 template <class T>
 void usp_backward(Communicator& comm, Engine<T>& engine, const Problem& p, const PreparedMask& mask, int u,
-                  int chunks, const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& shard);
+                  const Schedule& ring, const Partition& qp, const Partition& kp, Shard<T>& shard);
 
 // Closed form (spec 7.27): bytes rank r sends (sent) or receives in one phase.
 int64_t usp_bytes(Algo base, Phase phase, const Problem& p, const Partition& qp, const Partition& kp, int u, int r,
