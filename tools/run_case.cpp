@@ -92,8 +92,9 @@ Checker attention_checker(const Case& c, int threads) {
     *kept = Kept();
     return m.prepare(c.p, *in, c.opt);
   };
-  k.bytes = [&c, threads](const Impl& m) {
-    return m.footprint ? make_need("", m.footprint(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0;
+  k.bytes = [&c, threads, sampled](const Impl& m) {
+    const Footprint& f = sampled && m.sampled_footprint ? m.sampled_footprint : m.footprint;  // as case_need
+    return f ? make_need("", f(c.p, c.dtype, c.opt, c.pass.bwd, threads)).bytes : 0;
   };
   k.check = [&c, want, sampled_want, sampled, kept, in, sampled_forward, sampled_backward](const Runner& run,
                                                                                            const std::string& pass) {
