@@ -98,7 +98,6 @@ bool inter(const Cluster& c, int a, int b) { return a / c.gpus_per_node != b / c
 // LSE, D and the gradients in acc_t<T>, fp32 for 16- and 32-bit T and fp64 for fp64 (the closed
 // forms' ElemBytes). Table 1 prices every tensor alike: not used there.
 ElemBytes widths(int64_t eb) { return ElemBytes(eb, std::max<int64_t>(eb, 4)); }
-int64_t width_of(const Item& it, int64_t eb) { return widths(eb).of(it); }
 void check_cluster(const Cluster& c, int G) {
   if (c.gpus_per_node < 1 || c.nodes < 1 || c.nodes * c.gpus_per_node != G)
     fail("cluster nodes x gpus_per_node (", c.nodes, " x ", c.gpus_per_node, ") must equal the world size G (", G,
@@ -141,7 +140,7 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       struct Msg { int item, peer; int64_t bytes; bool after; };
       std::vector<Msg> msgs;
       for (const Message& m : st.sends)
-        msgs.push_back({m.item, m.peer, m.elems * (spec.table1 ? eb : width_of(items[m.item], eb)), m.after_compute});
+        msgs.push_back({m.item, m.peer, m.elems * (spec.table1 ? eb : widths(eb).of(items[m.item])), m.after_compute});
       if (spec.table1 && t == G - 1 && G > 1) {  // the read-only tensors' return hop (Table 1: N = G moves)
         const int n = r / K, g = r % K;
         const int peer = spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : mod(r + 1, G);
@@ -445,7 +444,7 @@ Prediction simulate_usp(Phase phase, const Problem& p, int u, const Schedule& ri
     const auto& items = travelling_items(ring.algo, ring.phase);
     for (const RankStep& st : ring.steps[r / u])
       for (const Message& m : st.sends)
-        (inter(c, r, m.peer * u + r % u) ? bo : bi) += m.elems * width_of(items[m.item], eb);
+        (inter(c, r, m.peer * u + r % u) ? bo : bi) += m.elems * widths(eb).of(items[m.item]);
     out.bytes_intra = std::max(out.bytes_intra, bi);
     out.bytes_inter = std::max(out.bytes_inter, bo);
   }

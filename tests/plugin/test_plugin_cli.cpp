@@ -115,25 +115,27 @@ TEST(PluginCli, DeclinedBlockFailsItsRow) {
   EXPECT_NE(o.out.find("0 passed, 2 failed"), std::string::npos) << o.out;
 }
 
+// The plug-in that declines indexed positions under two algorithms (fwd and bwd each): exit 0 and
+// all 4 rows PASS.
+void expect_declining_plugin_passes(const std::string& algos, const std::string& args) {
+  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
+                                " --algo " + algos + " " + args + " -d 8 --pass both");
+  EXPECT_EQ(o.rc, 0) << o.out << o.err;
+  const std::string names = "(" + std::regex_replace(algos, std::regex(","), "|") + ")";
+  EXPECT_EQ(count(o.out, std::regex("\n" + names + "/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
+}
+
 // Short striped shards (32 rows a rank, below the built-in engines' split size) that the plug-in
 // declines whole run by their contiguous parts, however short.
 TEST(PluginCli, ShortIndexedShardsRunByPartsWhenDeclined) {
-  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
-                                " --algo ring,attention2d --partition striped --world 2 --mask causal --nq 64 --nk 64"
-                                " -d 8 --pass both");
-  EXPECT_EQ(o.rc, 0) << o.out << o.err;
-  EXPECT_EQ(count(o.out, std::regex("\n(ring|attention2d)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
+  expect_declining_plugin_passes("ring,attention2d", "--partition striped --world 2 --mask causal --nq 64 --nk 64");
 }
 
 // Causal with N_q > N_k on zigzag shards: whole query runs see no key, and their rows get the
 // identity from a hidden part over contiguous positions, which a plug-in that declines indexed
 // positions runs too.
 TEST(PluginCli, QueryRunsThatSeeNoKeyRunOverContiguousPositions) {
-  const Output o = run_burstlab(std::string("run --impl plugin:") + BURSTLAB_TEST_PLUGIN_DECLINE_INDEXED +
-                                " --algo ulysses,allgather --partition zigzag --world 2 --mask causal --nq 100 --nk 64"
-                                " -d 8 --pass both");
-  EXPECT_EQ(o.rc, 0) << o.out << o.err;
-  EXPECT_EQ(count(o.out, std::regex("\n(ulysses|allgather)/plugin:\\S+ +fp32 .* (fwd|bwd) .* PASS")), 4) << o.out;
+  expect_declining_plugin_passes("ulysses,allgather", "--partition zigzag --world 2 --mask causal --nq 100 --nk 64");
 }
 
 // Striped shards (progressions of stride G, 128 rows or more) split into blocks over contiguous
