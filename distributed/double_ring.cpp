@@ -77,6 +77,7 @@ Schedule make_double_ring_schedule(Algo base, Phase phase, const Problem& p, con
       }
     }
   }
+  if (phase == Phase::Backward) overlap_partial_sums(s);  // the hop after step t crosses the same link
   return s;
 }
 
@@ -103,7 +104,7 @@ int64_t double_ring_bytes(Algo base, Phase phase, const Problem& p, const Partit
     const bool in_class = link < 0 || inter == (link == 1);
     // Sent: the shard held at step t; received: the one held at step t + 1 (home after G-1).
     const int shard = sent ? double_ring_shard(r, t, G, K) : (t == G - 1 ? r : double_ring_shard(r, t + 1, G, K));
-    if (in_class) e += acc(shard);
+    if (in_class && t > 0) e += acc(shard);  // step 0's contribution stays home (spec §7.3)
     if (t == G - 1) continue;  // read-only tensors make G - 1 hops
     if (!pf) {
       if (in_class) e += ro(shard);

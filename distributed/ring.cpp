@@ -104,11 +104,14 @@ class RingRun {
 
   [[gnu::always_inline]] void run() {
     const int G = s_.G;
-    // Two slots per travelling tensor, each big enough for the largest shard.
+    // Two slots per travelling tensor, each big enough for the largest shard; an accumulated one
+    // also has a third, the partial sum arriving while the step computes into its own slot.
     slots_.clear();
+    sum_in_.clear();
     for (const Item& it : items_) {
       const int64_t n = slot_bytes(it);
       slots_.push_back({alloc<unsigned char>(e_, n), alloc<unsigned char>(e_, n)});
+      sum_in_.push_back(it.accumulated ? alloc<unsigned char>(e_, n) : Bytes{});
     }
     // The double ring's separate inter-node slots (spec §7.9): two per read-only tensor, one
     // receiving the next round's shard while the other is read (and sent on) in this round.
@@ -129,6 +132,7 @@ class RingRun {
       c_.set_context(s_.phase, t);
       const RankStep& st = s_.steps[r_][t];
       std::vector<RequestPtr> reqs;  // declared after the buffers: destroyed (cancelled) first
+      std::vector<std::pair<Message, RequestPtr>> sums;  // partial sums received into sum_in_
       auto prefetched = [&](int item) {
         for (const Message& m : st.sends)
           if (m.item == item && m.lands > 0) return true;
@@ -140,7 +144,11 @@ class RingRun {
           // Home read-only inputs stay valid; everything else is rewritten before its next read.
           // A buffer that also feeds a prefetched hop is consumed by that (later-waited) send only.
           const bool consume = (t > 0 || items_[m.item].accumulated) && (m.lands > 0 || !prefetched(m.item));
-          RequestPtr q = c_.isend(at(m.tensor.c_str(), t), bytes(m), m.peer, m.tag, m.tensor.c_str(), consume);
+          // A partial sum posted before the compute is the one finished at step t - 1 (never
+          // step 0's, which stays home).
+          const bool sum = items_[m.item].accumulated && !after;
+          if (sum && t < 2) fail("partial sum ", m.tensor, " sent before step ", t, ": none is finished yet");
+          RequestPtr q = c_.isend(at(m.tensor.c_str(), sum ? t - 1 : t), bytes(m), m.peer, m.tag, m.tensor.c_str(), consume);
           if (m.lands > 0) in_flight.emplace_back(m.lands, std::move(q));
           else reqs.push_back(std::move(q));
         }
@@ -155,18 +163,47 @@ class RingRun {
                                                      m.tensor.c_str()));
             continue;
           }
+          if (items_[m.item].accumulated) {  // the partial sum this step's contribution joins
+            sums.emplace_back(m, c_.irecv(sum_in_[m.item].data, bytes(m), m.peer, m.tag, m.tensor.c_str()));
+            continue;
+          }
           recv(m, t, reqs);
         }
-        send(false);  // prefetch: overlaps with the compute below
+        send(false);  // read-only tensors and the previous step's partial sums: overlap the compute
       });
+      // From step 1 a rank's contribution to a travelling shard's gradient starts from zero in
+      // its own slot, so the compute need not wait for the partial sum in flight.
+      if (t > 0)
+        for (int i = 0; i < static_cast<int>(items_.size()); ++i)
+          if (items_[i].accumulated) zero(i, t);
       for (const BlockTask& b : st.blocks) compute(st, b, t);
+      // Partial sum + this step's contribution, in that fixed order: the sum sent on at t + 1.
+      for (auto& [m, q] : sums) {
+        q->wait();
+        add_to(at(m.tensor.c_str(), t), m);
+      }
+      sums.clear();
       e_.synchronize();
       c_.batch([&] {
-        for (const Message& m : st.recvs)
-          if (m.after_compute) recv(m, t, reqs);
-        send(true);  // gradients, after the compute that produced them
+        for (const Message& m : st.recvs) {
+          if (!m.after_compute) continue;
+          if (items_[m.item].accumulated) {  // the last hop: the shard's sum of every other rank
+            if (t != G - 1) fail("partial sum ", m.tensor, " received after step ", t, " of ", G, ": only the last");
+            sums.emplace_back(m, c_.irecv(sum_in_[m.item].data, bytes(m), m.peer, m.tag, m.tensor.c_str()));
+            continue;
+          }
+          recv(m, t, reqs);
+        }
+        send(true);  // the last partial sums, home
       });
       wait_all(reqs);
+      // Home = own contribution (step 0) + the sum of the others.
+      for (auto& [m, q] : sums) {
+        q->wait();
+        add_to(home_.at(m.tensor), m);
+      }
+      if (!sums.empty()) e_.synchronize();
+      sums.clear();
       // Prefetched hops landing at step t + 1 (both the receive and the send whose slot the
       // next round reuses) must be complete before it.
       std::vector<RequestPtr> due;
@@ -176,11 +213,22 @@ class RingRun {
     }
   }
 
-  // An ordinary hop lands in the slot of step t + 1; the last hop of an accumulated tensor in
-  // the home output.
+  // An ordinary hop of a read-only tensor lands in the slot of step t + 1.
   void recv(const Message& m, int t, std::vector<RequestPtr>& reqs) {
-    void* dst = (t == s_.G - 1) ? home_.at(m.tensor) : slots_[m.item][(t + 1) % 2].data;
-    reqs.push_back(c_.irecv(dst, m.elems * width(items_[m.item]), m.peer, m.tag, m.tensor.c_str()));
+    if (t == s_.G - 1) fail("read-only ", m.tensor, " received at the last step ", t);
+    reqs.push_back(c_.irecv(slots_[m.item][(t + 1) % 2].data, m.elems * width(items_[m.item]), m.peer, m.tag,
+                            m.tensor.c_str()));
+  }
+  // Accumulated item i's slot of step t set to zero over the step's shard.
+  void zero(int i, int t) {
+    const Item& it = items_[i];
+    const RankStep& st = s_.steps[r_][t];
+    const int64_t n = it.q_side ? q_elems(qp_.local_size(st.q_shard), it.per_row) : kv_elems(kp_.local_size(st.k_shard));
+    fill(e_, static_cast<A*>(at(it.name, t)), n, 0.0);
+  }
+  // dst += the partial sum of message m (in sum_in_), element by element on the engine.
+  void add_to(void* dst, const Message& m) {
+    add(e_, static_cast<A*>(dst), static_cast<const A*>(static_cast<const void*>(sum_in_[m.item].data)), m.elems);
   }
 
   [[gnu::always_inline]] void compute(const RankStep& st, const BlockTask& b, int t) {
@@ -223,6 +271,7 @@ class RingRun {
   Buffer<A> D_;
   std::map<std::string, void*> home_;
   std::vector<std::vector<Bytes>> slots_;
+  std::vector<Bytes> sum_in_;  // [item] an accumulated item's arriving partial sum (else empty)
   std::vector<std::vector<Bytes>> islots_;  // [item] the two inter-node slots (double ring prefetch)
   std::vector<std::map<int, int>> landed_;      // [item] landing step -> inter-node slot
 };

@@ -109,7 +109,41 @@ Schedule make_schedule(Algo algo, Phase phase, const Problem& p, const MaskData&
       }
     }
   }
+  if (phase == Phase::Backward) overlap_partial_sums(s);
   return s;
+}
+
+void overlap_partial_sums(Schedule& s) {
+  const auto& items = travelling_items(s.algo, s.phase);
+  const int G = s.G;
+  for (auto& steps : s.steps) {
+    // Moved messages, collected first so that none moves twice.
+    std::vector<std::vector<Message>> sends(G), recvs(G);
+    for (int t = 0; t < G; ++t) {
+      auto split = [&](std::vector<Message>& ms, std::vector<std::vector<Message>>& moved) {
+        std::vector<Message> keep;
+        for (Message& m : ms) {
+          if (!items[m.item].accumulated || t == G - 1) {
+            keep.push_back(std::move(m));
+            continue;
+          }
+          if (!m.after_compute || m.lands > 0)
+            fail("overlap_partial_sums: accumulated message ", m.tensor, " at step ", t,
+                 " must be an ordinary hop posted after the compute");
+          if (t == 0) continue;  // the rank's own contribution stays home
+          m.after_compute = false;
+          moved[t + 1].push_back(std::move(m));
+        }
+        ms = std::move(keep);
+      };
+      split(steps[t].sends, sends);
+      split(steps[t].recvs, recvs);
+    }
+    for (int t = 0; t < G; ++t) {
+      for (Message& m : sends[t]) steps[t].sends.push_back(std::move(m));
+      for (Message& m : recvs[t]) steps[t].recvs.push_back(std::move(m));
+    }
+  }
 }
 
 Work work(const Schedule& s, int rank) {
@@ -140,9 +174,14 @@ int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partit
   const int64_t B = p.B, Hq = p.H_q, Hkv = p.H_kv, d = p.d, Nq = p.N_q, Nk = p.N_k;
   auto nq = [&](int s) { return qp.local_size(mod(s, G)); };
   auto nk = [&](int s) { return kp.local_size(mod(s, G)); };
-  // The sender's shard: at step t rank r sends shard r - t; it receives shard r - t - 1.
-  // Totals: rank r sends every shard but r + 1 (G - 1 hops) and receives every shard but r.
+  // Read-only tensors: at step t rank r sends shard r - t and receives shard r - t - 1; in total
+  // it sends every shard but r + 1 (G - 1 hops) and receives every shard but r.
+  // Partial sums (overlap_partial_sums): before the compute of step t >= 2 rank r sends the sum
+  // of shard r - t + 1 and receives that of shard r - t; after step G - 1 it sends shard r + 1's
+  // and receives its own. In total it sends every shard but r and receives every shard but r - 1.
   const int missing = sent ? r + 1 : r;
+  const int missing_sum = missing - 1;
+  auto sum_shard = [&](int step_) { return sent ? r - step_ + 1 : r - step_; };
   // Bytes in T (K, V, Q, dO) plus bytes in A (LSE, D, dQ, dK, dV); for t = a these are the
   // single-width forms (7.1)-(7.6).
   const int64_t t = w.t, a = w.a;
@@ -151,14 +190,23 @@ int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partit
     if (step < G - 1) return t * 2 * B * Hkv * d * nk(sent ? r - step : r - step - 1);       // (7.2)
     return 0;
   }
+  // Per step: the read-only hop (t < G-1), the partial sum of the previous step (t >= 2) and
+  // the hop home (t = G-1).
+  auto per_step = [&](auto ro, auto sum) {
+    int64_t e = 0;
+    if (step < G - 1) e += ro(sent ? r - step : r - step - 1);
+    if (step >= 2) e += sum(sum_shard(step));
+    if (step == G - 1) e += sum(sent ? r + 1 : r);
+    return e;
+  };
   if (algo == Algo::Ring) {
-    if (step < 0) return 2 * B * Hkv * d * (t * (Nk - nk(missing)) + a * Nk);               // (7.3)
-    if (step < G - 1) return 2 * B * Hkv * d * (t + a) * nk(sent ? r - step : r - step - 1);  // (7.4)
-    return a * 2 * B * Hkv * d * nk(sent ? r + 1 : r);
+    if (step < 0) return 2 * B * Hkv * d * (t * (Nk - nk(missing)) + a * (Nk - nk(missing_sum)));  // (7.3)
+    return per_step([&](int s) { return 2 * B * Hkv * d * t * nk(s); },                          // (7.4)
+                    [&](int s) { return 2 * B * Hkv * d * a * nk(s); });
   }
-  if (step < 0) return B * Hq * ((2 * d * t + 2 * a) * (Nq - nq(missing)) + d * a * Nq);     // (7.5)
-  if (step < G - 1) return B * Hq * (2 * d * t + (d + 2) * a) * nq(sent ? r - step : r - step - 1);  // (7.6)
-  return a * B * Hq * d * nq(sent ? r + 1 : r);
+  if (step < 0) return B * Hq * ((2 * d * t + 2 * a) * (Nq - nq(missing)) + d * a * (Nq - nq(missing_sum)));  // (7.5)
+  return per_step([&](int s) { return B * Hq * (2 * d * t + 2 * a) * nq(s); },                              // (7.6)
+                  [&](int s) { return B * Hq * d * a * nq(s); });
 }
 
 std::string chunk_name(const Chunk& c) {
@@ -172,6 +220,12 @@ std::string chunk_name(const Chunk& c) {
     os << "}";
   }
   return os.str();
+}
+
+int message_pass(const Message& m, const Item& it) {
+  if (m.lands > 0) return 2;
+  if (m.after_compute) return 1;
+  return it.accumulated ? 3 : 0;
 }
 
 std::string trace(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
@@ -196,15 +250,16 @@ std::string trace(const Schedule& s, const Problem& p, const Partition& qp, cons
         os << " Q" << chunk_name(qp.chunks[b.q_chunk]) << "xK" << chunk_name(kp.chunks[b.k_chunk])
            << "(" << b.visible << ")";
       if (!st.skipped.empty()) os << "; skip " << st.skipped.size() << " masked";
-      // Group messages by (peer, shard, before/after).
-      // Pass 2: the double ring's prefetched inter-node hop (spec §7.9), in flight until `lands`.
+      // Group messages by (peer, shard, before/after). Pass 0: read-only before the compute;
+      // 1: after it; 2: the double ring's prefetched inter-node hop (spec §7.9), in flight until
+      // `lands`; 3: the previous step's partial sums, in flight during the compute (§7.3).
       auto list = [&](const std::vector<Message>& ms, bool is_send) {
-        for (int pass = 0; pass < 3; ++pass) {
+        for (int pass : {3, 0, 2, 1}) {
           std::string names;
           int64_t bytes = 0;
           int peer = -1, shard = -1, lands = 0;
           for (const Message& m : ms) {
-            if ((m.lands > 0) != (pass == 2) || (pass < 2 && m.after_compute != (pass == 1))) continue;
+            if (message_pass(m, items[m.item]) != pass) continue;
             names += (names.empty() ? "" : ",") + m.tensor;
             bytes += m.elems * elem_bytes.of(items[m.item]);
             peer = m.peer;
@@ -213,7 +268,7 @@ std::string trace(const Schedule& s, const Problem& p, const Partition& qp, cons
           }
           if (names.empty()) continue;
           os << "; " << (pass == 2 ? "inter-node " : "") << (is_send ? (pass == 1 ? "then send " : "send ") : "recv ")
-             << names << "[shard " << shard << "] " << (is_send ? "-> " : "<- ") << peer << " (" << bytes << " B"
+             << (pass == 3 ? "sum " : "") << names << "[shard " << shard << "] " << (is_send ? "-> " : "<- ") << peer << " (" << bytes << " B"
              << (pass == 2 ? ", in flight until step " + std::to_string(lands) : std::string()) << ")";
         }
       };

@@ -9,8 +9,9 @@
 //   forward (ring = burst)  travelling K, V;            home Q, O, LSE   (O, LSE merged, eq. 4.5)
 //   ring backward           travelling K, V, dK, dV;    home Q, dO, LSE, D, dQ
 //   burst backward (GAO)    travelling Q, dO, D, LSE, dQ; home K, V, dK, dV
-// Read-only travelling tensors move G-1 times; accumulated ones (dK, dV or dQ) move G times: the
-// last hop brings them home.
+// Read-only travelling tensors move G-1 times. Accumulated ones (dK, dV or dQ) also make G-1
+// hops, as partial sums (overlap_partial_sums): a rank's own contribution (step 0) stays home;
+// shard s's partial starts at rank s+1 and, summed on the way, arrives home after step G-1.
 #pragma once
 
 #include <cstdint>
@@ -59,8 +60,11 @@ struct Message {
   int peer = 0;              // destination (send) or source (recv)
   int tag = 0;               // step * 16 + item
   int64_t elems = 0;         // elements (bytes = elems * ElemBytes::of(item))
-  // Posted after the step's compute (gradients). A receive carries its send's flag: both sides
-  // post a message in corresponding batches, which an in-order transport needs (§7.4).
+  // Posted after the step's compute (the last hop of a partial sum, home). A receive carries
+  // its send's flag: both sides post a message in corresponding batches, which an in-order
+  // transport needs (§7.4). An accumulated item's message posted before the compute of step t
+  // carries the partial sum finished at step t - 1 (sender) and is added, after the compute of
+  // step t, to the receiver's contribution of step t (overlap_partial_sums).
   bool after_compute = false;
   // 0: an ordinary hop (received for the next step, waited for at the end of this one).
   // > 0: the double ring's prefetched inter-node hop (spec §7.9): posted at the start of a node
@@ -96,6 +100,13 @@ void check_ring_partitions(const Problem& p, const Partition& qp, const Partitio
 Schedule empty_schedule(Algo algo, Phase phase, int G);
 // Elements of travelling item `it` for `shard`: B H n (d, or 1 per row), H and n of its side.
 int64_t item_elems(const Item& it, const Problem& p, const Partition& qp, const Partition& kp, int shard);
+// The backward's gradient hops as partial sums (spec §7.3), in place on a schedule whose
+// accumulated messages are all posted after the compute of their step (make_schedule's and the
+// double ring's layout): step 0's hop is dropped (the rank's own contribution stays home); the
+// hop after step t, 1 <= t <= G-2, moves to the batch before the compute of step t + 1 (same
+// peers, tag and shard), appended after that batch's messages on both sides so every pair keeps
+// one posting order; the hop after step G-1 stays after the compute (it brings the sum home).
+void overlap_partial_sums(Schedule& s);
 // Every (q-chunk, kv-chunk) pair of st.q_shard x st.k_shard into st.blocks (visible) or
 // st.skipped (hidden by the mask), in chunk order.
 void list_blocks(RankStep& st, const MaskParams& m, const Partition& qp, const Partition& kp);
@@ -115,6 +126,9 @@ int64_t closed_form_bytes(Algo algo, Phase phase, const Problem& p, const Partit
                           const Partition& kp, int rank, bool sent, ElemBytes elem_bytes,
                           int step = -1);
 
+// How a trace groups message m of item it: 0 read-only before the compute, 1 after the compute,
+// 2 a prefetched inter-node hop (lands > 0), 3 a partial sum before the compute.
+int message_pass(const Message& m, const Item& it);
 // A step-by-step teaching trace and the per-rank work totals.
 std::string trace(const Schedule& s, const Problem& p, const Partition& qp, const Partition& kp,
                   ElemBytes elem_bytes);

@@ -141,6 +141,16 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       std::vector<Msg> msgs;
       for (const Message& m : st.sends)
         msgs.push_back({m.item, m.peer, m.elems * (spec.table1 ? eb : widths(eb).of(items[m.item])), m.after_compute});
+      if (spec.table1 && t == 0 && G > 1) {  // the gradients' first hop, which the executor keeps home (Table 1: N = G moves)
+        const int n = r / K, g = r % K;
+        const int peer = spec.double_ring ? (K == 1 ? mod(n + 1, M) * K + mod(g + 1, K) : n * K + mod(g + 1, K)) : mod(r + 1, G);
+        for (int i = 0; i < static_cast<int>(items.size()); ++i) {
+          if (!items[i].accumulated) continue;
+          const int64_t H = items[i].q_side ? p.H_q : p.H_kv;
+          const int64_t n_rows = items[i].q_side ? qp.local_size(r) : kp.local_size(r);
+          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb, true});
+        }
+      }
       if (spec.table1 && t == G - 1 && G > 1) {  // the read-only tensors' return hop (Table 1: N = G moves)
         const int n = r / K, g = r % K;
         const int peer = spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : mod(r + 1, G);
@@ -167,8 +177,8 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       step_after = std::max(step_after, rank_after);
     }
     lock_comm += step_comm;
-    // The executor posts a step's gradients after the compute that produced them and waits for
-    // them before the next step: only the traffic posted before the compute hides under it.
+    // Traffic posted before a step's compute (read-only shards, the previous step's partial
+    // sums) hides under it; traffic posted after it (the last partial sums, home) does not.
     const double step =
         spec.overlap ? std::max(step_comp, step_before) + step_after : step_comp + step_comm;
     lock_total += step;

@@ -18,8 +18,11 @@
 //                  usp            the all-to-all inside each group (collective), the ring across
 //                                 groups (lockstep), the all-to-all back, one after the other.
 //   overlap        with: a step costs max(compute, comm before) + comm after, where "after" is
-//                  the traffic the executor posts after the step's compute (gradients, lockstep
-//                  model); without: compute + comm.
+//                  the traffic the executor posts after the step's compute (the backward's last
+//                  partial sums, home; lockstep model); without: compute + comm. The executor's
+//                  zeroing and adding of partial sums (memory passes) are not priced.
+// The backward's gradients make G - 1 hops as partial sums (spec §7.3): table1 = true adds the
+// first hop back, as Table 1 counts it.
 // table1 = true replays with BurstEngine Table 1's accounting: every travelling tensor moves
 // G times (the read-only ones' useless last hop included, on the link the return hop uses) and
 // the per-row tensors D, LSE are left out; the executed schedules skip that hop (default).

@@ -94,22 +94,24 @@ std::string Svg::str() const {
 namespace {
 
 // Sends of one (rank, step), grouped as the text trace groups them: before / after the compute,
-// and the double ring's prefetched inter-node hop. "-> 1 K,V 512 B".
+// the double ring's prefetched inter-node hop and the previous step's partial sums.
+// "-> 1 K,V 512 B".
 std::vector<std::string> send_marks(const dist::RankStep& st, const std::vector<dist::Item>& items,
                                     dist::ElemBytes eb) {
   std::vector<std::string> out;
-  for (int pass = 0; pass < 3; ++pass) {
+  for (int pass : {3, 0, 2, 1}) {
     std::string names;
     int64_t bytes = 0;
     int peer = -1;
     for (const dist::Message& m : st.sends) {
-      if ((m.lands > 0) != (pass == 2) || (pass < 2 && m.after_compute != (pass == 1))) continue;
+      if (dist::message_pass(m, items[m.item]) != pass) continue;
       names += (names.empty() ? "" : ",") + m.tensor;
       bytes += m.elems * eb.of(items[m.item]);
       peer = m.peer;
     }
     if (!names.empty())
-      out.push_back(std::string(pass == 1 ? "then " : pass == 2 ? "inter " : "") + "-> " + std::to_string(peer) + " " +
+      out.push_back(std::string(pass == 1 ? "then " : pass == 2 ? "inter " : pass == 3 ? "sum " : "") + "-> " +
+                    std::to_string(peer) + " " +
                     names + " " + std::to_string(bytes) + " B");
   }
   return out;
