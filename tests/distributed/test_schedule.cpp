@@ -149,7 +149,8 @@ TEST(Schedule, BytesEqualClosedForms) {
 }
 
 TEST(Schedule, BurstBackwardMovesLessThanRingWithoutGqa) {
-  // Per step (t < G-1): ring 4 B H d n_k, burst B H (3d + 2) n_q: burst is less when d > 2.
+  // Per step (2 <= t <= G-2): ring 4 B H d n_k, burst B H (3d + 2) n_q: burst is less when d > 2.
+  // The gradients' partial sums make G-1 hops: each rank sends every shard's but its own.
   const int G = 4;
   const Problem p = testutil::make_problem(1, 2, 2, 64, 64, 16, "none");
   const MaskData md = compile_mask(p);
@@ -157,9 +158,9 @@ TEST(Schedule, BurstBackwardMovesLessThanRingWithoutGqa) {
   for (int r = 0; r < G; ++r) {
     const int64_t ring = closed_form_bytes(Algo::Ring, Phase::Backward, p, part, part, r, true, 8);
     const int64_t burst = closed_form_bytes(Algo::Burst, Phase::Backward, p, part, part, r, true, 8);
-    // ring: 2*2*16*(128-16) = 7168 elems; burst: 2*(34*(64-16) + 16*64) = 5312 elems
-    EXPECT_EQ(ring, 7168 * 8);
-    EXPECT_EQ(burst, 5312 * 8);
+    // ring: 2*2*16*(128-16-16) = 6144 elems; burst: 2*(34*(64-16) + 16*(64-16)) = 4800 elems
+    EXPECT_EQ(ring, 6144 * 8);
+    EXPECT_EQ(burst, 4800 * 8);
     EXPECT_EQ(closed_form_bytes(Algo::Ring, Phase::Forward, p, part, part, r, true, 8), 2 * 2 * 16 * 48 * 8);
   }
 }
@@ -173,4 +174,16 @@ TEST(Schedule, TraceNamesStepsRanksAndTotals) {
   for (const char* want : {"burst backward", "step 0", "step 1", "rank 1:", "send Q,dO,D,LSE[shard 0] -> 1",
                            "then send dQ", "closed form", "blocks"})
     EXPECT_NE(t.find(want), std::string::npos) << want << "\n" << t;
+  // G = 2 has no partial sum in flight during a compute; G = 3 has one at step 2, the sum of
+  // shard r - 1 finished at step 1 (rank 0: shard 2, to rank 1).
+  EXPECT_EQ(t.find("send sum"), std::string::npos) << t;
+  const Partition p3 = make_partition(PartitionKind::Zigzag, 12, 3);
+  const Problem q = testutil::make_problem(1, 1, 1, 12, 12, 2, "causal");
+  const std::string t3 = trace(make_schedule(Algo::Ring, Phase::Backward, q, compile_mask(q), p3, p3), q, p3, p3, 8);
+  const size_t step2 = t3.find("step 2");
+  ASSERT_NE(step2, std::string::npos) << t3;
+  EXPECT_NE(t3.find("rank 0: compute", step2), std::string::npos) << t3;
+  EXPECT_NE(t3.find("send sum dK,dV[shard 2] -> 1", step2), std::string::npos) << t3;
+  EXPECT_NE(t3.find("recv sum dK,dV[shard 1] <- 2", step2), std::string::npos) << t3;
+  EXPECT_EQ(t3.substr(0, step2).find("sum "), std::string::npos) << t3;
 }

@@ -129,11 +129,15 @@ TEST(Schedules2, ClosedFormsInTheirPaperShape) {
         const int64_t intra_hops = M == 1 ? G - 1 : G - M, inter_hops = M == 1 ? 0 : M - 1;
         EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Forward, p, part, part, r, true, eb, K, 0), eb * intra_hops * kv);
         EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Forward, p, part, part, r, true, eb, K, 1), eb * inter_hops * kv);
-        // Burst backward: Q, dO, D, LSE make G-1 hops, dQ G hops (the last one home).
+        // Burst backward: Q, dO, D, LSE make G-1 hops; dQ's partial sums G-1 hops too, from the
+        // hop after step 1 to the last one home (inter-node when M > 1): the hop after step 0,
+        // intra-node unless K = 1, is not made.
+        const int64_t dq_intra = M == 1 ? G - 1 : K == 1 ? 0 : G - M - 1;
+        const int64_t dq_inter = M == 1 ? 0 : K == 1 ? M - 1 : M;
         EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Backward, p, part, part, r, true, eb, K, 0),
-                  eb * (intra_hops * q + (M == 1 ? G : G - M) * dq));
+                  eb * (intra_hops * q + dq_intra * dq));
         EXPECT_EQ(double_ring_bytes(Algo::Burst, Phase::Backward, p, part, part, r, true, eb, K, 1),
-                  eb * (inter_hops * q + (M == 1 ? 0 : M) * dq));
+                  eb * (inter_hops * q + dq_inter * dq));
       }
     }
   }

@@ -149,6 +149,39 @@ TEST(Simulator, ExecutedSchedulesAndOverlap) {
   EXPECT_THROW(simulate_schedule(f, s.p, s.part, s.part, c, 2, spec), Error);
 }
 
+// The backward's partial sums (spec §7.3): posted before a step's compute from step 2 on, they
+// hide under it like the read-only shards; only the last hop home, after the compute of step
+// G - 1, is exposed (one fp32 dK and dV shard for ring, one dQ shard for burst), whatever G.
+TEST(Simulator, PartialSumsHideUnderTheComputeButTheLastHop) {
+  for (int G : {3, 4, 6}) {
+    const SimCase s = setup(G, 8, "causal", 8);
+    Cluster c = cluster_preset("a800-32");
+    c.nodes = 1;
+    c.gpus_per_node = G;
+    c.flops_per_s = 1e9;  // slow compute: everything posted before a compute hides under it
+    for (Algo a : {Algo::Ring, Algo::Burst}) {
+      const Schedule b = make_schedule(a, Phase::Backward, s.p, s.mask, s.part, s.part);
+      for (int r = 0; r < G; ++r)
+        for (int t = 0; t < G; ++t) {
+          int sums = 0, after = 0;
+          for (const Message& m : b.steps[r][t].sends) {
+            const bool acc = travelling_items(a, Phase::Backward)[m.item].accumulated;
+            after += m.after_compute ? 1 : 0;
+            sums += acc && !m.after_compute ? 1 : 0;
+          }
+          EXPECT_EQ(after, t == G - 1 ? (a == Algo::Ring ? 2 : 1) : 0) << G << " " << r << " " << t;
+          EXPECT_EQ(sums, t >= 2 ? (a == Algo::Ring ? 2 : 1) : 0) << G << " " << r << " " << t;
+        }
+      const Prediction x = simulate_schedule(b, s.p, s.part, s.part, c, 2, SimSpec{});
+      const double shard = 2.0 * 8 * 8 * 16 * 4;  // B H n d in fp32
+      const double last = (a == Algo::Ring ? 2 : 1) * c.intra.time(shard);
+      // total - compute: a total's few roundings relative to a much smaller difference.
+      EXPECT_NEAR(x.exposed_comm_s, last, 1e-9 * x.total_s) << to_string(a) << " G=" << G;
+      EXPECT_GT(x.comm_s, 2 * last) << to_string(a) << " G=" << G;  // the rest was hidden
+    }
+  }
+}
+
 // The collective-style replays move exactly the executed bytes: on one node every byte is intra,
 // and the busiest rank's bytes equal the closed forms (7.22)-(7.23), (7.25).
 TEST(Simulator, Attention2DAndDistFlashReplayTheClosedFormBytes) {
@@ -383,12 +416,13 @@ TEST(Simulator, H100PairPinnedAt32KCausal) {
       EXPECT_EQ(x.total_s, x.compute_s);
       EXPECT_EQ(x.exposed_comm_s, 0);
     } else {
-      // Each of the 2 steps posts its dQ (fp32: 32 x N/2 x 128 x 4 bytes) after its compute and
-      // waits for it; the other tensors hide under the compute.
+      // At G = 2 dQ makes one hop (fp32: 32 x N/2 x 128 x 4 bytes), the partial sum home, posted
+      // after the last step's compute and waited for; a rank's own contribution stays home and
+      // the other tensors hide under the compute.
       const double dq = 10e-6 + 32.0 * (N / 2) * 128 * 4 / 450e9;
-      expect_close(x.total_s, x.compute_s + 2 * dq, 8, "backward total");
-      // total - compute: a total's few roundings, relative to a ~20x smaller difference.
-      expect_close(x.exposed_comm_s, 2 * dq, 8 * 32, "backward exposed");
+      expect_close(x.total_s, x.compute_s + dq, 8, "backward total");
+      // total - compute: a total's few roundings, relative to a ~40x smaller difference.
+      expect_close(x.exposed_comm_s, dq, 8 * 64, "backward exposed");
     }
   }
   // The forward's one hop of K and V: two 128 MiB messages at 450 GB/s + 10 us each.

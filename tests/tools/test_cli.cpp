@@ -520,7 +520,8 @@ TEST(Simulate, Table1MismatchJsonExitsOne) {
 
 // ---------------------------------------------------------------- schedule --json
 // The double ring's JSON carries the traffic --ring asks for, as its text trace does: with ring
-// traffic the backward moves K, V, dK, dV, and every rank sends eq. (7.3)'s 2 s H d (2N - n) bytes.
+// traffic the backward moves K, V, dK, dV, and every rank sends eq. (7.3)'s 2 s H d (2N - 2n) bytes
+// (read-only tensors and partial sums, G - 1 hops each).
 TEST(Schedule, DoubleRingJsonFollowsRing) {
   for (const char* ring : {"ring", "burst"}) {
     const Output o = burstlab(std::string("schedule --algo double-ring --ring ") + ring +
@@ -532,7 +533,7 @@ TEST(Schedule, DoubleRingJsonFollowsRing) {
     EXPECT_EQ(ph.at("travelling"), r ? nlohmann::json({"K", "V", "dK", "dV"})
                                      : nlohmann::json({"Q", "dO", "D", "LSE", "dQ"})) << ph.at("travelling").dump();
     const int64_t s = 8, H = 2, d = 8, N = 16, n = 4;
-    const int64_t want = r ? 2 * s * H * d * (2 * N - n) : s * H * ((2 * d + 2) * (N - n) + d * N);  // (7.3), (7.5)
+    const int64_t want = r ? 2 * s * H * d * (2 * N - 2 * n) : s * H * ((2 * d + 2) * (N - n) + d * (N - n));  // (7.3), (7.5)
     for (const auto& rank : ph.at("ranks")) EXPECT_EQ(rank.at("sent").get<int64_t>(), want) << ring << " " << rank.dump();
   }
 }

@@ -100,9 +100,10 @@ TEST(SimulateCli, NvlinkPresetsPredictEveryAlgorithm) {
 
 // The pinned prediction of one shape (2x H100, 32K causal, burst and ring): each phase's compute
 // is half the one-GPU time the preset's causal rates were measured from (12.40 and 48.64 ms), the
-// transfers posted before a step's compute hidden under it; the backward's gradients, posted after
-// it, are exposed: per step one fp32 dQ shard (burst) or a dK and a dV shard (ring), 32 x 16384 x
-// 128 x 4 bytes each at the assumed 450 GB/s + 10 us, over 2 steps.
+// transfers posted before a step's compute hidden under it; the backward's last partial sums, sent
+// home after the last step's compute, are exposed: one fp32 dQ shard (burst) or a dK and a dV shard
+// (ring), 32 x 16384 x 128 x 4 bytes each at the assumed 450 GB/s + 10 us. At G = 2 that is the
+// only gradient hop (a rank's own contribution stays home, spec §7.2).
 TEST(SimulateCli, H100PairPinnedAt32KCausal) {
   const Output o = burstlab("simulate --preset h100-x2 --seq 32768 --algo burst,ring --json");
   ASSERT_EQ(o.rc, 0) << o.out << o.err;
@@ -111,7 +112,7 @@ TEST(SimulateCli, H100PairPinnedAt32KCausal) {
   const double shard_ms = (10e-6 + 32.0 * 16384 * 128 * 4 / 450e9) * 1e3;
   for (const json& r : j.at("rows")) {
     const bool fwd = r.at("phase") == "forward";
-    const double exposed = fwd ? 0 : 2 * shard_ms * (r.at("algo") == "ring" ? 2 : 1);
+    const double exposed = fwd ? 0 : shard_ms * (r.at("algo") == "ring" ? 2 : 1);
     expect_same(r.at("compute_ms").get<double>(), fwd ? 6.20 : 24.32, r.dump());
     EXPECT_NEAR(r.at("exposed_ms").get<double>(), exposed, 1e-9) << r.dump();
     EXPECT_NEAR(r.at("total_ms").get<double>(), (fwd ? 6.20 : 24.32) + exposed, 1e-9) << r.dump();
