@@ -177,13 +177,16 @@ class RingRun {
         for (int i = 0; i < static_cast<int>(items_.size()); ++i)
           if (items_[i].accumulated) zero(i, t);
       for (const BlockTask& b : st.blocks) compute(st, b, t);
+      // The compute is synchronized before any wait, so that a wait's time is only the
+      // communication the compute did not hide (§7.4).
+      e_.synchronize();
       // Partial sum + this step's contribution, in that fixed order: the sum sent on at t + 1.
       for (auto& [m, q] : sums) {
         q->wait();
         add_to(at(m.tensor.c_str(), t), m);
       }
+      if (!sums.empty()) e_.synchronize();
       sums.clear();
-      e_.synchronize();
       c_.batch([&] {
         for (const Message& m : st.recvs) {
           if (!m.after_compute) continue;

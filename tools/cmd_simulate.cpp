@@ -281,8 +281,8 @@ int run_simulate(const SimFlags& f) {
               shape_string(p).c_str(), describe(p.mask).c_str(), f.partition.c_str(), f.elem_bytes);
   t.print(stdout);
   for (const std::string& l : not_run) std::printf("not run: %s\n", l.c_str());
-  std::printf("\nper GPU, busiest rank; total = with compute/communication overlap (the ring family's gradients,\n"
-              "posted after a step's compute, are not overlapped); exposed = total - compute; intra/inter = bytes\n"
+  std::printf("\nper GPU, busiest rank; total = with compute/communication overlap (the ring family's last gradient\n"
+              "hop, home after the last step's compute, is not overlapped); exposed = total - compute; intra/inter = bytes\n"
               "sent per link class (max over ranks), LSE, D and gradients in fp32 (fp64 at --elem-bytes 8). Model: spec §7.10.\n");
   if (f.steps) {
     const std::vector<std::string> step_names = split_commas(f.algos);

@@ -115,8 +115,12 @@ Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprin
         {"the ranks' shards of Q, K, V, dO and their outputs in " + to_string(dtype) + where,
          share(bytes_mul(s, bytes_sum({bytes_mul(2, z.Eq), bytes_mul(2, z.Ek), outputs}))), engine.device},
         {"blocks in flight: " + std::to_string(copies) + " copies of K, V" + (backward ? ", dK, dV" : "") +
-             " and 2 of the query-side tensors in " + to_string(dtype) + where,
-         share(bytes_mul(s, bytes_add(bytes_mul(copies, kv), bytes_mul(2, q)))), engine.device},
+             " and 2 of the query-side tensors" +
+             (backward && !gathers_kv ? " (and the ring's arriving partial sums of dK, dV or dQ)" : "") + " in " +
+             to_string(dtype) + where,
+         share(bytes_mul(s, bytes_sum({bytes_mul(copies, kv), bytes_mul(2, q),
+                                       backward && !gathers_kv ? std::max(bytes_mul(2, z.Ek), z.Eq) : 0}))),
+         engine.device},
         {engine.what + " on " + std::to_string(k) + " rank threads x " + threads_text(std::max(threads, 1)),
          bytes_mul(k, engine.block_call(p, rows, dtype, opt, threads)), engine.device},
         small_allocations()};  // with the sample's K rows and columns of the outputs, when sampled

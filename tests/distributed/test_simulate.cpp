@@ -396,8 +396,8 @@ TEST(Simulator, NvlinkPresetsPricePhaseAndMaskApart) {
 // pairs, so each phase's compute is half the one-GPU time the rate came from
 // (plugins/cudnn/README.md: 12.40 ms forward, 48.64 ms backward); the transfers, K and V
 // (forward; 2 x 128 MiB, one hop) and Q, dO, LSE, D (backward) at the assumed 450 GB/s + 10 us,
-// take less than a step's compute and are hidden; the backward's dQ, posted after each step's
-// compute, is not.
+// take less than a step's compute and are hidden; the backward's one dQ hop (G = 2), the partial
+// sum home after the last step's compute, is not.
 TEST(Simulator, H100PairPinnedAt32KCausal) {
   const Cluster c = cluster_preset("h100-x2");
   const int64_t N = 32768;
