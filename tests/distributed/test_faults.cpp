@@ -96,8 +96,7 @@ AlgoOptions options_for(const Algorithm& a) {
   return o;
 }
 
-Session<double> make_session(const AlgoOptions& o, Engine<double>& e) {
-  const Case& c = the_case();
+Session<double> make_session(const AlgoOptions& o, Engine<double>& e, const Case& c = the_case()) {
   return Session<double>(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, e);
 }
 
@@ -129,11 +128,12 @@ std::vector<std::string> run_pass_on(Session<double>& s, Phase phase, const SimO
 
 // The last step each algorithm's pass enters, checking on the way that a clean pass enters
 // every step 0..last on every rank (so a failure injected at any step is reached).
-int last_step(const Algorithm& a, Phase phase, Engine<double>& e) {
-  Session<double> s = make_session(options_for(a), e);
-  std::vector<std::set<std::pair<Phase, int>>> seen(kWorld);
+int last_step(const AlgoOptions& o, Phase phase, Engine<double>& e, const Case& c = the_case()) {
+  Session<double> s = make_session(o, e, c);
+  const int G = o.world;
+  std::vector<std::set<std::pair<Phase, int>>> seen(G);
   for (Phase ph : {Phase::Forward, Phase::Backward}) {
-    SimWorld w(kWorld, options_for(a).sim);
+    SimWorld w(G, o.sim);
     w.run([&](Communicator& c) {
       StepRecorder rc(c, seen[c.rank()]);
       s.rank_pass(ph, rc);
@@ -143,9 +143,9 @@ int last_step(const Algorithm& a, Phase phase, Engine<double>& e) {
   int last = -1;
   for (const auto& [ph, t] : seen[kFailRank])
     if (ph == phase) last = std::max(last, t);
-  for (int r = 0; r < kWorld; ++r)
+  for (int r = 0; r < G; ++r)
     for (int t = 0; t <= last; ++t)
-      EXPECT_TRUE(seen[r].count({phase, t})) << a.name << " " << to_string(phase) << ": rank " << r
+      EXPECT_TRUE(seen[r].count({phase, t})) << o.algo << " " << to_string(phase) << ": rank " << r
                                              << " never enters step " << t;
   return last;
 }
@@ -182,7 +182,7 @@ void check_matrix(bool hang) {
   int cases = 0;
   for (const Algorithm& a : algorithms())
     for (Phase phase : {Phase::Forward, Phase::Backward}) {
-      const int last = last_step(a, phase, *engine);
+      const int last = last_step(options_for(a), phase, *engine);
       ASSERT_GE(last, 0) << a.name << " " << to_string(phase) << " enters no step";
       for (int step : std::set<int>{0, last}) {
         const std::string what = std::string(a.name) + " " + to_string(phase) + " step " + std::to_string(step) +
@@ -223,6 +223,42 @@ void check_matrix(bool hang) {
 TEST(Faults, InjectedFailureAtFirstAndLastStepFailsEveryRank) { check_matrix(false); }
 
 TEST(Faults, InjectedHangAtFirstAndLastStepEndsEveryRankAtTheTimeout) { check_matrix(true); }
+
+// tests/nccl/mpi_nccl.sh's fault matrix runs 2 ranks with its own flags and injects at each
+// pass's last step from its table (last_fwd, last_bwd): a step the pass never enters injects
+// nothing and the run ends clean, failing that row. The same runs on SimComm, so that a change
+// of an executor's steps fails here, in CI, and not first on a GPU machine.
+TEST(Faults, TheNcclMatrixTableIsEachPassLastStepOnTwoRanks) {
+  struct Row {
+    const char* algo;
+    const char* mask;
+    PartitionKind partition;
+    int gpus_per_node, ulysses_degree;
+    int last_fwd, last_bwd;  // as in the script's table
+  };
+  const PartitionKind zz = PartitionKind::Zigzag, st = PartitionKind::Striped, co = PartitionKind::Contiguous;
+  const Row rows[] = {
+      {"ring", "causal", zz, 0, 0, 1, 1},          {"burst", "causal+document:3", zz, 0, 0, 1, 1},
+      {"double-ring", "causal", zz, 1, 0, 1, 1},   {"distflash", "causal", co, 0, 0, 1, 1},
+      {"attention2d", "causal", st, 0, 0, 2, 2},   {"attention2d-o", "window:40,0", st, 0, 0, 3, 3},
+      {"ulysses", "causal", zz, 0, 0, 1, 1},       {"allgather", "none", zz, 0, 0, 0, 1},
+      {"usp", "causal", zz, 0, 2, 2, 2},
+  };
+  EXPECT_EQ(std::size(rows), algorithms().size());
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 8});
+  for (const Row& row : rows) {
+    const Case c = make_case(1, 4, 2, 45, 45, 4, row.mask, 7);  // the script's H_q = 4, H_kv = 2
+    AlgoOptions o;
+    o.algo = row.algo;
+    o.world = 2;
+    o.partition = row.partition;
+    o.gpus_per_node = row.gpus_per_node;
+    o.ulysses_degree = row.ulysses_degree;
+    o.sim.timeout_s = 20;
+    EXPECT_EQ(last_step(o, Phase::Forward, *engine, c), row.last_fwd) << row.algo << " forward";
+    EXPECT_EQ(last_step(o, Phase::Backward, *engine, c), row.last_bwd) << row.algo << " backward";
+  }
+}
 
 // The step hook is exact: a step the pass never reaches injects nothing, and an injection in the
 // backward leaves the forward alone.

@@ -106,12 +106,14 @@ rows=()
 
 if [ "$what" = faults ]; then
   # The last step each pass enters with 2 ranks and the flags above (tests/distributed/
-  # test_faults.cpp enters them all on SimComm): ring-like schedules G steps, distflash P/2 + 1,
-  # attention2d on a 1x2 grid 3 (forward) and 4, attention2d-o 4 and 6, ulysses 2, allgather 1
-  # and 2, usp with u = 2 a ring of one group between its all-to-alls: 3.
+  # test_faults.cpp's TheNcclMatrixTableIsEachPassLastStepOnTwoRanks runs the same on SimComm
+  # and pins this table): ring-like schedules G steps, distflash P/2 + 1, attention2d on a 1x2
+  # grid 3 in each pass, attention2d-o 4 (a column of one member keeps dK, dV home: no
+  # reduce-scatter, no transpose back), ulysses 2, allgather 1 and 2, usp with u = 2 a ring of
+  # one group between its all-to-alls: 3.
   declare -A last_fwd=([ring]=1 [burst]=1 [double-ring]=1 [distflash]=1 [attention2d]=2 [attention2d-o]=3
                        [ulysses]=1 [allgather]=0 [usp]=2)
-  declare -A last_bwd=([ring]=1 [burst]=1 [double-ring]=1 [distflash]=1 [attention2d]=3 [attention2d-o]=5
+  declare -A last_bwd=([ring]=1 [burst]=1 [double-ring]=1 [distflash]=1 [attention2d]=2 [attention2d-o]=3
                        [ulysses]=1 [allgather]=1 [usp]=2)
   base=(--impl cuda --hq 4 --hkv 2 --nq 333 --nk 333 -d 64 --seed 7 --dtype bf16)
   bound=${FAULT_BOUND_S:-30}
