@@ -199,22 +199,20 @@ void sampled_forward(dist::World& w, const Problem& p, const dist::Partition& qp
           const int64_t nl = qp.local_size(r);
           std::vector<double> L(static_cast<size_t>(nl)), D(static_cast<size_t>(nl)), Dm(static_cast<size_t>(nl));
           std::vector<double> O(static_cast<size_t>(std::min(nl, kBlockRows) * d));
+          std::vector<double> dOr(static_cast<size_t>(d));
           const int64_t base = (b * p.H_q + h) * nl;  // (b, h)'s first row in the shard
           const std::vector<int64_t>& pos = qp.positions[size_t(r)];
           read(r, dist::Output::LSE, base, nl, L.data());
           for (int64_t i0 = 0; i0 < nl; i0 += kBlockRows) {
             const int64_t n = std::min(kBlockRows, nl - i0);
             read(r, dist::Output::O, (base + i0) * d, n * d, O.data());
-            // Rows are independent: threads change no bit of D.
-#pragma omp parallel if (n * d >= 65536)
-            {
-              std::vector<double> dOr(static_cast<size_t>(d));
-#pragma omp for schedule(static)
-              for (int64_t il = i0; il < i0 + n; ++il) {
-                const int64_t i = pos[size_t(il)];
-                for (int64_t k = 0; k < d; ++k) dOr[size_t(k)] = dOs(b, h, i, k);
-                row_D(dOr.data(), O.data() + (il - i0) * d, d, &D[size_t(il)], &Dm[size_t(il)]);
-              }
+            // One thread: a parallel region per block costs a barrier, which an oversubscribed
+            // host (ranks as processes sharing the cores) stretches to milliseconds, thousands
+            // of times at 1M tokens; the block's rows are a few hundred thousand multiply-adds.
+            for (int64_t il = i0; il < i0 + n; ++il) {
+              const int64_t i = pos[size_t(il)];
+              for (int64_t k = 0; k < d; ++k) dOr[size_t(k)] = dOs(b, h, i, k);
+              row_D(dOr.data(), O.data() + (il - i0) * d, d, &D[size_t(il)], &Dm[size_t(il)]);
             }
           }
           std::vector<char> bytes;

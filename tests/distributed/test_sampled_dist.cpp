@@ -318,7 +318,7 @@ TEST(SampledDist, HoldsNoGlobalTensor) {
     rg = run_rows(p, in.dO.view(), as_const(g.O.view()), as_const(g.LSE.view()), so.sample.columns);
   }
   const int64_t gathered = tools::heap_peak() - base;
-  // D of blocks of rows formed by several threads: the bits of the one-thread global form.
+  // D of blocks of rows read from engine memory: the bits of the global form.
   EXPECT_TRUE(same_bits(rg.D, run.D, "RunRows.D"));
   EXPECT_TRUE(same_bits(rg.Dmag, run.Dmag, "RunRows.Dmag"));
   EXPECT_TRUE(same_bits(rg.LSE, run.LSE, "RunRows.LSE"));
