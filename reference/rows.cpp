@@ -10,6 +10,8 @@
 #include <map>
 #include <random>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "burstlab/error.hpp"
 #include "burstlab/mask.hpp"
@@ -120,8 +122,15 @@ std::map<int64_t, KvMax> kv_maxima(const Problem& p, const A& K, const A& V, con
   const int64_t G = group_size(p);
   std::map<int64_t, KvMax> out;
   for (const RowId& r : rows) out[r.b * p.H_kv + kv_head(r.h, G)];
-  for (auto& [bk, m] : out) {
-    const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
+  std::vector<std::pair<const int64_t, KvMax>*> heads;
+  for (auto& e : out) heads.push_back(&e);
+  // A kv-head per thread, each scanned in the same order: at 1M tokens every head's N_k d keys
+  // and values, read one after another, took most of the sampled oracle's time.
+  const int64_t nh = static_cast<int64_t>(heads.size());
+#pragma omp parallel for schedule(dynamic) if (nh > 1)
+  for (int64_t t = 0; t < nh; ++t) {
+    const int64_t bk = heads[size_t(t)]->first, b = bk / p.H_kv, hk = bk % p.H_kv;
+    KvMax& m = heads[size_t(t)]->second;
     m.maxV.assign(static_cast<size_t>(p.d), 0.0);
     for (int64_t j = 0; j < p.N_k; ++j)
       for (int64_t k = 0; k < p.d; ++k) {
@@ -199,13 +208,20 @@ RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, c
       if (visible(mask, i, j)) J.push_back(j);
     if (J.empty()) return;  // empty row (§2.3): O = 0, LSE = -inf, dQ = 0, as initialized
     // eq. (2.1) S_ij and eq. (9.1) a_i
+    // Row i's Q (and dO) read once (as fp64) rather than at every key: at 1M tokens a row sees
+    // up to a million keys.
+    std::vector<double> Qi(static_cast<size_t>(d)), dOi(static_cast<size_t>(backward ? d : 0));
+    for (int64_t k = 0; k < d; ++k) Qi[k] = Q(b, h, i, k);
+    if (backward)
+      for (int64_t k = 0; k < d; ++k) dOi[k] = dO(b, h, i, k);
     std::vector<double> S(J.size());
     double m = kNinf, a_i = 0;
     for (size_t t = 0; t < J.size(); ++t) {
       double s = 0, a = 0;
       for (int64_t k = 0; k < d; ++k) {
-        s += Q(b, h, i, k) * K(b, hk, J[t], k);
-        a += std::fabs(Q(b, h, i, k)) * std::fabs(K(b, hk, J[t], k));
+        const double Kk = K(b, hk, J[t], k);
+        s += Qi[k] * Kk;
+        a += std::fabs(Qi[k]) * std::fabs(Kk);
       }
       S[t] = scale * s;
       m = std::max(m, S[t]);
@@ -220,8 +236,9 @@ RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, c
     for (size_t t = 0; t < J.size(); ++t) {
       const double P = std::exp(S[t] - m) / l;
       for (int64_t k = 0; k < d; ++k) {
-        O[k] += P * V(b, hk, J[t], k);
-        PV[k] += P * std::fabs(V(b, hk, J[t], k));
+        const double Vk = V(b, hk, J[t], k);
+        O[k] += P * Vk;
+        PV[k] += P * std::fabs(Vk);
       }
     }
     out.LSE[r] = L;
@@ -242,9 +259,9 @@ RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, c
     double D = 0, dD_a = 0, dD_b = 0;
     for (int64_t k = 0; k < d; ++k) {
       const double bO = (2 * eta + c.u_s) * PVb[k] + double(N_k) * c.tiny_a * km.maxV[k] + c.tiny_s;
-      D += dO(b, h, i, k) * O[k];  // eq. (5.1)
-      dD_a += std::fabs(dO(b, h, i, k)) * bO;
-      dD_b += std::fabs(dO(b, h, i, k)) * std::fabs(O[k]);
+      D += dOi[k] * O[k];  // eq. (5.1)
+      dD_a += std::fabs(dOi[k]) * bO;
+      dD_b += std::fabs(dOi[k]) * std::fabs(O[k]);
     }
     const double dD = dD_a + g_d * dD_b;                     // eq. (9.6)
     const double pi = 2 * eta + 2 * c.u_a * std::fabs(L);    // eq. (9.5)
@@ -254,8 +271,9 @@ RowOracle row_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A& K, c
       const int64_t j = J[t];
       double dP = 0, dOV = 0;
       for (int64_t k = 0; k < d; ++k) {
-        dP += dO(b, h, i, k) * V(b, hk, j, k);  // eq. (5.4)
-        dOV += std::fabs(dO(b, h, i, k)) * std::fabs(V(b, hk, j, k));
+        const double Vk = V(b, hk, j, k);
+        dP += dOi[k] * Vk;  // eq. (5.4)
+        dOV += std::fabs(dOi[k]) * std::fabs(Vk);
       }
       const double dS = P[t] * (dP - D);  // eq. (5.5)
       const double E = P[t] * ((pi + 2 * c.u_a + c.u_P) * std::fabs(dP - D) + g_d * dOV + dD);  // eq. (9.7)
@@ -357,6 +375,14 @@ ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A
     std::vector<double> dK(static_cast<size_t>(d), 0.0), dV(static_cast<size_t>(d), 0.0);
     std::vector<double> W(static_cast<size_t>(d), 0.0), PdO(static_cast<size_t>(d), 0.0);
     std::vector<double> EQ(static_cast<size_t>(d), 0.0), dSQ(static_cast<size_t>(d), 0.0);
+    // Key j's K and V, and each visible row's Q and dO, read once (as fp64) rather than at every
+    // use: at 1M tokens a column visits half a million rows.
+    std::vector<double> Kj(static_cast<size_t>(d)), Vj(static_cast<size_t>(d));
+    std::vector<double> Qi(static_cast<size_t>(d)), dOi(static_cast<size_t>(d));
+    for (int64_t k = 0; k < d; ++k) {
+      Kj[k] = K(b, hk, j, k);
+      Vj[k] = V(b, hk, j, k);
+    }
     double maxdO = 0, maxQ = 0;
     int64_t n_j = 0;        // visible (h, i) pairs of the group: the terms of the sums
     bool undefined = false;  // a row that sees j has a non-finite LSE: no P_ij to recompute
@@ -372,12 +398,16 @@ ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A
           undefined = true;
           continue;
         }
+        for (int64_t k = 0; k < d; ++k) {
+          Qi[k] = Q(b, h, i, k);
+          dOi[k] = dO(b, h, i, k);
+        }
         double s = 0, a = 0, dP = 0, dOV = 0;
         for (int64_t k = 0; k < d; ++k) {
-          s += Q(b, h, i, k) * K(b, hk, j, k);
-          a += std::fabs(Q(b, h, i, k)) * std::fabs(K(b, hk, j, k));
-          dP += dO(b, h, i, k) * V(b, hk, j, k);  // eq. (5.4)
-          dOV += std::fabs(dO(b, h, i, k)) * std::fabs(V(b, hk, j, k));
+          s += Qi[k] * Kj[k];
+          a += std::fabs(Qi[k]) * std::fabs(Kj[k]);
+          dP += dOi[k] * Vj[k];  // eq. (5.4)
+          dOV += std::fabs(dOi[k]) * std::fabs(Vj[k]);
         }
         const double S = scale * s;
         const double P = std::exp(S - L);  // eq. (5.2) with the run's LSE
@@ -386,7 +416,7 @@ ColumnOracle column_oracle_on(const Problem& p, Dtype dtype, const A& Q, const A
         const double E =  // eq. (9.11)
             P * ((rho + 2 * c.u_a + c.u_P) * std::fabs(dP - Dr[i]) + g_d * dOV + (g_d1 + c.u_s) * Dm[i]);
         for (int64_t k = 0; k < d; ++k) {
-          const double dOk = dO(b, h, i, k), Qk = Q(b, h, i, k);
+          const double dOk = dOi[k], Qk = Qi[k];
           dV[k] += P * dOk;  // eq. (5.3)
           W[k] += P * std::fabs(dOk) * (rho + c.u_P);
           PdO[k] += P * std::fabs(dOk);
