@@ -255,18 +255,30 @@ std::string coords(const char* row, int64_t b, int64_t h, int64_t n, int64_t k) 
          ", k=" + std::to_string(k) + ")";
 }
 // The first element of x (in (b, h, n, k) order) that fails ok(), as "<value> at (b, h, row, k)".
+// Rows are scanned side by side (a 1M-token tensor holds billions of elements): the first bad
+// element is in the smallest row holding one, each thread skipping its rows past its own find.
 template <class S, class Ok>
 bool first_bad4(const Tensor4<S>& x, const char* row, Ok ok, std::string* where) {
   const View4<const S> v = x.view();
-  for (int64_t b = 0; b < x.B; ++b)
-    for (int64_t h = 0; h < x.H; ++h)
-      for (int64_t n = 0; n < x.N; ++n)
-        for (int64_t k = 0; k < x.d; ++k)
-          if (!ok(to_double(v(b, h, n, k)))) {
-            *where = fmt_g(to_double(v(b, h, n, k))) + " at " + coords(row, b, h, n, k);
-            return true;
-          }
-  return false;
+  const int64_t rows = x.B * x.H * x.N;
+  int64_t first = rows;
+#pragma omp parallel for schedule(static) reduction(min : first) if (rows * x.d >= (int64_t(1) << 20))
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r > first) continue;
+    const S* e = v.row(r / (x.H * x.N), r / x.N % x.H, r % x.N);
+    const int64_t d = x.d, s = v.stride[3];
+    bool bad = false;  // the whole row, without a branch per element
+    for (int64_t k = 0; k < d; ++k) bad |= !ok(to_double(e[k * s]));
+    if (bad) first = r;
+  }
+  if (first >= rows) return false;
+  const int64_t b = first / (x.H * x.N), h = first / x.N % x.H, n = first % x.N;
+  for (int64_t k = 0; k < x.d; ++k)
+    if (!ok(to_double(v(b, h, n, k)))) {
+      *where = fmt_g(to_double(v(b, h, n, k))) + " at " + coords(row, b, h, n, k);
+      return true;
+    }
+  return false;  // unreachable: row `first` holds a bad element
 }
 template <class Ok>
 bool first_bad3(const Tensor3<double>& x, Ok ok, std::string* where) {
@@ -281,7 +293,8 @@ bool first_bad3(const Tensor3<double>& x, Ok ok, std::string* where) {
       }
   return false;
 }
-bool finite(double x) { return std::isfinite(x); }
+// A closure rather than a function, so that first_bad4 inlines it into its threads' loop.
+constexpr auto finite = [](double x) { return std::isfinite(x); };
 std::string g3(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", x);
@@ -293,22 +306,24 @@ namespace {
 template <class QV, class KV>
 double logit_bound_of(const Problem& p, const QV& Q, const KV& K) {
   const int64_t G = p.H_q / p.H_kv;
-  std::vector<double> mq(static_cast<size_t>(p.d)), mk(static_cast<size_t>(p.d));
   double most = 0;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t hk = 0; hk < p.H_kv; ++hk) {
-      std::fill(mk.begin(), mk.end(), 0.0);
-      for (int64_t j = 0; j < p.N_k; ++j)
-        for (int64_t k = 0; k < p.d; ++k) mk[k] = std::max(mk[k], std::fabs(to_double(K(b, hk, j, k))));
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        std::fill(mq.begin(), mq.end(), 0.0);
-        for (int64_t i = 0; i < p.N_q; ++i)
-          for (int64_t k = 0; k < p.d; ++k) mq[k] = std::max(mq[k], std::fabs(to_double(Q(b, h, i, k))));
-        double s = 0;  // overflows to inf rather than wrapping: inf > kMaxLogit refuses it
-        for (int64_t k = 0; k < p.d; ++k) s += mq[k] * mk[k];
-        most = std::max(most, s);
-      }
+  // A (b, kv-head) per thread: the maxima are exact in any order, and at 1M tokens each is a scan
+  // of N d elements of Q and of K.
+#pragma omp parallel for schedule(dynamic) reduction(max : most) if (p.B * p.H_kv > 1)
+  for (int64_t bk = 0; bk < p.B * p.H_kv; ++bk) {
+    const int64_t b = bk / p.H_kv, hk = bk % p.H_kv;
+    std::vector<double> mq(static_cast<size_t>(p.d)), mk(static_cast<size_t>(p.d), 0.0);
+    for (int64_t j = 0; j < p.N_k; ++j)
+      for (int64_t k = 0; k < p.d; ++k) mk[k] = std::max(mk[k], std::fabs(to_double(K(b, hk, j, k))));
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+      std::fill(mq.begin(), mq.end(), 0.0);
+      for (int64_t i = 0; i < p.N_q; ++i)
+        for (int64_t k = 0; k < p.d; ++k) mq[k] = std::max(mq[k], std::fabs(to_double(Q(b, h, i, k))));
+      double s = 0;  // overflows to inf rather than wrapping: inf > kMaxLogit refuses it
+      for (int64_t k = 0; k < p.d; ++k) s += mq[k] * mk[k];
+      most = std::max(most, s);
     }
+  }
   return most;
 }
 }  // namespace

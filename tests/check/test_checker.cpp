@@ -2,9 +2,13 @@
 // validation, an exact copy of the oracle passes, one perturbed element fails and is named by
 // its coordinates, NaN and missing tensors fail, LSE conventions (+inf empty rows, log2) are
 // converted, the bound follows the candidate's dtype, and the GoogleTest helper.
+#include <array>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -271,4 +275,44 @@ TEST(Suite, CoversTheCuratedKindsDeterministically) {
   int empty = 0;
   for (double x : e.LSE.data) empty += std::isinf(x);
   EXPECT_GT(empty, 0);
+}
+
+namespace {
+
+// Inputs of 2^20 elements per tensor (scanned on threads) with Q's values at `bad` set to inf
+// or NaN; require_valid_inputs must name the first of them in (b, h, i, k) order.
+std::string first_bad_message(const std::vector<std::pair<std::array<int64_t, 4>, double>>& bad) {
+  Problem p;
+  p.B = 1; p.H_q = 2; p.H_kv = 2; p.N_q = 4096; p.N_k = 4096; p.d = 128;
+  p.mask = make_mask("causal", p.N_q, p.N_k, 1);
+  p.scale = 1.0 / std::sqrt(128.0);
+  Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 2, Values::Normal);
+  Tensor4<float> Q = in.Q.as<float>();
+  for (const auto& [at, v] : bad) Q.view()(at[0], at[1], at[2], at[3]) = static_cast<float>(v);
+  in.Q = Q;
+  static const char* const names[4] = {"Q", "K", "V", "dO"};
+  try {
+    require_valid_inputs(p, in, true, "", names, "scale");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ValidInputs, TheFirstNonFiniteElementOfALargeTensorIsNamed) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  auto names = [](const std::string& msg, const std::string& want) {
+    return msg.find(want) != std::string::npos ? ::testing::AssertionSuccess()
+                                                : ::testing::AssertionFailure() << "'" << msg << "' lacks '" << want << "'";
+  };
+  // A later head's first row (another thread's first) and a late row of head 0: head 0's.
+  EXPECT_TRUE(names(first_bad_message({{{0, 1, 0, 0}, inf}, {{0, 0, 4000, 5}, nan}}),
+                    "Q holds nan at (b=0, h=0, i=4000, k=5)"));
+  // Two in one row: the smaller k.
+  EXPECT_TRUE(names(first_bad_message({{{0, 0, 10, 7}, inf}, {{0, 0, 10, 3}, -inf}, {{0, 1, 4095, 127}, nan}}),
+                    "Q holds -inf at (b=0, h=0, i=10, k=3)"));
+  EXPECT_TRUE(names(first_bad_message({{{0, 1, 4095, 127}, nan}}), "Q holds nan at (b=0, h=1, i=4095, k=127)"));
+  EXPECT_EQ(first_bad_message({}), "");
 }
