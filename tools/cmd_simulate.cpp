@@ -316,8 +316,11 @@ Command add_simulate_command(CLI::App& app) {
   std::string algos;
   for (const SimAlgo& a : sim_algos()) algos += (algos.empty() ? "" : ", ") + a.name;
   sub->add_option("--algo", f->algos,
-                  "comma-separated: " + algos + " (usp: Ulysses groups of --gpus-per-node ranks; attention2d: the "
-                  "striped partition and the most square grid; distflash: the contiguous partition)")
+                  "comma-separated: " + algos + " (double-ring: LoongTrain's, the traffic of `run --algo double-ring --ring "
+                  "ring`, modelled with its gradients not overlapped; burst-double-ring: BurstEngine's, the traffic of "
+                  "run's default --ring burst, gradients overlapped; usp: Ulysses groups of "
+                  "--gpus-per-node ranks; attention2d: the striped partition and the most square grid; distflash: the "
+                  "contiguous partition)")
       ->capture_default_str();
   std::string presets;
   for (const dist::Cluster& c : dist::cluster_presets()) presets += "\n  " + c.name + ": " + c.note;
