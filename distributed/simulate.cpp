@@ -141,26 +141,21 @@ Prediction simulate_schedule(const Schedule& s, const Problem& p, const Partitio
       std::vector<Msg> msgs;
       for (const Message& m : st.sends)
         msgs.push_back({m.item, m.peer, m.elems * (spec.table1 ? eb : widths(eb).of(items[m.item])), m.after_compute});
-      if (spec.table1 && t == 0 && G > 1) {  // the gradients' first hop, which the executor keeps home (Table 1: N = G moves)
-        const int n = r / K, g = r % K;
-        const int peer = spec.double_ring ? (K == 1 ? mod(n + 1, M) * K + mod(g + 1, K) : n * K + mod(g + 1, K)) : mod(r + 1, G);
+      // Table 1 counts N = G moves of every tensor, the executor G - 1: the hop it saves is
+      // priced here, the gradients' first (kept home) and the read-only tensors' return.
+      auto table1_hop = [&](bool accumulated, int peer) {
         for (int i = 0; i < static_cast<int>(items.size()); ++i) {
-          if (!items[i].accumulated) continue;
-          const int64_t H = items[i].q_side ? p.H_q : p.H_kv;
-          const int64_t n_rows = items[i].q_side ? qp.local_size(r) : kp.local_size(r);
-          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb, true});
+          if (items[i].accumulated != accumulated) continue;
+          const int shard = accumulated ? r : items[i].q_side ? st.q_shard : st.k_shard;
+          msgs.push_back({i, peer, item_elems(items[i], p, qp, kp, shard) * eb, accumulated});
         }
-      }
-      if (spec.table1 && t == G - 1 && G > 1) {  // the read-only tensors' return hop (Table 1: N = G moves)
-        const int n = r / K, g = r % K;
-        const int peer = spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : mod(r + 1, G);
-        for (int i = 0; i < static_cast<int>(items.size()); ++i) {
-          if (items[i].accumulated) continue;
-          const int shard = items[i].q_side ? st.q_shard : st.k_shard;
-          const int64_t H = items[i].q_side ? p.H_q : p.H_kv;
-          const int64_t n_rows = items[i].q_side ? qp.local_size(shard) : kp.local_size(shard);
-          msgs.push_back({i, peer, p.B * H * n_rows * (items[i].per_row ? 1 : p.d) * eb, false});
-        }
+      };
+      if (spec.table1 && G > 1) {
+        const int n = r / K, g = r % K, ring_peer = mod(r + 1, G);
+        if (t == 0)
+          table1_hop(true, spec.double_ring ? (K == 1 ? mod(n + 1, M) * K + mod(g + 1, K) : n * K + mod(g + 1, K))
+                                            : ring_peer);
+        if (t == G - 1) table1_hop(false, spec.double_ring ? mod(n + 1, M) * K + mod(g + 1, K) : ring_peer);
       }
       double rank_comm = 0, rank_before = 0, rank_after = 0;
       for (const Msg& m : msgs) {
