@@ -89,6 +89,31 @@ void download_all(Engine<T>& e, const Buffer<U>& b, std::vector<U>& host) {
   download(e, host.data(), b.data, b.n);
 }
 
+// Rank r's rows of global g (B, H, N, d) in engine memory, BHSD over its local length, rounded
+// to T. Where g is already T and each (b, h)'s rows lie one after another (BHSD), a chunk of
+// consecutive positions (contiguous, zigzag) is one run of g: uploaded as it lies, with no host
+// copy of the shard (at 1M tokens, gigabytes per tensor, zero-filled on one thread first).
+// Otherwise (a conversion, another layout, striped chunks) through the host slice.
+template <class T, class S>
+Buffer<T> upload_rows(Engine<T>& e, View4<const S> g, const Partition& part, int r) {
+  if constexpr (std::is_same_v<S, T>) {
+    const int64_t B = g.dim[0], H = g.dim[1], d = g.dim[3], n = part.local_size(r);
+    bool runs = g.stride[3] == 1 && g.stride[2] == d;
+    for (int c : part.rank_chunks[size_t(r)]) runs = runs && (part.chunks[size_t(c)].step == 1 || part.chunks[size_t(c)].n == 1);
+    if (runs) {
+      Buffer<T> b = alloc<T>(e, B * H * n * d);
+      for (int64_t bi = 0; bi < B; ++bi)
+        for (int64_t h = 0; h < H; ++h)
+          for (int c : part.rank_chunks[size_t(r)]) {
+            const Chunk& ch = part.chunks[size_t(c)];
+            upload(e, b.data + ((bi * H + h) * n + ch.local_start) * d, g.row(bi, h, ch.start), ch.n * d);
+          }
+      return b;
+    }
+  }
+  return upload_all(e, slice<T>(g, part, r).data);
+}
+
 // Rank r's slices of Q, K, V (and dO when `backward`), rounded to T, in engine memory: Q, dO
 // (B, H_q, n_q, d), K, V (B, H_kv, n_k, d).
 template <class T>
@@ -96,7 +121,7 @@ Shard<T> upload_shard(Engine<T>& e, const AnyView4& Q, const AnyView4& K, const 
                       const AnyView4& dO, const Partition& qp, const Partition& kp, bool backward, int r) {
   Shard<T> x;
   auto up = [&](const AnyView4& g, const Partition& part) {
-    return std::visit([&](const auto& v) { return upload_all(e, slice<T>(v, part, r).data); }, g);
+    return std::visit([&](const auto& v) { return upload_rows(e, v, part, r); }, g);
   };
   x.Q = up(Q, qp);
   x.K = up(K, kp);

@@ -323,6 +323,54 @@ TEST(DistributedAttention, TwoRunsAreBitwiseEqualOnTheCpuEngine) {
   expect_two_runs_bitwise_equal(*cpu);
 }
 
+// The same inputs in BHSD, element by element: each (b, h)'s rows lie one after another.
+AnyTensor4 bhsd_copy(const AnyTensor4& x) {
+  return x.visit([](const auto& t) -> AnyTensor4 {
+    using S = typename std::decay_t<decltype(t.data)>::value_type;
+    Tensor4<S> y = make_tensor4<S>(Layout::BHSD, t.B, t.H, t.N, t.d);
+    const auto from = t.view();
+    const View4<S> to = y.view();
+    for (int64_t b = 0; b < t.B; ++b)
+      for (int64_t h = 0; h < t.H; ++h)
+        for (int64_t n = 0; n < t.N; ++n)
+          for (int64_t k = 0; k < t.d; ++k) to(b, h, n, k) = from(b, h, n, k);
+    return y;
+  });
+}
+
+// A shard's rows uploaded from BHSD inputs of the session's type run for run (contiguous and
+// zigzag chunks: no host slice) and through the host slice (BSHD inputs; striped chunks; inputs
+// of another type): the same shards, so every rank's outputs are the same bits.
+template <class T>
+void expect_bhsd_runs_equal_slices(Dtype dtype) {
+  auto engine = cpu::make_engine<T>(cpu::Tiles{8, 8});
+  // B = 2 and ragged chunks (50 = 3 * 16 + 2 over 2G = 6 zigzag chunks): the runs' offsets.
+  const Case c = make_case(2, 4, 2, 50, 44, 8, "causal", dtype);
+  Case h = c;
+  h.in.Q = bhsd_copy(c.in.Q);
+  h.in.K = bhsd_copy(c.in.K);
+  h.in.V = bhsd_copy(c.in.V);
+  h.in.dO = bhsd_copy(c.in.dO);
+  for (Algo a : kAlgos)
+    for (PartitionKind k : kKinds) {
+      const DistResult<T> x = run(c, a, k, 3, *engine), y = run(h, a, k, 3, *engine);
+      for (int r = 0; r < 3; ++r) {
+        SCOPED_TRACE(label(c, a, k, 3) + " rank " + std::to_string(r) + " " + to_string(dtype));
+        EXPECT_TRUE(bitwise_equal(x.O[r].data, y.O[r].data));
+        EXPECT_TRUE(bitwise_equal(x.LSE[r].data, y.LSE[r].data));
+        EXPECT_TRUE(bitwise_equal(x.dQ[r].data, y.dQ[r].data));
+        EXPECT_TRUE(bitwise_equal(x.dK[r].data, y.dK[r].data));
+        EXPECT_TRUE(bitwise_equal(x.dV[r].data, y.dV[r].data));
+      }
+    }
+}
+
+TEST(DistributedAttention, ShardsUploadedAsRunsEqualTheHostSlices) {
+  expect_bhsd_runs_equal_slices<double>(Dtype::F64);  // fp64 inputs: runs
+  expect_bhsd_runs_equal_slices<float>(Dtype::F32);   // fp32 inputs: runs
+  expect_bhsd_runs_equal_slices<float>(Dtype::F64);   // rounded to fp32: the slice
+}
+
 TEST(DistributedAttention, InvariantToWorldSizeAndPartition) {
   // Gathered results of every (G, partition, algorithm) agree with the G = 1 run within the
   // oracle's bound (they differ only in merge/accumulation order).
