@@ -21,6 +21,10 @@
 #include "lmhead_check.hpp"
 #include "memcount.hpp"
 #include "resources.hpp"
+#include "algorithm.hpp"
+#include "cpu_engine.hpp"
+#include "harness.hpp"
+#include "session.hpp"
 
 namespace burstlab::tools {
 namespace {
@@ -508,6 +512,43 @@ TEST(Estimate, LmHeadWorkspaceCoversTheMeasuredHeap) {
       EXPECT_GE(estimate, measured) << what;
       EXPECT_LE(double(estimate), 1.5 * double(measured)) << what;
     }
+}
+
+}  // namespace
+}  // namespace burstlab::tools
+
+namespace burstlab::tools {
+namespace {
+
+// `run --algo`'s estimate of what every rank holds (distributed_footprint, sampled: no gathered
+// outputs) against the heap peak of a Session on SimComm with the CPU engine, forward and
+// backward: B = 2 and GQA, so the collectives pack and stage the rows of many (b, h).
+TEST(Estimate, DistributedSessionsCoverTheirMeasuredHeap) {
+  if (!heap_counting()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
+  OneThread one;
+  const Problem p = make_problem(2, 8, 4, 1200, 1100, 16, "causal", 5, nullptr);
+  const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
+  auto engine = cpu::make_engine<float>();
+  for (int G : {2, 4})
+  for (const dist::Algorithm& a : dist::algorithms()) {
+    dist::AlgoOptions o;
+    o.algo = a.name;
+    o.world = G;
+    o.partition = a.partition.value_or(dist::PartitionKind::Zigzag);
+    if (a.ulysses_groups) o.ulysses_degree = 2;
+    if (a.node_rings) o.gpus_per_node = 2;
+    const int64_t measured = measured_peak([&] {
+      dist::Session<float> s(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
+      s.forward();
+      s.backward();
+    });
+    const int64_t estimate =
+        make_need("", distributed_footprint(a.gathers_kv, o.world, cpu_engine_footprint(), true)(p, Dtype::F32, {}, true, 1))
+            .bytes;
+    std::printf("  %s G=%d: estimate %lld, measured %lld (x%.3f)\n", a.name, G, static_cast<long long>(estimate),
+                static_cast<long long>(measured), double(estimate) / double(measured));
+    EXPECT_GE(estimate, measured) << a.name << " G=" << G << ": the estimate is below the measured heap peak";
+  }
 }
 
 }  // namespace
