@@ -160,7 +160,7 @@ const std::vector<Algorithm>& algorithms() {
        attention2d_model, PartitionKind::Striped, false, "attention2d-o", true, false, false, Drawing::None, true, {}},
       {"attention2d-o", "§7.13", "Attention2D-O: the same grid as rings that overlap transfers with compute",
        prepare_attention2d, BURSTLAB_PASSES(attention2d_o_pass), attention2d_o_closed, attention2d_o_trace, nullptr,
-       PartitionKind::Striped, false, nullptr, true, false, false, Drawing::None, false, {}},
+       PartitionKind::Striped, false, nullptr, true, false, false, Drawing::None, true, {}},
       {"ulysses", "§7.7", "DeepSpeed-Ulysses: all-to-all sequence -> heads and back",
        prepare_ulysses, BURSTLAB_PASSES(Collective<true>::pass), Collective<true>::closed, Collective<true>::trace,
        Collective<true>::model, {}, false, nullptr,

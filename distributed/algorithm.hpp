@@ -107,9 +107,9 @@ struct Algorithm {
   bool node_rings;
   // What `burstlab schedule --json/--svg` draws of it.
   Drawing drawing;
-  // A rank holds every rank's K, V shard at once (allgather's all-gather, Attention2D-NO's column
-  // gathers): G copies in the host-memory estimate of `run` and `conform`, 2 otherwise (its own
-  // and the one in flight).
+  // A rank holds many ranks' K, V shards at once (allgather's all-gather, Attention2D's column:
+  // gathered by -NO, the column ring's buffer of -O): G copies in the host-memory estimate of
+  // `run` and `conform`, 2 otherwise (its own and the one in flight).
   bool gathers_kv;
   // What its ring steps carry as the executor's traffic (schedule.hpp: ring's K, V and returning
   // dK, dV; burst's Q, dO, D, LSE, dQ); double-ring's and usp's --ring names one that has it.

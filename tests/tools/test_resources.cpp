@@ -522,21 +522,23 @@ namespace {
 
 // `run --algo`'s estimate of what every rank holds (distributed_footprint, sampled: no gathered
 // outputs) against the heap peak of a Session on SimComm with the CPU engine, forward and
-// backward: B = 2 and GQA, so the collectives pack and stage the rows of many (b, h).
+// backward: B = 2 and GQA; G = 9 puts Attention2D on a 3 x 3 grid (its columns hold 3 shards).
 TEST(Estimate, DistributedSessionsCoverTheirMeasuredHeap) {
   if (!heap_counting()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
   OneThread one;
   const Problem p = make_problem(2, 8, 4, 1200, 1100, 16, "causal", 5, nullptr);
   const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
   auto engine = cpu::make_engine<float>();
-  for (int G : {2, 4})
+  for (int G : {2, 4, 9})
   for (const dist::Algorithm& a : dist::algorithms()) {
+    const bool by_heads = a.ulysses_groups || std::string(a.name) == "ulysses";
+    if (G == 9 && by_heads) continue;  // H_kv = 4 heads do not split over 9 ranks
     dist::AlgoOptions o;
     o.algo = a.name;
     o.world = G;
     o.partition = a.partition.value_or(dist::PartitionKind::Zigzag);
     if (a.ulysses_groups) o.ulysses_degree = 2;
-    if (a.node_rings) o.gpus_per_node = 2;
+    if (a.node_rings) o.gpus_per_node = G == 9 ? 3 : 2;
     const int64_t measured = measured_peak([&] {
       dist::Session<float> s(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
       s.forward();
