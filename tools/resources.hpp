@@ -64,9 +64,9 @@ std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const Im
                                          int threads);
 // `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
 // (all of K, V, dK, dV on every rank when gathers_kv, dist::Algorithm's field: allgather,
-// attention2d and attention2d-o; two blocks in flight per rank otherwise), the gathered results, and each rank's
-// engine workspace, as the engine's layer states it (EngineFootprint; device: the shards and
-// blocks live in device memory). A bound, not a measured figure.
+// attention2d and attention2d-o; two blocks in flight per rank otherwise), the gathered
+// results, and each rank's engine workspace, as the engine's layer states it (EngineFootprint;
+// device: the shards and blocks live in device memory). A bound, not a measured figure.
 using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                      bool backward, int threads)>;
 struct EngineFootprint {
