@@ -16,14 +16,14 @@
 
 #include "burstlab/error.hpp"
 #include "burstlab/lmhead.hpp"
+#include "algorithm.hpp"
 #include "common.hpp"
+#include "cpu_engine.hpp"
 #include "cpu_lmhead.hpp"
+#include "harness.hpp"
 #include "lmhead_check.hpp"
 #include "memcount.hpp"
 #include "resources.hpp"
-#include "algorithm.hpp"
-#include "cpu_engine.hpp"
-#include "harness.hpp"
 #include "session.hpp"
 
 namespace burstlab::tools {
@@ -51,13 +51,13 @@ int64_t measured_peak(F&& f) {
 }
 
 // The estimate must cover the measured peak (the refusal relies on it) and stay close to it
-// (a figure that is 10x too big would refuse problems that fit). 25%: the estimate rounds up
-// per-buffer slack and counts a few buffers over their whole step.
-void expect_close_above(int64_t estimate, int64_t measured, const std::string& what) {
+// (a figure that is 10x too big would refuse problems that fit). 25% by default: the estimate
+// rounds up per-buffer slack and counts a few buffers over their whole step.
+void expect_close_above(int64_t estimate, int64_t measured, const std::string& what, double within = 1.25) {
   std::printf("  %s: estimate %lld, measured %lld (x%.3f)\n", what.c_str(), static_cast<long long>(estimate),
               static_cast<long long>(measured), double(estimate) / double(measured));
   EXPECT_GE(estimate, measured) << what << ": the estimate is below the measured heap peak";
-  EXPECT_LE(double(estimate), 1.25 * double(measured)) << what << ": estimate " << estimate << " vs measured " << measured;
+  EXPECT_LE(double(estimate), within * double(measured)) << what << ": estimate " << estimate << " vs measured " << measured;
 }
 
 // ---------------------------------------------------------------- byte counts
@@ -523,33 +523,33 @@ namespace {
 // `run --algo`'s estimate of what every rank holds (distributed_footprint, sampled: no gathered
 // outputs) against the heap peak of a Session on SimComm with the CPU engine, forward and
 // backward: B = 2 and GQA; G = 9 puts Attention2D on a 3 x 3 grid (its columns hold 3 shards).
+// Within 2x, not 25%: the estimate holds every phase's blocks in flight, and the rings' arriving
+// partial sums, at once (the rings measure x1.76-1.87 here).
 TEST(Estimate, DistributedSessionsCoverTheirMeasuredHeap) {
   if (!heap_counting()) GTEST_SKIP() << "malloc interposition not in effect (sanitizer build)";
   OneThread one;
   const Problem p = make_problem(2, 8, 4, 1200, 1100, 16, "causal", 5, nullptr);
   const Inputs in = make_inputs(p, Layout::BHSD, Dtype::F32, 5);
   auto engine = cpu::make_engine<float>();
-  for (int G : {2, 4, 9})
-  for (const dist::Algorithm& a : dist::algorithms()) {
-    const bool by_heads = a.ulysses_groups || std::string(a.name) == "ulysses";
-    if (G == 9 && by_heads) continue;  // H_kv = 4 heads do not split over 9 ranks
-    dist::AlgoOptions o;
-    o.algo = a.name;
-    o.world = G;
-    o.partition = a.partition.value_or(dist::PartitionKind::Zigzag);
-    if (a.ulysses_groups) o.ulysses_degree = 2;
-    if (a.node_rings) o.gpus_per_node = G == 9 ? 3 : 2;
-    const int64_t measured = measured_peak([&] {
-      dist::Session<float> s(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
-      s.forward();
-      s.backward();
-    });
-    const int64_t estimate =
-        make_need("", distributed_footprint(a.gathers_kv, o.world, cpu_engine_footprint(), true)(p, Dtype::F32, {}, true, 1))
-            .bytes;
-    std::printf("  %s G=%d: estimate %lld, measured %lld (x%.3f)\n", a.name, G, static_cast<long long>(estimate),
-                static_cast<long long>(measured), double(estimate) / double(measured));
-    EXPECT_GE(estimate, measured) << a.name << " G=" << G << ": the estimate is below the measured heap peak";
+  for (int G : {2, 4, 9}) {
+    for (const dist::Algorithm& a : dist::algorithms()) {
+      const bool by_heads = a.ulysses_groups || std::string(a.name) == "ulysses";
+      if (G == 9 && by_heads) continue;  // H_kv = 4 heads do not split over 9 ranks
+      dist::AlgoOptions o;
+      o.algo = a.name;
+      o.world = G;
+      o.partition = a.partition.value_or(dist::PartitionKind::Zigzag);
+      if (a.ulysses_groups) o.ulysses_degree = 2;
+      if (a.node_rings) o.gpus_per_node = G == 9 ? 3 : 2;
+      const int64_t measured = measured_peak([&] {
+        dist::Session<float> s(p, in.Q.view(), in.K.view(), in.V.view(), in.dO.view(), o, *engine);
+        s.forward();
+        s.backward();
+      });
+      const Footprint f = distributed_footprint(a.gathers_kv, o.world, cpu_engine_footprint(), true);
+      expect_close_above(make_need("", f(p, Dtype::F32, {}, true, 1)).bytes, measured,
+                         std::string(a.name) + " G=" + std::to_string(G), 2.0);
+    }
   }
 }
 
