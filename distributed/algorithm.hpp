@@ -108,8 +108,9 @@ struct Algorithm {
   // What `burstlab schedule --json/--svg` draws of it.
   Drawing drawing;
   // A rank holds many ranks' K, V shards at once (allgather's all-gather, Attention2D's column:
-  // gathered by -NO, the column ring's buffer of -O): G copies in the host-memory estimate of
-  // `run` and `conform`, 2 otherwise (its own and the one in flight).
+  // gathered by -NO, the column ring's buffer of -O): 2G - 1 copies in the host-memory estimate
+  // of `run` and `conform` (the gathered shards and the G - 1 staged on arrival), 2 otherwise
+  // (its own and the one in flight).
   bool gathers_kv;
   // What its ring steps carry as the executor's traffic (schedule.hpp: ring's K, V and returning
   // dK, dV; burst's Q, dO, D, LSE, dQ); double-ring's and usp's --ring names one that has it.

@@ -94,6 +94,7 @@ struct Ctx {
   Members row, col;  // this rank's grid row (q side) and column (k side)
   int64_t nt = 0;    // rows of the K, V shard this rank holds after the transpose
   bool stays = false;  // that shard is its own (p' = p): the transposes move nothing
+  Staged staged;       // before any caller's requests: outlives them
   // What every schedule here does first: the grid checked, the phase's outputs sized, the rank's
   // row and column members.
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, const Grid& g, const Partition& qp, const Partition& kp,
@@ -106,6 +107,11 @@ struct Ctx {
     col = col_members(g, kp, r);
     nt = kp.local_size(g.row_major(r));
     stays = g.row_major(r) == r;
+  }
+  // Waits the posted collectives; their staged pieces are in place on return.
+  void wait(std::vector<RequestPtr>& reqs) {
+    wait_all(reqs);
+    staged.finish(e);
   }
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
   // `from` (the transposes; never this rank itself).
@@ -172,47 +178,59 @@ struct Ctx {
     e.synchronize();  // the column ring sends this block first
     return {Kc.data, Vc.data};
   }
+  // The members' pieces of each (b, h): piece(k, b, h) = {from, n_from, to, n_to} (rows sent to
+  // member k and received from it); the own member's piece is copied, each other member's pieces
+  // travel as one message each way (shard_ops.hpp's exchange), in member order.
+  template <class U>
+  struct Piece {
+    const U* from;
+    int64_t n_from;
+    U* to;
+    int64_t n_to;
+  };
+  template <class U, class PieceOf>
+  void members(int64_t H, int64_t w, const Members& m, int tag, const char* what, std::vector<RequestPtr>& reqs,
+               PieceOf piece) {
+    const int64_t eb = sizeof(U);
+    std::vector<PeerPieces> peers;
+    for (size_t k = 0; k < m.ranks.size(); ++k) {
+      const bool own = static_cast<int>(k) == m.me;
+      PeerPieces pp{m.ranks[k], {}, {}};
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          const Piece<U> x = piece(k, b, h);
+          if (own) {
+            if (x.to) copy(e, x.to, x.from, x.n_to * w);
+            continue;
+          }
+          pp.out.emplace_back(x.from, x.n_from * w * eb);
+          pp.in.emplace_back(x.to, x.n_to * w * eb);
+        }
+      if (!own) peers.push_back(std::move(pp));
+    }
+    dist::exchange(c, e, peers, tag, what, reqs, staged);
+  }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>
   void gather(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
               std::vector<RequestPtr>& reqs) {
-    const int64_t n_me = m.rows[m.me], eb = sizeof(U);
-    c.batch([&] {  // every member's send and receive: one group
-      for (size_t k = 0; k < m.ranks.size(); ++k)
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            U* to = dst + at(b, h, m.off[k], H, m.total, w);
-            const U* from = src + at(b, h, 0, H, n_me, w);
-            if (static_cast<int>(k) == m.me) {
-              copy(e, to, from, n_me * w);
-              continue;
-            }
-            reqs.push_back(c.irecv(to, m.rows[k] * w * eb, m.ranks[k], tag, what));
-            reqs.push_back(c.isend(from, n_me * w * eb, m.ranks[k], tag, what));
-          }
+    const int64_t n_me = m.rows[m.me];
+    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+      return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, m.off[k], H, m.total, w), m.rows[k]};
     });
   }
   // Reduce-scatter within a group, stage: every member's partial of my rows, (members, B, H,
   // rows[me], w); src (B, H, total, w).
   template <class U>
   Buffer<U> scatter(const U* src, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
-    const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w, eb = sizeof(U);
+    const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w;
     Buffer<U> stage = alloc<U>(e, static_cast<int64_t>(m.ranks.size()) * piece);
     std::vector<RequestPtr> reqs;
-    c.batch([&] {
-      for (size_t k = 0; k < m.ranks.size(); ++k)
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            U* to = stage.data + k * piece + at(b, h, 0, H, n_me, w);
-            if (static_cast<int>(k) == m.me) {
-              copy(e, to, src + at(b, h, m.off[m.me], H, m.total, w), n_me * w);
-              continue;
-            }
-            reqs.push_back(c.irecv(to, n_me * w * eb, m.ranks[k], tag, what));
-            reqs.push_back(c.isend(src + at(b, h, m.off[k], H, m.total, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
-          }
+    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+      return Piece<U>{src + at(b, h, m.off[k], H, m.total, w), m.rows[k],
+                      stage.data + k * piece + at(b, h, 0, H, n_me, w), n_me};
     });
-    wait_all(reqs);
+    wait(reqs);
     e.synchronize();
     return stage;
   }
@@ -258,16 +276,10 @@ struct Ctx {
   template <class U>
   void gather_others(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
                      std::vector<RequestPtr>& reqs) {
-    const int64_t n_me = m.rows[m.me], L = m.total - n_me, eb = sizeof(U);
-    c.batch([&] {
-      for (size_t k = 0; k < m.ranks.size(); ++k) {
-        if (static_cast<int>(k) == m.me) continue;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            reqs.push_back(c.irecv(dst + at(b, h, other_off(m, k), H, L, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
-            reqs.push_back(c.isend(src + at(b, h, 0, H, n_me, w), n_me * w * eb, m.ranks[k], tag, what));
-          }
-      }
+    const int64_t n_me = m.rows[m.me], L = m.total - n_me;
+    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+      if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
+      return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, other_off(m, k), H, L, w), m.rows[k]};
     });
   }
   // The reverse with partials: each other member's rows of src (B, H, total - rows[me], w, others
@@ -276,18 +288,11 @@ struct Ctx {
   template <class U>
   void return_others(const U* src, const std::vector<U*>& dst, int64_t H, int64_t w, const Members& m, int tag,
                      const char* what, std::vector<RequestPtr>& reqs) {
-    const int64_t n_me = m.rows[m.me], L = m.total - n_me, eb = sizeof(U);
-    c.batch([&] {
-      size_t i = 0;
-      for (size_t k = 0; k < m.ranks.size(); ++k) {
-        if (static_cast<int>(k) == m.me) continue;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            reqs.push_back(c.irecv(dst[i] + at(b, h, 0, H, n_me, w), n_me * w * eb, m.ranks[k], tag, what));
-            reqs.push_back(c.isend(src + at(b, h, other_off(m, k), H, L, w), m.rows[k] * w * eb, m.ranks[k], tag, what));
-          }
-        ++i;
-      }
+    const int64_t n_me = m.rows[m.me], L = m.total - n_me;
+    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+      if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
+      const size_t i = k - (static_cast<int>(k) > m.me ? 1 : 0);  // dst[i]: the i-th other member
+      return Piece<U>{src + at(b, h, other_off(m, k), H, L, w), m.rows[k], dst[i] + at(b, h, 0, H, n_me, w), n_me};
     });
   }
 };
@@ -316,7 +321,7 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
   comm.set_context(Phase::Forward, 1);  // gather Q in rows, K, V in columns
   c.gather_others(x.Q.data, Qo.data, Hq, d, row, 3, "Q", reqs);
   const auto [Kg, Vg] = c.column_kv(Ks, Vs, Kc, Vc, reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   const View4<const T> Kv = bhsd<const T>(Kg, B, Hkv, NC, d), Vv = bhsd<const T>(Vg, B, Hkv, NC, d);
   for (size_t k = 0; k < row.ranks.size(); ++k) {  // §6.1, the other members' rows
     if (static_cast<int>(k) == row.me) continue;
@@ -338,7 +343,7 @@ void attention2d_forward(Communicator& comm, Engine<T>& e, const Problem& p, con
   }
   c.return_others(Oo.data, to_o, Hq, d, row, 6, "O", reqs);
   c.return_others(Lo.data, to_l, Hq, 1, row, 7, "LSE", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   for (int64_t i = 1; i < others; ++i)
     e.merge(bhsd<T>(x.O.data, B, Hq, n, d), view3<A>(x.LSE.data, B, Hq, n), as_const(bhsd<T>(to_o[i], B, Hq, n, d)),
             as_const(view3<A>(to_l[i], B, Hq, n)));
@@ -378,7 +383,7 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   }
   const T* Kg = col.ranks.size() > 1 ? Kc.data : Ks;
   const T* Vg = col.ranks.size() > 1 ? Vc.data : Vs;
-  wait_all(reqs);
+  c.wait(reqs);
   Buffer<A> dKc, dVc;  // the column's dK, dV partials, unless they are x.dK, x.dV
   if (!c.home_dkdv()) {
     dKc = alloc<A>(e, B * Hkv * NC * d);
@@ -412,7 +417,7 @@ void attention2d_backward(Communicator& comm, Engine<T>& e, const Problem& p, co
   std::vector<A*> to;
   for (int64_t i = 0; i < others; ++i) to.push_back(S.data + i * B * Hq * n * d);
   c.return_others(dQo.data, to, Hq, d, row, 9, "dQ", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   for (A* piece : to) add(e, x.dQ.data, piece, B * Hq * n * d);
   if (!c.home_dkdv()) c.dkdv_home(g, dKg, dVg, 2, x);  // step 3: back to the column-major owners
 }
@@ -452,6 +457,17 @@ void recv_rows(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t B
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       reqs.push_back(c.irecv(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), from, tag, what));
+}
+// A whole buffer of `elems` elements (a block of rows of every (b, h)): one message.
+template <class T>
+void send_all(Communicator& c, std::vector<RequestPtr>& reqs, const T* buf, int64_t elems, int to, int tag,
+              const char* what) {
+  reqs.push_back(c.isend(buf, elems * int64_t(sizeof(T)), to, tag, what));
+}
+template <class T>
+void recv_all(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t elems, int from, int tag,
+              const char* what) {
+  reqs.push_back(c.irecv(buf, elems * int64_t(sizeof(T)), from, tag, what));
 }
 // Column ring step u (§7.13 phase A): block me - u of Kc, Vc (B, H_kv, col.total, d) goes up the
 // column while block me - u - 1 arrives from below; nothing moves at the last step.
@@ -526,8 +542,8 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     comm.set_context(Phase::Forward, 1 + pr);
     const int first = md(jm + 1, pc);
     comm.batch([&] {
-      recv_rows<T>(comm, reqs, Qs[1].data, B, Hq, row.rows[first], d, 0, row.rows[first], right, 2000, "Q");
-      send_rows<T>(comm, reqs, x.Q.data, B, Hq, nq, d, 0, nq, left, 2000, "Q");
+      recv_all<T>(comm, reqs, Qs[1].data, B * Hq * row.rows[first] * d, right, 2000, "Q");
+      send_all<T>(comm, reqs, x.Q.data, B * Hq * nq * d, left, 2000, "Q");
     });
     wait_all(reqs);
   }
@@ -540,8 +556,8 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
     if (v + 1 < pc) {  // prefetch the next query block, pass this one on
       const int m2 = md(jm + v + 1, pc);
       comm.batch([&] {
-        recv_rows<T>(comm, reqs, Qs[(v + 1) % 2].data, B, Hq, row.rows[m2], d, 0, row.rows[m2], right, 2000 + 8 * v, "Q");
-        send_rows<T>(comm, reqs, Qm.data, B, Hq, n, d, 0, n, left, 2000 + 8 * v, "Q");
+        recv_all<T>(comm, reqs, Qs[(v + 1) % 2].data, B * Hq * row.rows[m2] * d, right, 2000 + 8 * v, "Q");
+        send_all<T>(comm, reqs, Qm.data, B * Hq * n * d, left, 2000 + 8 * v, "Q");
       });
     }
     e.forward_block(p, mask, shard_pos(qp, row.ranks[m]), col.pos(), as_const(bhsd<T>(Qm.data, B, Hq, n, d)),
@@ -564,10 +580,10 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
       T* ro = home ? x.O.data : Ar[(v + 1) % 2].data;
       A* rl = home ? x.LSE.data : ALr[(v + 1) % 2].data;
       comm.batch([&] {
-        recv_rows<T>(comm, acc, ro, B, Hq, n2, d, 0, n2, right, 2001 + 8 * (v + 1), "O");
-        recv_rows<A>(comm, acc, rl, B, Hq, n2, 1, 0, n2, right, 2002 + 8 * (v + 1), "LSE");
-        send_rows<T>(comm, reqs, so, B, Hq, n, d, 0, n, left, 2001 + 8 * (v + 1), "O");
-        send_rows<A>(comm, reqs, sl, B, Hq, n, 1, 0, n, left, 2002 + 8 * (v + 1), "LSE");
+        recv_all<T>(comm, acc, ro, B * Hq * n2 * d, right, 2001 + 8 * (v + 1), "O");
+        recv_all<A>(comm, acc, rl, B * Hq * n2, right, 2002 + 8 * (v + 1), "LSE");
+        send_all<T>(comm, reqs, so, B * Hq * n * d, left, 2001 + 8 * (v + 1), "O");
+        send_all<A>(comm, reqs, sl, B * Hq * n, left, 2002 + 8 * (v + 1), "LSE");
       });
     }
     if (v == pc - 1) {  // the chain of our own block arrives from the right
@@ -643,16 +659,16 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   const int jm = row.me, left = row.ranks[md(jm - 1, pc)], right = row.ranks[md(jm + 1, pc)];
   auto post_q = [&](QSide& s, int m, int tag) {  // receive member m's q side from the right
     const int64_t n = row.rows[m];
-    recv_rows<T>(comm, reqs, s.Q.data, B, Hq, n, d, 0, n, right, tag, "Q");
-    recv_rows<T>(comm, reqs, s.dO.data, B, Hq, n, d, 0, n, right, tag + 1, "dO");
-    recv_rows<A>(comm, reqs, s.L.data, B, Hq, n, 1, 0, n, right, tag + 2, "LSE");
-    recv_rows<A>(comm, reqs, s.D.data, B, Hq, n, 1, 0, n, right, tag + 3, "D");
+    recv_all<T>(comm, reqs, s.Q.data, B * Hq * n * d, right, tag, "Q");
+    recv_all<T>(comm, reqs, s.dO.data, B * Hq * n * d, right, tag + 1, "dO");
+    recv_all<A>(comm, reqs, s.L.data, B * Hq * n, right, tag + 2, "LSE");
+    recv_all<A>(comm, reqs, s.D.data, B * Hq * n, right, tag + 3, "D");
   };
   auto pass_q = [&](const T* Q, const T* dO, const A* L, const A* Dv, int64_t n, int tag) {
-    send_rows<T>(comm, reqs, Q, B, Hq, n, d, 0, n, left, tag, "Q");
-    send_rows<T>(comm, reqs, dO, B, Hq, n, d, 0, n, left, tag + 1, "dO");
-    send_rows<A>(comm, reqs, L, B, Hq, n, 1, 0, n, left, tag + 2, "LSE");
-    send_rows<A>(comm, reqs, Dv, B, Hq, n, 1, 0, n, left, tag + 3, "D");
+    send_all<T>(comm, reqs, Q, B * Hq * n * d, left, tag, "Q");
+    send_all<T>(comm, reqs, dO, B * Hq * n * d, left, tag + 1, "dO");
+    send_all<A>(comm, reqs, L, B * Hq * n, left, tag + 2, "LSE");
+    send_all<A>(comm, reqs, Dv, B * Hq * n, left, tag + 3, "D");
   };
   if (pc > 1) {
     comm.set_context(Phase::Backward, 1 + pr);
@@ -690,8 +706,8 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
       const int64_t n2 = row.rows[md(jm + v + 1, pc)];
       e.synchronize();  // the partial is complete before the transport reads it
       comm.batch([&] {
-        recv_rows<A>(comm, acc, Ar[(v + 1) % 2].data, B, Hq, n2, d, 0, n2, right, 2004 + 8 * (v + 1), "dQ");
-        send_rows<A>(comm, reqs, out, B, Hq, n, d, 0, n, left, 2004 + 8 * (v + 1), "dQ");
+        recv_all<A>(comm, acc, Ar[(v + 1) % 2].data, B * Hq * n2 * d, right, 2004 + 8 * (v + 1), "dQ");
+        send_all<A>(comm, reqs, out, B * Hq * n * d, left, 2004 + 8 * (v + 1), "dQ");
       });
     }
     if (v == pc - 1) {

@@ -45,6 +45,7 @@ struct Ctx {
   Engine<T>& e;
   const Problem& p;
   int G, r;
+  Staged staged;  // before any caller's requests: outlives them
 
   // Sizes the rank's outputs of the phase (prepare_forward, prepare_backward).
   Ctx(Communicator& c_, Engine<T>& e_, const Problem& p_, Phase phase, const Partition& qp, const Partition& kp,
@@ -55,8 +56,8 @@ struct Ctx {
   }
 
   // One row block per peer and (b, h) of H heads, w wide: piece_of(s, b, h) says where the
-  // block for (or from) peer s lies, the rank's own block is copied, every other block is one
-  // receive and one send. Peers in the order r, r+1, ...: the same per pair on both sides.
+  // block for (or from) peer s lies, the rank's own block is copied, every other peer's blocks
+  // travel as one message each way (exchange). Peers in the order r, r+1, ...
   template <class U>
   struct Piece {
     const U* from;
@@ -67,21 +68,28 @@ struct Ctx {
   template <class U, class PieceOf>
   void each_peer(int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, PieceOf piece_of) {
     const int64_t eb = sizeof(U);
-    c.batch([&] {  // every peer's send and receive: one group
-      for (int k = 0; k < G; ++k) {
-        const int s = (r + k) % G;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t h = 0; h < H; ++h) {
-            const Piece<U> x = piece_of(s, b, h);
-            if (s == r) {
-              copy(e, x.to, x.from, x.n_to * w);
-              continue;
-            }
-            reqs.push_back(c.irecv(x.to, x.n_to * w * eb, s, tag, what));
-            reqs.push_back(c.isend(x.from, x.n_from * w * eb, s, tag, what));
+    std::vector<PeerPieces> peers;
+    for (int k = 0; k < G; ++k) {
+      const int s = (r + k) % G;
+      PeerPieces pp{s, {}, {}};
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          const Piece<U> x = piece_of(s, b, h);
+          if (s == r) {
+            copy(e, x.to, x.from, x.n_to * w);
+            continue;
           }
-      }
-    });
+          pp.out.emplace_back(x.from, x.n_from * w * eb);
+          pp.in.emplace_back(x.to, x.n_to * w * eb);
+        }
+      if (s != r) peers.push_back(std::move(pp));
+    }
+    exchange(c, e, peers, tag, what, reqs, staged);
+  }
+  // Waits the posted exchanges; the staged pieces are in place on return.
+  void wait(std::vector<RequestPtr>& reqs) {
+    wait_all(reqs);
+    staged.finish(e);
   }
   // All-to-all between sequence and heads (spec §7.7). ToHeads: src (B, H, n_r, w) home rows of
   // every head -> dst (B, H/G, N, w) every rank's rows (rank order) of head group r; ToSeq: the
@@ -121,7 +129,7 @@ struct Ctx {
       const int64_t n_s = part.local_size(s);
       return Piece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
     });
-    wait_all(reqs);
+    wait(reqs);
     e.synchronize();
     sum_pieces(e, stage.data, G, piece, dst);
   }
@@ -166,7 +174,7 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const P
   c.all_to_all(Dir::ToHeads, x.Q.data, Qh.data, p.H_q, d, qp, 1, "Q", reqs);
   c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 2, "K", reqs);
   c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 3, "V", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   const AllPositions qa = all_positions(qp), ka = all_positions(kp);
   e.forward_block(head_group_problem(p, G), mask, qa.pos, ka.pos, as_const(bhsd<T>(Qh.data, B, Hg, Nq, d)),
                   as_const(bhsd<T>(Kh.data, B, Hkvg, Nk, d)), as_const(bhsd<T>(Vh.data, B, Hkvg, Nk, d)),
@@ -175,7 +183,7 @@ void ulysses_forward(Communicator& comm, Engine<T>& e, const Problem& p, const P
   comm.set_context(Phase::Forward, 1);
   c.all_to_all(Dir::ToSeq, Oh.data, x.O.data, p.H_q, d, qp, 4, "O", reqs);
   c.all_to_all(Dir::ToSeq, Lh.data, x.LSE.data, p.H_q, 1, qp, 5, "LSE", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
 }
 
 template <class T>
@@ -199,7 +207,7 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   c.all_to_all(Dir::ToHeads, D.data, Dh.data, p.H_q, 1, qp, 4, "D", reqs);
   c.all_to_all(Dir::ToHeads, x.K.data, Kh.data, p.H_kv, d, kp, 5, "K", reqs);
   c.all_to_all(Dir::ToHeads, x.V.data, Vh.data, p.H_kv, d, kp, 6, "V", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   fill(e, dQh.data, dQh.n, 0.0);
   fill(e, dKh.data, dKh.n, 0.0);
   fill(e, dVh.data, dVh.n, 0.0);
@@ -214,7 +222,7 @@ void ulysses_backward(Communicator& comm, Engine<T>& e, const Problem& p, const 
   c.all_to_all(Dir::ToSeq, dQh.data, x.dQ.data, p.H_q, d, qp, 7, "dQ", reqs);
   c.all_to_all(Dir::ToSeq, dKh.data, x.dK.data, p.H_kv, d, kp, 8, "dK", reqs);
   c.all_to_all(Dir::ToSeq, dVh.data, x.dV.data, p.H_kv, d, kp, 9, "dV", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
 }
 
 template <class T>
@@ -228,7 +236,7 @@ void allgather_forward(Communicator& comm, Engine<T>& e, const Problem& p, const
   comm.set_context(Phase::Forward, 0);
   c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
   c.gather_rows(x.V.data, Va.data, Hkv, kp, 2, "V", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   const AllPositions ka = all_positions(kp);
   e.forward_block(p, mask, rank_positions(qp, r), ka.pos, as_const(bhsd<T>(x.Q.data, B, p.H_q, x.n_q, d)),
                   as_const(bhsd<T>(Ka.data, B, Hkv, Nk, d)), as_const(bhsd<T>(Va.data, B, Hkv, Nk, d)),
@@ -250,7 +258,7 @@ void allgather_backward(Communicator& comm, Engine<T>& e, const Problem& p, cons
   comm.set_context(Phase::Backward, 0);
   c.gather_rows(x.K.data, Ka.data, Hkv, kp, 1, "K", reqs);
   c.gather_rows(x.V.data, Va.data, Hkv, kp, 2, "V", reqs);
-  wait_all(reqs);
+  c.wait(reqs);
   fill(e, x.dQ.data, x.dQ.n, 0.0);
   fill(e, dKa.data, dKa.n, 0.0);
   fill(e, dVa.data, dVa.n, 0.0);

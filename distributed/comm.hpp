@@ -2,9 +2,10 @@
 // spec §7.4).
 // Schedules talk to a Communicator only: rank, size, asynchronous point-to-point send/recv with
 // wait, grouped into batches, and a barrier. The schedules' collectives (gathers, all-to-alls,
-// reduce-scatters with the merge or a sum) are batches of point-to-point messages of contiguous
-// rows per (b, h), so ragged shards need no padding and every reduction runs in the engine's
-// memory in a fixed order. Every transfer
+// reduce-scatters with the merge or a sum) are batches of point-to-point messages, one per peer
+// and tensor each way (the rows of every (b, h) packed or staged: shard_ops.hpp's exchange), so
+// ragged shards need no padding and every reduction runs in the engine's memory in a fixed
+// order. Every transfer
 // is recorded (per rank, per phase and step, per link class) so byte counts can be asserted
 // against the closed forms of spec §7.5. Buffers are raw pointers in the memory the transport
 // works on (host or one GPU's memory for SimComm, the rank's GPU for NcclComm in nccl/); sizes

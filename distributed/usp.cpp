@@ -106,33 +106,35 @@ Group group_of(const Partition& part, int r, int u) {
   return g;
 }
 
-// All-to-all inside the group (one batch). ToHeads: src (B, H, rows[me], w) -> dst (B, H/u,
-// total, w), member m's rows at off[m], heads block me; ToSeq: the inverse, src (B, H/u, total, w)
-// -> dst (B, H, rows[me], w).
+// All-to-all inside the group (one batch, one message each way per member: exchange). ToHeads:
+// src (B, H, rows[me], w) -> dst (B, H/u, total, w), member m's rows at off[m], heads block me;
+// ToSeq: the inverse, src (B, H/u, total, w) -> dst (B, H, rows[me], w).
 enum class Dir { ToHeads, ToSeq };
 template <class U, class T>
 void all_to_all(Dir dir, Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g,
-                const U* src, U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs) {
+                const U* src, U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs, Staged& staged) {
   const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
   const bool to_heads = dir == Dir::ToHeads;
-  c.batch([&] {
-    for (int k = 0; k < g.u; ++k) {
-      const int m = (g.me + k) % g.u;  // peer order me, me+1, ...: the same per pair on both sides
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hu; ++h) {
-          const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
-          const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
-          const U* from = src + (to_heads ? home : group);
-          U* to = dst + (to_heads ? group : home);
-          if (m == g.me) {
-            copy(e, to, from, n * w);
-            continue;
-          }
-          reqs.push_back(c.irecv(to, (to_heads ? g.rows[m] : n) * w * eb, g.first + m, tag, what));
-          reqs.push_back(c.isend(from, (to_heads ? n : g.rows[m]) * w * eb, g.first + m, tag, what));
+  std::vector<PeerPieces> peers;
+  for (int k = 0; k < g.u; ++k) {
+    const int m = (g.me + k) % g.u;  // peer order me, me+1, ...
+    PeerPieces pp{g.first + m, {}, {}};
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hu; ++h) {
+        const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+        const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
+        const U* from = src + (to_heads ? home : group);
+        U* to = dst + (to_heads ? group : home);
+        if (m == g.me) {
+          copy(e, to, from, n * w);
+          continue;
         }
-    }
-  });
+        pp.in.emplace_back(to, (to_heads ? g.rows[m] : n) * w * eb);
+        pp.out.emplace_back(from, (to_heads ? n : g.rows[m]) * w * eb);
+      }
+    if (m != g.me) peers.push_back(std::move(pp));
+  }
+  exchange(c, e, peers, tag, what, reqs, staged);
 }
 
 void check_ring(const Schedule& ring, Phase phase, int G, int u) {
@@ -177,18 +179,20 @@ void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, c
   }
   h.K = alloc<T>(e, B * Hkvu * gk.total * d);
   h.V = alloc<T>(e, B * Hkvu * gk.total * d);
+  Staged staged;                 // before the requests: outlives them
   std::vector<RequestPtr> reqs;
   comm.set_context(phase, 0);
   const int kv_tag = bw ? 5 : 2;
-  all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs);
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.Q.data, h.Q.data, 1, "Q", reqs, staged);
   if (bw) {
-    all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs);
-    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs);
-    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs);
+    all_to_all(Dir::ToHeads, comm, e, B, p.H_q, d, gq, x.dO.data, h.dO.data, 2, "dO", reqs, staged);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, x.LSE.data, h.LSE.data, 3, "LSE", reqs, staged);
+    all_to_all<A>(Dir::ToHeads, comm, e, B, p.H_q, 1, gq, D.data, h.D.data, 4, "D", reqs, staged);
   }
-  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, kv_tag, "K", reqs);
-  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, kv_tag + 1, "V", reqs);
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.K.data, h.K.data, kv_tag, "K", reqs, staged);
+  all_to_all(Dir::ToHeads, comm, e, B, p.H_kv, d, gk, x.V.data, h.V.data, kv_tag + 1, "V", reqs, staged);
   wait_all(reqs);
+  staged.finish(e);
   e.synchronize();
   GroupRing rc(comm, u);
   const Problem hp = usp_head_problem(p, u);
@@ -196,14 +200,15 @@ void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, c
   run_ring(ring, rc, e, hp, mask, hq, hk, h);
   comm.set_context(phase, ring.G + 1);
   if (bw) {
-    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs);
-    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs);
-    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.dQ.data, x.dQ.data, 7, "dQ", reqs, staged);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dK.data, x.dK.data, 8, "dK", reqs, staged);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_kv, d, gk, h.dV.data, x.dV.data, 9, "dV", reqs, staged);
   } else {
-    all_to_all(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs);
-    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs);
+    all_to_all(Dir::ToSeq, comm, e, B, p.H_q, d, gq, h.O.data, x.O.data, 4, "O", reqs, staged);
+    all_to_all<A>(Dir::ToSeq, comm, e, B, p.H_q, 1, gq, h.LSE.data, x.LSE.data, 5, "LSE", reqs, staged);
   }
   wait_all(reqs);
+  staged.finish(e);
 }
 
 }  // namespace

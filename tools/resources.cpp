@@ -104,7 +104,9 @@ Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprin
     const auto share = [&](int64_t all_ranks) { return k == G ? all_ranks : bytes_mul(k, (all_ranks + G - 1) / G); };
     const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                                                   // K, V (dK, dV)
     const int64_t q = bytes_add(bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er));  // Q, O (dO, dQ), LSE (D)
-    const int64_t copies = gathers_kv ? G : 2;
+    // Gathering all G shards: the gathered copy and its staged receives (G - 1 shards: rows of
+    // every (b, h) arrive as one message per peer and are copied into place, shard_ops.hpp).
+    const int64_t copies = gathers_kv ? 2 * G - 1 : 2;
     const int64_t outputs = bytes_sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
     const std::string where = !engine.device ? ""
                               : k == G       ? " on the device"

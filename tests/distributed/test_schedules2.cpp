@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "algorithm.hpp"
 #include "baselines.hpp"
@@ -403,4 +404,34 @@ TEST(Schedules, EngineWorkIsFinishedBeforeTheTransportReadsIt) {
     for (int r = 0; r < 4; ++r)
       ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), std::string(a.name) + " rank " + std::to_string(r)));
   }
+}
+
+// The collectives move each tensor between a pair of ranks as ONE message each way, whatever the
+// batch size and head count (pieces of many (b, h) packed or staged: shard_ops.hpp's exchange),
+// with the results still the oracle's (poisoned receive buffers, reordered completion). Not
+// attention2d-o's column ring (p_r > 1), which still moves a message per (b, h).
+TEST(Collectives, EachTensorIsOneMessageEachWayPerPeer) {
+  auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
+  const Case c = make_case(2, 6, 6, 37, 31, 5, "causal", kSeed);
+  const std::pair<const char*, int> runs[] = {{"ulysses", 3}, {"allgather", 3}, {"usp", 6},
+                                              {"attention2d", 4}, {"attention2d", 2}, {"attention2d-o", 2}};
+  for (const auto& [algo, G] : runs)
+    for (PartitionKind k : {PartitionKind::Zigzag, PartitionKind::Striped}) {
+      if (std::string(algo).rfind("attention2d", 0) == 0 && k != PartitionKind::Striped) continue;  // cyclic only
+      AlgoOptions o = options(algo, k, G);
+      if (std::string(algo) == "usp") o.ulysses_degree = 3;
+      o.sim.poison = true;
+      o.sim.reorder = true;
+      o.sim.seed = 11;
+      const DistResult<double> res = run_algo(c, o, *engine);
+      for (int r = 0; r < o.world; ++r) {
+        ASSERT_TRUE(testutil::all_pass(check_rank(c, res, r), label(c, o) + " rank " + std::to_string(r)));
+        std::map<std::tuple<Phase, int, int, bool, std::string>, int> per;  // (phase, batch, peer, sent, tensor)
+        for (const Transfer& t : res.logs[r]) ++per[{t.phase, t.batch, t.sent ? t.dst : t.src, t.sent, t.what}];
+        for (const auto& [key, n] : per)
+          EXPECT_EQ(n, 1) << label(c, o) << " rank " << r << " " << to_string(std::get<0>(key)) << ": " << n
+                          << " messages of " << std::get<4>(key) << (std::get<3>(key) ? " to " : " from ")
+                          << std::get<2>(key) << " in one batch";
+      }
+    }
 }
