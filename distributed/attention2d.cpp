@@ -190,7 +190,7 @@ struct Ctx {
   };
   template <class U, class PieceOf>
   void members(int64_t H, int64_t w, const Members& m, int tag, const char* what, std::vector<RequestPtr>& reqs,
-               PieceOf piece) {
+               Staged& into, PieceOf piece) {
     const int64_t eb = sizeof(U);
     std::vector<PeerPieces> peers;
     for (size_t k = 0; k < m.ranks.size(); ++k) {
@@ -208,14 +208,14 @@ struct Ctx {
         }
       if (!own) peers.push_back(std::move(pp));
     }
-    dist::exchange(c, e, peers, tag, what, reqs, staged);
+    dist::exchange(c, e, peers, tag, what, reqs, into);
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>
   void gather(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
               std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me];
-    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
       return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, m.off[k], H, m.total, w), m.rows[k]};
     });
   }
@@ -225,12 +225,14 @@ struct Ctx {
   Buffer<U> scatter(const U* src, int64_t H, int64_t w, const Members& m, int tag, const char* what) {
     const int64_t n_me = m.rows[m.me], piece = p.B * H * n_me * w;
     Buffer<U> stage = alloc<U>(e, static_cast<int64_t>(m.ranks.size()) * piece);
+    Staged own;  // this collective's stages only: waited here, whatever else is in flight
     std::vector<RequestPtr> reqs;
-    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+    members<U>(H, w, m, tag, what, reqs, own, [&](size_t k, int64_t b, int64_t h) {
       return Piece<U>{src + at(b, h, m.off[k], H, m.total, w), m.rows[k],
                       stage.data + k * piece + at(b, h, 0, H, n_me, w), n_me};
     });
-    wait(reqs);
+    wait_all(reqs);
+    own.finish(e);
     e.synchronize();
     return stage;
   }
@@ -277,7 +279,7 @@ struct Ctx {
   void gather_others(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
                      std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me], L = m.total - n_me;
-    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
       if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
       return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, other_off(m, k), H, L, w), m.rows[k]};
     });
@@ -289,7 +291,7 @@ struct Ctx {
   void return_others(const U* src, const std::vector<U*>& dst, int64_t H, int64_t w, const Members& m, int tag,
                      const char* what, std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me], L = m.total - n_me;
-    members<U>(H, w, m, tag, what, reqs, [&](size_t k, int64_t b, int64_t h) {
+    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
       if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
       const size_t i = k - (static_cast<int>(k) > m.me ? 1 : 0);  // dst[i]: the i-th other member
       return Piece<U>{src + at(b, h, other_off(m, k), H, L, w), m.rows[k], dst[i] + at(b, h, 0, H, n_me, w), n_me};

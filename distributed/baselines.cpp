@@ -66,7 +66,8 @@ struct Ctx {
     int64_t n_to;    // rows received from peer s
   };
   template <class U, class PieceOf>
-  void each_peer(int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, PieceOf piece_of) {
+  void each_peer(int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, Staged& into,
+                 PieceOf piece_of) {
     const int64_t eb = sizeof(U);
     std::vector<PeerPieces> peers;
     for (int k = 0; k < G; ++k) {
@@ -84,7 +85,7 @@ struct Ctx {
         }
       if (s != r) peers.push_back(std::move(pp));
     }
-    exchange(c, e, peers, tag, what, reqs, staged);
+    exchange(c, e, peers, tag, what, reqs, into);
   }
   // Waits the posted exchanges; the staged pieces are in place on return.
   void wait(std::vector<RequestPtr>& reqs) {
@@ -99,7 +100,7 @@ struct Ctx {
                   const char* what, std::vector<RequestPtr>& reqs) {
     const int64_t Hg = H / G, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    each_peer<U>(Hg, w, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+    each_peer<U>(Hg, w, tag, what, reqs, staged, [&](int s, int64_t b, int64_t h) {
       const int64_t home = at(b, s * Hg + h, 0, H, n_r, w), group = at(b, h, off[s], Hg, N, w);
       const int64_t n_s = part.local_size(s);
       return dir == Dir::ToHeads ? Piece<U>{src + home, n_r, dst + group, n_s}
@@ -112,7 +113,7 @@ struct Ctx {
                    std::vector<RequestPtr>& reqs) {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
-    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+    each_peer<U>(H, d, tag, what, reqs, staged, [&](int s, int64_t b, int64_t h) {
       return Piece<U>{src + at(b, h, 0, H, n_r, d), n_r, dst + at(b, h, off[s], H, N, d), part.local_size(s)};
     });
   }
@@ -124,12 +125,14 @@ struct Ctx {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r), piece = p.B * H * n_r * d;
     const std::vector<int64_t> off = offsets(part);
     Buffer<U> stage = alloc<U>(e, G * piece);
+    Staged own;  // this collective's stages only: waited here, whatever else is in flight
     std::vector<RequestPtr> reqs;
-    each_peer<U>(H, d, tag, what, reqs, [&](int s, int64_t b, int64_t h) {
+    each_peer<U>(H, d, tag, what, reqs, own, [&](int s, int64_t b, int64_t h) {
       const int64_t n_s = part.local_size(s);
       return Piece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
     });
-    wait(reqs);
+    wait_all(reqs);
+    own.finish(e);
     e.synchronize();
     sum_pieces(e, stage.data, G, piece, dst);
   }
