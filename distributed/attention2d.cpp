@@ -444,22 +444,6 @@ View3<T> rows3(T* data, int64_t B, int64_t H, int64_t L, int64_t off, int64_t n)
 Positions shard_pos(const Partition& part, int s) {
   return Positions{part.positions[s][0], part.local_size(s), part.positions[s].data()};
 }
-// Rows [off, off + n) of every (b, h) of a BHSD buffer: one message per (b, h), posted in a
-// fixed order on both sides.
-template <class T>
-void send_rows(Communicator& c, std::vector<RequestPtr>& reqs, const T* buf, int64_t B, int64_t H, int64_t L,
-               int64_t w, int64_t off, int64_t n, int to, int tag, const char* what) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      reqs.push_back(c.isend(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), to, tag, what));
-}
-template <class T>
-void recv_rows(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t B, int64_t H, int64_t L, int64_t w,
-               int64_t off, int64_t n, int from, int tag, const char* what) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      reqs.push_back(c.irecv(buf + at(b, h, off, H, L, w), n * w * int64_t(sizeof(T)), from, tag, what));
-}
 // A whole buffer of `elems` elements (a block of rows of every (b, h)): one message.
 template <class T>
 void send_all(Communicator& c, std::vector<RequestPtr>& reqs, const T* buf, int64_t elems, int to, int tag,
@@ -472,21 +456,33 @@ void recv_all(Communicator& c, std::vector<RequestPtr>& reqs, T* buf, int64_t el
   reqs.push_back(c.irecv(buf, elems * int64_t(sizeof(T)), from, tag, what));
 }
 // Column ring step u (§7.13 phase A): block me - u of Kc, Vc (B, H_kv, col.total, d) goes up the
-// column while block me - u - 1 arrives from below; nothing moves at the last step.
+// column while block me - u - 1 arrives from below (staged: in place after staged.finish);
+// nothing moves at the last step. Each tensor is one message each way (shard_ops.hpp's exchange).
 template <class T>
-void column_ring_step(Communicator& comm, std::vector<RequestPtr>& reqs, T* Kc, T* Vc, int64_t B, int64_t Hkv,
-                      int64_t d, const Members& col, int u) {
+void column_ring_step(Communicator& comm, Engine<T>& e, Staged& staged, std::vector<RequestPtr>& reqs, T* Kc, T* Vc,
+                      int64_t B, int64_t Hkv, int64_t d, const Members& col, int u) {
   const int pr = static_cast<int>(col.ranks.size()), me = col.me;
   if (u >= pr - 1) return;
   const int cur = md(me - u, pr), nxt = md(me - u - 1, pr);
   const int up = col.ranks[md(me + 1, pr)], down = col.ranks[md(me - 1, pr)];
-  const int64_t NC = col.total;
-  comm.batch([&] {
-    recv_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 100 + 4 * u, "K");
-    recv_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[nxt], col.rows[nxt], down, 101 + 4 * u, "V");
-    send_rows<T>(comm, reqs, Kc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 100 + 4 * u, "K");
-    send_rows<T>(comm, reqs, Vc, B, Hkv, NC, d, col.off[cur], col.rows[cur], up, 101 + 4 * u, "V");
-  });
+  const int64_t NC = col.total, eb = sizeof(T);
+  int tag = 100 + 4 * u;
+  for (auto [buf, what] : {std::pair<T*, const char*>{Kc, "K"}, {Vc, "V"}}) {
+    PeerPieces from_down{down, {}, {}}, to_up{up, {}, {}};
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        from_down.in.emplace_back(buf + at(b, h, col.off[nxt], Hkv, NC, d), col.rows[nxt] * d * eb);
+        to_up.out.emplace_back(buf + at(b, h, col.off[cur], Hkv, NC, d), col.rows[cur] * d * eb);
+      }
+    std::vector<PeerPieces> peers;
+    if (up == down) {  // a column of two: one peer both ways
+      to_up.in = std::move(from_down.in);
+      peers = {std::move(to_up)};
+    } else {
+      peers = {std::move(from_down), std::move(to_up)};
+    }
+    exchange(comm, e, peers, tag++, what, reqs, staged);
+  }
 }
 }  // namespace
 
@@ -532,10 +528,10 @@ void attention2d_o_forward(Communicator& comm, Engine<T>& e, const Problem& p, c
   };
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Forward, 1 + u);
-    column_ring_step<T>(comm, reqs, Kc, Vc, B, Hkv, d, col, u);
+    column_ring_step<T>(comm, e, c.staged, reqs, Kc, Vc, B, Hkv, d, col, u);
     if (!own_last) own_block(md(me - u, pr));  // overlaps the transfers above
     e.synchronize();
-    wait_all(reqs);
+    c.wait(reqs);
   }
   // Phase B: the row ring. Step v holds the queries of member j + v (from the right, on to the
   // left) and the accumulated partial of that block from the right; adds its own and passes it on.
@@ -645,7 +641,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
   // Phase A: the column ring; own q side against each arriving block (dQ home, dK, dV of the block).
   for (int u = 0; u < pr; ++u) {
     comm.set_context(Phase::Backward, 1 + u);
-    column_ring_step<T>(comm, reqs, Kc, Vc, B, Hkv, d, col, u);
+    column_ring_step<T>(comm, e, c.staged, reqs, Kc, Vc, B, Hkv, d, col, u);
     const int cur = md(me - u, pr);
     const int64_t o = col.off[cur], n = col.rows[cur];
     e.backward_block(p, mask, qp.chunk_positions(r), shard_pos(kp, g.row_major(col.ranks[cur])),
@@ -655,7 +651,7 @@ void attention2d_o_backward(Communicator& comm, Engine<T>& e, const Problem& p, 
                      bhsd<A>(x.dQ.data, B, Hq, nq, d), rows4<A>(dKc, B, Hkv, NC, d, o, n),
                      rows4<A>(dVc, B, Hkv, NC, d, o, n));  // §6.2
     e.synchronize();
-    wait_all(reqs);
+    c.wait(reqs);
   }
   // Phase B: the row ring of q sides; dQ partials accumulate along the ring to their owner.
   const int jm = row.me, left = row.ranks[md(jm - 1, pc)], right = row.ranks[md(jm + 1, pc)];

@@ -408,13 +408,13 @@ TEST(Schedules, EngineWorkIsFinishedBeforeTheTransportReadsIt) {
 
 // The collectives move each tensor between a pair of ranks as ONE message each way, whatever the
 // batch size and head count (pieces of many (b, h) packed or staged: shard_ops.hpp's exchange),
-// with the results still the oracle's (poisoned receive buffers, reordered completion). Not
-// attention2d-o's column ring (p_r > 1), which still moves a message per (b, h).
+// with the results still the oracle's (poisoned receive buffers, reordered completion).
 TEST(Collectives, EachTensorIsOneMessageEachWayPerPeer) {
   auto engine = cpu::make_engine<double>(cpu::Tiles{8, 16});
   const Case c = make_case(2, 6, 6, 37, 31, 5, "causal", kSeed);
   const std::pair<const char*, int> runs[] = {{"ulysses", 3}, {"allgather", 3}, {"usp", 6},
-                                              {"attention2d", 4}, {"attention2d", 2}, {"attention2d-o", 2}};
+                                              {"attention2d", 4}, {"attention2d", 2}, {"attention2d-o", 2},
+                                              {"attention2d-o", 4}, {"attention2d-o", 6}, {"attention2d-o", 9}};
   for (const auto& [algo, G] : runs)
     for (PartitionKind k : {PartitionKind::Zigzag, PartitionKind::Striped}) {
       if (std::string(algo).rfind("attention2d", 0) == 0 && k != PartitionKind::Striped) continue;  // cyclic only
