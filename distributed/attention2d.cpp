@@ -116,8 +116,8 @@ struct Ctx {
   // Whole-buffer point to point: send src (n_src elements) to `to`, receive n_dst into dst from
   // `from` (the transposes; never this rank itself).
   template <class U>
-  void exchange(const U* src, int64_t n_src, int to, U* dst, int64_t n_dst, int from, int tag, const char* what,
-                std::vector<RequestPtr>& reqs) {
+  void swap_whole(const U* src, int64_t n_src, int to, U* dst, int64_t n_dst, int from, int tag, const char* what,
+                  std::vector<RequestPtr>& reqs) {
     const int64_t eb = sizeof(U);
     c.batch([&] {
       reqs.push_back(c.irecv(dst, n_dst * eb, from, tag, what));
@@ -134,8 +134,8 @@ struct Ctx {
     Kt = alloc<T>(e, n_t);
     Vt = alloc<T>(e, n_t);
     std::vector<RequestPtr> reqs;
-    exchange(x.K.data, n_home, holder_after_transpose(g, r), Kt.data, n_t, g.row_major(r), 1, "K", reqs);
-    exchange(x.V.data, n_home, holder_after_transpose(g, r), Vt.data, n_t, g.row_major(r), 2, "V", reqs);
+    swap_whole(x.K.data, n_home, holder_after_transpose(g, r), Kt.data, n_t, g.row_major(r), 1, "K", reqs);
+    swap_whole(x.V.data, n_home, holder_after_transpose(g, r), Vt.data, n_t, g.row_major(r), 2, "V", reqs);
     wait_all(reqs);
     return {Kt.data, Vt.data};
   }
@@ -158,8 +158,8 @@ struct Ctx {
     const int shard_t = g.row_major(r);
     const int64_t n_home = p.B * p.H_kv * x.n_k * p.d, n_t = p.B * p.H_kv * nt * p.d;
     std::vector<RequestPtr> reqs;
-    exchange(dKt, n_t, shard_t, x.dK.data, n_home, holder_after_transpose(g, r), 12, "dK", reqs);
-    exchange(dVt, n_t, shard_t, x.dV.data, n_home, holder_after_transpose(g, r), 13, "dV", reqs);
+    swap_whole(dKt, n_t, shard_t, x.dK.data, n_home, holder_after_transpose(g, r), 12, "dK", reqs);
+    swap_whole(dVt, n_t, shard_t, x.dV.data, n_home, holder_after_transpose(g, r), 13, "dV", reqs);
     wait_all(reqs);
   }
   // The column buffers of §7.13's phase A, (B, H_kv, col.total, d): Kc, Vc with this rank's shard
@@ -208,7 +208,7 @@ struct Ctx {
         }
       if (!own) peers.push_back(std::move(pp));
     }
-    dist::exchange(c, e, peers, tag, what, reqs, into);
+    exchange(c, e, peers, tag, what, reqs, into);
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>

@@ -57,7 +57,7 @@ struct Ctx {
 
   // One row block per peer and (b, h) of H heads, w wide: piece_of(s, b, h) says where the
   // block for (or from) peer s lies, the rank's own block is copied, every other peer's blocks
-  // travel as one message each way (exchange). Peers in the order r, r+1, ...
+  // travel as one message each way (exchange).
   template <class U>
   struct Piece {
     const U* from;

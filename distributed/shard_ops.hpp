@@ -71,7 +71,6 @@ void sum_pieces(Engine<T>& e, const U* stage, int64_t K, int64_t piece, U* dst) 
   for (int64_t k = 1; k < K; ++k) add(e, dst, stage + k * piece, piece);
 }
 
-
 // The pieces a rank exchanges with one peer, in one order that both sides agree on: what it
 // sends (from, bytes) and where what it receives goes (to, bytes).
 struct PeerPieces {
@@ -101,65 +100,61 @@ struct Staged {
   }
 };
 
-// One batch: per peer ONE send of all its `out` pieces and ONE receive of all its `in` pieces
-// (none where it has no pieces that way)
-// (a message per (b, h) piece costs bandwidth: on 2x H200 over NVLink, NCCL moved 16 messages of
-// 4 MiB at 87 GB/s and one of 64 MiB at 218). Pieces that lie one after another travel as they
-// lie; others are packed into a stage first (synchronized before the transport reads it), and
-// received ones are copied out of theirs by staged.finish after the waits.
+// One batch: per peer ONE send of all its `out` pieces and ONE receive of all its `in` pieces,
+// none in a direction without pieces (a ring's other neighbour), because NCCL moves one large
+// message at about twice the bandwidth of many small ones (docs/performance-gpu.md). Pieces that
+// lie one after another travel as they lie; the others go through one stage per direction:
+// packed before the send (synchronized before the transport reads it), or copied out to their
+// places by staged.finish after the waits.
 template <class T>
 void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peers, int tag, const char* what,
               std::vector<RequestPtr>& reqs, Staged& staged) {
-  struct Message {
-    int peer;
-    const void* out;
-    int64_t out_bytes;
-    void* in;
-    int64_t in_bytes;
-  };
   auto total = [](const auto& pieces) {
     int64_t n = 0;
     for (const auto& pc : pieces) n += pc.second;
     return n;
   };
-  auto consecutive = [](const auto& pieces) {
+  auto staged_way = [&](const auto& pieces) {  // bytes that are not one run of memory
     for (size_t i = 1; i < pieces.size(); ++i)
       if (static_cast<const char*>(pieces[i - 1].first) + pieces[i - 1].second !=
           static_cast<const char*>(pieces[i].first))
-        return false;
-    return true;
+        return total(pieces) > 0;
+    return false;
   };
-  auto stage = [&](int64_t bytes) {
-    staged.stages.push_back(e.allocate(bytes > 0 ? bytes : 1));
+  int64_t out_bytes = 0, in_bytes = 0;  // what goes through the two stages
+  for (const PeerPieces& pp : peers) {
+    if (staged_way(pp.out)) out_bytes += total(pp.out);
+    if (staged_way(pp.in)) in_bytes += total(pp.in);
+  }
+  auto stage = [&](int64_t bytes) -> char* {
+    if (bytes == 0) return nullptr;
+    staged.stages.push_back(e.allocate(bytes));
     return static_cast<char*>(staged.stages.back().get());
   };
+  char *out_stage = stage(out_bytes), *in_stage = stage(in_bytes);
+  struct Message {
+    const void* out;
+    void* in;
+  };
   std::vector<Message> messages;
-  bool packed = false;
   for (const PeerPieces& pp : peers) {
-    Message m{pp.peer, nullptr, total(pp.out), nullptr, total(pp.in)};
-    if (consecutive(pp.out) && !pp.out.empty()) {
-      m.out = pp.out.front().first;
-    } else {
-      char* s = stage(m.out_bytes);
-      m.out = s;
-      for (const auto& [from, n] : pp.out) e.copy(s, from, n), s += n;
-      packed = packed || !pp.out.empty();
+    Message m{pp.out.empty() ? nullptr : pp.out.front().first, pp.in.empty() ? nullptr : pp.in.front().first};
+    if (staged_way(pp.out)) {
+      m.out = out_stage;
+      for (const auto& [from, n] : pp.out) e.copy(out_stage, from, n), out_stage += n;
     }
-    if (consecutive(pp.in) && !pp.in.empty()) {
-      m.in = pp.in.front().first;
-    } else {
-      char* s = stage(m.in_bytes);
-      m.in = s;
-      for (const auto& [to, n] : pp.in) staged.copies.push_back({to, s, n}), s += n;
+    if (staged_way(pp.in)) {
+      m.in = in_stage;
+      for (const auto& [to, n] : pp.in) staged.copies.push_back({to, in_stage, n}), in_stage += n;
     }
     messages.push_back(m);
   }
-  if (packed) e.synchronize();  // the transport reads the packed stages next
-  c.batch([&] {  // a direction without pieces (a ring's other neighbour) posts nothing
-    for (size_t i = 0; i < messages.size(); ++i) {
-      const Message& m = messages[i];
-      if (!peers[i].in.empty()) reqs.push_back(c.irecv(m.in, m.in_bytes, m.peer, tag, what));
-      if (!peers[i].out.empty()) reqs.push_back(c.isend(m.out, m.out_bytes, m.peer, tag, what));
+  if (out_bytes > 0) e.synchronize();  // the transport reads the packed stage next
+  c.batch([&] {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const PeerPieces& pp = peers[i];
+      if (!pp.in.empty()) reqs.push_back(c.irecv(messages[i].in, total(pp.in), pp.peer, tag, what));
+      if (!pp.out.empty()) reqs.push_back(c.isend(messages[i].out, total(pp.out), pp.peer, tag, what));
     }
   });
 }

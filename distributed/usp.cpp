@@ -117,7 +117,7 @@ void all_to_all(Dir dir, Communicator& c, Engine<T>& e, int64_t B, int64_t H, in
   const bool to_heads = dir == Dir::ToHeads;
   std::vector<PeerPieces> peers;
   for (int k = 0; k < g.u; ++k) {
-    const int m = (g.me + k) % g.u;  // peer order me, me+1, ...
+    const int m = (g.me + k) % g.u;
     PeerPieces pp{g.first + m, {}, {}};
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < Hu; ++h) {
@@ -179,7 +179,7 @@ void usp_pass(Phase phase, Communicator& comm, Engine<T>& e, const Problem& p, c
   }
   h.K = alloc<T>(e, B * Hkvu * gk.total * d);
   h.V = alloc<T>(e, B * Hkvu * gk.total * d);
-  Staged staged;                 // before the requests: outlives them
+  Staged staged;  // before the requests: outlives them
   std::vector<RequestPtr> reqs;
   comm.set_context(phase, 0);
   const int kv_tag = bw ? 5 : 2;

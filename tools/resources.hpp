@@ -63,10 +63,11 @@ std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOpti
 std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                          int threads);
 // `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
-// (all of K, V, dK, dV on every rank when gathers_kv, dist::Algorithm's field: allgather,
-// attention2d and attention2d-o; two blocks in flight per rank otherwise), the gathered
-// results, and each rank's engine workspace, as the engine's layer states it (EngineFootprint;
-// device: the shards and blocks live in device memory). A bound, not a measured figure.
+// (all of K, V, dK, dV on every rank and the staged arrivals, 2G - 1 copies, when gathers_kv,
+// dist::Algorithm's field: allgather, attention2d and attention2d-o; two blocks in flight per
+// rank otherwise), the gathered results, and each rank's engine workspace, as the engine's layer
+// states it (EngineFootprint; device: the shards and blocks live in device memory). A bound, not
+// a measured figure.
 using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                      bool backward, int threads)>;
 struct EngineFootprint {
