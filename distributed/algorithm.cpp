@@ -218,4 +218,12 @@ int64_t plan_bytes(const Plan& plan, Phase phase, int r, bool sent, ElemBytes w,
   return find_algorithm(plan.o.algo).bytes(plan, phase, r, sent, w, link);
 }
 
+int held_kv_shards(const AlgoOptions& o) {
+  const Algorithm& a = find_algorithm(o.algo);
+  if (!a.gathers_kv) return 2;
+  if (!a.grid) return 2 * o.world - 1;
+  const int p_r = (o.grid.p_r > 0 ? o.grid : default_grid(o.world)).p_r;
+  return a.overlapped ? 2 * p_r : (p_r > 1 ? p_r + 3 : 2);  // -NO (it has an overlapped form), -O
+}
+
 }  // namespace burstlab::dist

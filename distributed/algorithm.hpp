@@ -108,9 +108,7 @@ struct Algorithm {
   // What `burstlab schedule --json/--svg` draws of it.
   Drawing drawing;
   // A rank holds many ranks' K, V shards at once (allgather's all-gather, Attention2D's column:
-  // gathered by -NO, the column ring's buffer of -O): 2G - 1 copies in the host-memory estimate
-  // of `run` and `conform` (the gathered shards and the G - 1 staged on arrival), 2 otherwise
-  // (its own and the one in flight).
+  // gathered by -NO, the column ring's buffer of -O): how many, held_kv_shards.
   bool gathers_kv;
   // What its ring steps carry as the executor's traffic (schedule.hpp: ring's K, V and returning
   // dK, dV; burst's Q, dO, D, LSE, dQ); double-ring's and usp's --ring names one that has it.
@@ -136,5 +134,12 @@ template <> inline PassFn<f16_t> pass_of<f16_t>(const Algorithm& a) { return a.f
 
 // Closed-form bytes of the plan's algorithm (Algorithm::bytes).
 int64_t plan_bytes(const Plan& plan, Phase phase, int r, bool sent, ElemBytes w, int link = -1);
+
+// The K, V shards (and in the backward dK, dV) one rank holds at once, for the memory estimate
+// of `run` and `conform`: 2 (its own and one in flight) unless the algorithm gathers
+// (Algorithm::gathers_kv): allgather the G shards and the G - 1 staged on arrival; attention2d
+// the p_r shards of its column, the p_r - 1 staged and the transposed one; attention2d-o its
+// column buffer (p_r), the transposed shard and two staged blocks.
+int held_kv_shards(const AlgoOptions& o);
 
 }  // namespace burstlab::dist

@@ -132,7 +132,7 @@ std::vector<MatrixColumn> dist_columns(const std::string& partition, const std::
         col.name += " u=2";
       }
       col.dtypes = mk.dtypes();
-      col.footprint = distributed_footprint(a.gathers_kv, world, mk.footprint, false, per_device);
+      col.footprint = distributed_footprint(dist::held_kv_shards(o), world, mk.footprint, false, per_device);
       col.transport = to_string(net->f.transport);
       if (nccl) {
         // The engine's refusals (cuda: a GPU, d) and the algorithm's (make_plan: partition,

@@ -132,10 +132,10 @@ Impl wrap(const Impl& base, std::shared_ptr<DistRun> st, const DistFlags& f) {
     if (base.check) base.check(p, dtype, opt);
     dist::make_plan(p, options_of(f));  // the algorithm's requirements: partitions, heads, grid, mask
   };
-  const bool gathers_kv = dist::find_algorithm(options_of(f).algo).gathers_kv;
+  const int kv_shards = dist::held_kv_shards(options_of(f));
   const int G = world_of(f), per_device = ranks_per_device(f);
-  m.footprint = distributed_footprint(gathers_kv, G, base.engines.footprint, false, per_device);
-  m.sampled_footprint = distributed_footprint(gathers_kv, G, base.engines.footprint, true, per_device);
+  m.footprint = distributed_footprint(kv_shards, G, base.engines.footprint, false, per_device);
+  m.sampled_footprint = distributed_footprint(kv_shards, G, base.engines.footprint, true, per_device);
   const std::string name = m.name;
   const EngineMakers mk = base.engines;
   m.prepare = [st, f, name, mk](const Problem& p, const Inputs& in, const ImplOptions& opt) {

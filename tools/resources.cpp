@@ -93,9 +93,9 @@ EngineFootprint cpu_engine_footprint() {
 }
 
 
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled,
+Footprint distributed_footprint(int kv_shards, int world, const EngineFootprint& engine, bool sampled,
                                 int ranks_per_device) {
-  return [gathers_kv, world, engine, sampled, ranks_per_device](const Problem& p, Dtype dtype, const ImplOptions& opt,
+  return [kv_shards, world, engine, sampled, ranks_per_device](const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                                 bool backward, int threads) {
     const Sizes z(p);
     const int64_t s = bytes_of(dtype), G = std::max(world, 1);
@@ -104,9 +104,8 @@ Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprin
     const auto share = [&](int64_t all_ranks) { return k == G ? all_ranks : bytes_mul(k, (all_ranks + G - 1) / G); };
     const int64_t kv = bytes_mul(backward ? 4 : 2, z.Ek);                                                   // K, V (dK, dV)
     const int64_t q = bytes_add(bytes_mul(backward ? 4 : 2, z.Eq), bytes_mul(backward ? 2 : 1, z.Er));  // Q, O (dO, dQ), LSE (D)
-    // Gathering all G shards: the gathered copy and its staged receives (G - 1 shards: rows of
-    // every (b, h) arrive as one message per peer and are copied into place, shard_ops.hpp).
-    const int64_t copies = gathers_kv ? 2 * G - 1 : 2;
+    const int64_t copies = std::max(kv_shards, 2);
+    const bool gathers_kv = kv_shards > 2;  // else a ring, whose backward also holds arriving partial sums
     const int64_t outputs = bytes_sum({bytes_mul(2, z.Eq), z.Er, backward ? bytes_mul(2, z.Ek) : 0});
     const std::string where = !engine.device ? ""
                               : k == G       ? " on the device"

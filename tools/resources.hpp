@@ -63,11 +63,10 @@ std::vector<MemPart> cpu_footprint(const Problem& p, Dtype dtype, const ImplOpti
 std::vector<MemPart> cuda_host_footprint(const Problem& p, Dtype dtype, const ImplOptions& opt, bool backward,
                                          int threads);
 // `run --algo` on SimComm (tools/distributed.cpp): the ranks' shards, their circulating blocks
-// (all of K, V, dK, dV on every rank and the staged arrivals, 2G - 1 copies, when gathers_kv,
-// dist::Algorithm's field: allgather, attention2d and attention2d-o; two blocks in flight per
-// rank otherwise), the gathered results, and each rank's engine workspace, as the engine's layer
-// states it (EngineFootprint; device: the shards and blocks live in device memory). A bound, not
-// a measured figure.
+// (kv_shards copies of K, V, dK, dV: dist::held_kv_shards, 2 for the rings, their own and one in
+// flight, more for the algorithms that gather), the gathered results, and each rank's engine
+// workspace, as the engine's layer states it (EngineFootprint; device: the shards and blocks live
+// in device memory). A bound, not a measured figure.
 using Footprint = std::function<std::vector<MemPart>(const Problem& p, Dtype dtype, const ImplOptions& opt,
                                                      bool backward, int threads)>;
 struct EngineFootprint {
@@ -82,7 +81,7 @@ EngineFootprint cpu_engine_footprint();  // cpu/cpu_footprint.hpp's block_call_b
 // (Runner::fetch_sampled_*, gather.hpp) instead of downloading and gathering every output.
 // ranks_per_device: how many of the world's ranks share the device whose memory is checked (all
 // G on SimComm; 1 over NCCL, one rank per GPU), so that the device parts are that device's share.
-Footprint distributed_footprint(bool gathers_kv, int world, const EngineFootprint& engine, bool sampled = false,
+Footprint distributed_footprint(int kv_shards, int world, const EngineFootprint& engine, bool sampled = false,
                                 int ranks_per_device = 0);
 
 // run_case's peak (common.hpp): inputs and the oracle (the sampled one with Case::check_rows);

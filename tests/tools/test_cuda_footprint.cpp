@@ -58,16 +58,16 @@ TEST(CudaFootprint, DistributedRunOnTheCudaEngineIsDeviceMemoryNotCpuTiles) {
   ImplOptions small, large;
   small.Br = small.Bc = 16;
   large.Br = large.Bc = 128;
-  const Footprint v4 = distributed_footprint(false, 4, cuda_engine(cuda::Variant::V4));
+  const Footprint v4 = distributed_footprint(2, 4, cuda_engine(cuda::Variant::V4));
   const MemNeed a = make_need("", v4(p, Dtype::BF16, small, true, 2)), b = make_need("", v4(p, Dtype::BF16, large, true, 2));
   EXPECT_EQ(a.bytes, b.bytes);  // the cpu layer's --br/--bc play no part
   EXPECT_EQ(a.device_bytes, b.device_bytes);
-  const MemNeed v1 = make_need("", distributed_footprint(false, 4, cuda_engine(cuda::Variant::V1))(p, Dtype::BF16, small, true, 2));
+  const MemNeed v1 = make_need("", distributed_footprint(2, 4, cuda_engine(cuda::Variant::V1))(p, Dtype::BF16, small, true, 2));
   // 4 ranks, each v4's accumulator over its 250 rows (4 tiles of 64): 4 x 4 B H_q 256 d bytes.
   EXPECT_EQ(a.device_bytes - v1.device_bytes, 4 * 4LL * 1 * 4 * 256 * 64);
   EXPECT_EQ(a.bytes, v1.bytes);  // the host holds the gathered outputs either way
   // On the cpu engine every part is host memory, and the tiles count.
-  const Footprint cpu = distributed_footprint(false, 4, cpu_engine_footprint());
+  const Footprint cpu = distributed_footprint(2, 4, cpu_engine_footprint());
   const MemNeed c = make_need("", cpu(p, Dtype::F32, small, true, 2)), d = make_need("", cpu(p, Dtype::F32, large, true, 2));
   EXPECT_EQ(c.device_bytes, 0);
   EXPECT_LT(c.bytes, d.bytes);

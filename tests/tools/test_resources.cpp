@@ -126,8 +126,8 @@ TEST(Estimate, SampledDistributedRunGathersNoOutputs) {
   // `run --algo ring --world 2 --check-rows K`: the check reads the sample and the rows' LSE, D
   // through the World (gather.hpp), so neither the gathered outputs nor their fp64 copies are held.
   const Problem p = shape(1, 32, 32, 1 << 20, 1 << 20, 128);
-  const Footprint whole = distributed_footprint(false, 2, cpu_engine_footprint());
-  const Footprint sampled = distributed_footprint(false, 2, cpu_engine_footprint(), true);
+  const Footprint whole = distributed_footprint(2, 2, cpu_engine_footprint());
+  const Footprint sampled = distributed_footprint(2, 2, cpu_engine_footprint(), true);
   const MemNeed w = make_need("", whole(p, Dtype::F32, ImplOptions{}, true, 2));
   const MemNeed s = make_need("", sampled(p, Dtype::F32, ImplOptions{}, true, 2));
   const int64_t outputs = 4LL * (2 * 32LL * (1 << 20) * 128 * 2 + 32LL * (1 << 20));  // O, dQ, dK, dV, LSE in fp32
@@ -147,7 +147,7 @@ TEST(Estimate, DistributedDevicePartsAreOneDevicesShare) {
   gpu.device = true;
   gpu.block_call = [](const Problem&, int64_t rows, Dtype, const ImplOptions&, int) { return 1000 * rows; };
   const auto need = [&](int ranks_per_device) {
-    return make_need("", distributed_footprint(false, 2, gpu, true, ranks_per_device)(p, Dtype::BF16, ImplOptions{}, true, 2));
+    return make_need("", distributed_footprint(2, 2, gpu, true, ranks_per_device)(p, Dtype::BF16, ImplOptions{}, true, 2));
   };
   const MemNeed sim = need(0), one = need(1), both = need(2);
   EXPECT_EQ(sim.device_bytes, both.device_bytes);
@@ -160,8 +160,8 @@ TEST(Estimate, DistributedDevicePartsAreOneDevicesShare) {
   for (const MemPart& x : one.parts) named = named || has(x.what, "on each device (1 of the 2 ranks)");
   EXPECT_TRUE(named);
   // A host engine's parts are the whole world's whatever is asked.
-  const MemNeed cpu = make_need("", distributed_footprint(false, 2, cpu_engine_footprint(), true, 1)(p, Dtype::F32, ImplOptions{}, true, 2));
-  const MemNeed cpu_all = make_need("", distributed_footprint(false, 2, cpu_engine_footprint(), true)(p, Dtype::F32, ImplOptions{}, true, 2));
+  const MemNeed cpu = make_need("", distributed_footprint(2, 2, cpu_engine_footprint(), true, 1)(p, Dtype::F32, ImplOptions{}, true, 2));
+  const MemNeed cpu_all = make_need("", distributed_footprint(2, 2, cpu_engine_footprint(), true)(p, Dtype::F32, ImplOptions{}, true, 2));
   EXPECT_EQ(cpu.bytes, cpu_all.bytes);
 }
 
@@ -193,7 +193,7 @@ TEST(Estimate, OverflowIsTooManyNotUndefined) {
   EXPECT_EQ(make_need("", inputs_footprint(q, Dtype::F64)).bytes, kTooMany);
   EXPECT_EQ(oracle_need(q, true, 2).bytes, kTooMany);
   EXPECT_EQ(make_need("", cpu_footprint(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
-  EXPECT_EQ(make_need("", distributed_footprint(/*gathers_kv=*/false, 4, cpu_engine_footprint())(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
+  EXPECT_EQ(make_need("", distributed_footprint(/*kv_shards=*/2, 4, cpu_engine_footprint())(q, Dtype::F32, ImplOptions{}, true, 2)).bytes, kTooMany);
 }
 
 TEST(Estimate, ThreadsFollowTheLayers) {
@@ -546,7 +546,7 @@ TEST(Estimate, DistributedSessionsCoverTheirMeasuredHeap) {
         s.forward();
         s.backward();
       });
-      const Footprint f = distributed_footprint(a.gathers_kv, o.world, cpu_engine_footprint(), true);
+      const Footprint f = distributed_footprint(dist::held_kv_shards(o), o.world, cpu_engine_footprint(), true);
       expect_close_above(make_need("", f(p, Dtype::F32, {}, true, 1)).bytes, measured,
                          std::string(a.name) + " G=" + std::to_string(G), 2.0);
     }
