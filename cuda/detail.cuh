@@ -149,6 +149,10 @@ template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaS
 // included); no deterministic mode; false with *why (nothing launched) as v4.
 template <class T, class G>
 bool v9_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
+// v10's backward: v9 on a persistent grid (a CTA loops over key tiles handed out in v9's order by a
+// fetch-and-add); as v9 otherwise, plus a declined call for more than 2^30 key tiles.
+template <class T, class G>
+bool v10_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

@@ -14,7 +14,7 @@ namespace {
 // auto's backward at d = 64 only: at d = 128 it measured level with v4 or slower (0.74-1.05x,
 // one H100 and one H200; docs/performance-gpu.md). v6 comes after v4: measured slower than v5
 // and v4 on every shape it runs; it stays for study by name.
-// v9 is unmeasured: by name only (by_name_only), after the rows auto takes.
+// v9 and v10 are unmeasured: by name only (by_name_only), after the rows auto takes.
 std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
@@ -40,6 +40,13 @@ std::vector<VariantInfo> make_table() {
   t.push_back({Variant::V9, "v9", "v9_bwd.cu, bwd_scheduler.cuh, bwd_ws.cuh",
                "v4's one-pass backward with the dK/dV CTAs longest first (LPT by the mask's band, "
                "the last pairs by turns)",
+               {Pass::Backward, Pass::BackwardBlock}, tc, {64, 128}, 128, 31,
+               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{},
+               /*by_name_only=*/true});
+  t.push_back({Variant::V10, "v10", "v10_bwd.cu, bwd_scheduler.cuh, tile_scheduler.cuh, bwd_ws.cuh",
+               "v9 on a persistent grid: a CTA per SM loops over the LPT-ordered key tiles by a fetch-and-add, "
+               "the next tile's K/V copied while this one's dK/dV are stored",
                {Pass::Backward, Pass::BackwardBlock}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{},

@@ -148,40 +148,44 @@ TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   EXPECT_EQ(parse_variant("5"), Variant::V5);
 }
 
-// v9: the whole backward and backward_block, never deterministic, by name only (unmeasured): auto
-// never runs it, not even as a fallback after a row that declines.
-TEST(CudaVariantTable, TheRowOfV9) {
-  const VariantInfo& v9 = variant_info(Variant::V9);
-  EXPECT_EQ(v9.passes, (std::vector<Pass>{Pass::Backward, Pass::BackwardBlock}));
-  EXPECT_EQ(v9.determinism, Determinism::Never);
-  EXPECT_EQ(v9.d_values, (std::vector<int64_t>{64, 128}));
-  EXPECT_TRUE(v9.by_name_only);
-  EXPECT_TRUE(v9.may_decline);
-  EXPECT_EQ(v9.cc, 90);
-  EXPECT_EQ(parse_variant("v9"), Variant::V9);
-  EXPECT_EQ(parse_variant("9"), Variant::V9);
+// v9 and v10 (v9 on a persistent grid): the whole backward and backward_block, never deterministic,
+// by name only (unmeasured): auto never runs them, not even as a fallback after a row that declines.
+TEST(CudaVariantTable, TheRowsOfV9AndV10) {
+  for (Variant id : {Variant::V9, Variant::V10}) {
+    const VariantInfo& v = variant_info(id);
+    SCOPED_TRACE(v.name);
+    EXPECT_EQ(v.passes, (std::vector<Pass>{Pass::Backward, Pass::BackwardBlock}));
+    EXPECT_EQ(v.determinism, Determinism::Never);
+    EXPECT_EQ(v.d_values, (std::vector<int64_t>{64, 128}));
+    EXPECT_TRUE(v.by_name_only);
+    EXPECT_TRUE(v.may_decline);
+    EXPECT_EQ(v.cc, 90);
+    EXPECT_EQ(parse_variant(v.name), id);
+    EXPECT_EQ(parse_variant(std::to_string(static_cast<int>(id))), id);
+    const Dtype bf = Dtype::BF16;
+    for (Pass p : {Pass::Backward, Pass::BackwardBlock})
+      for (int64_t d : {64, 128})
+        for (bool blk : {false, true}) {
+          const Call c = make_call(p, bf, d, blk);
+          EXPECT_TRUE(supports(v, c, kHopper));
+          EXPECT_EQ(choose_variant(c, kHopper, id), id);
+          EXPECT_NE(choose_variant(c, kHopper, Variant::Auto), id);
+          const std::vector<Variant> order = launch_order(c, kHopper, Variant::Auto);
+          EXPECT_EQ(std::find(order.begin(), order.end(), id), order.end());
+        }
+    Call bb = make_call(Pass::BackwardBlock, bf, 128);
+    bb.q_indexed = bb.k_indexed = true;
+    EXPECT_EQ(choose_variant(bb, kHopper, id), id);
+    EXPECT_NE(capability_table().find("| " + std::string(v.name) +
+                                      " | backward, backward_block | bf16, fp16 | {64, 128} (by name only) |"),
+              std::string::npos)
+        << capability_table();
+  }
   for (const VariantInfo& v : variants()) {
-    if (&v != &v9) {
+    if (v.id != Variant::V9 && v.id != Variant::V10) {
       EXPECT_FALSE(v.by_name_only) << v.name;
     }
   }
-  const Dtype bf = Dtype::BF16;
-  for (Pass p : {Pass::Backward, Pass::BackwardBlock})
-    for (int64_t d : {64, 128})
-      for (bool blk : {false, true}) {
-        const Call c = make_call(p, bf, d, blk);
-        EXPECT_TRUE(supports(v9, c, kHopper));
-        EXPECT_EQ(choose_variant(c, kHopper, Variant::V9), Variant::V9);
-        EXPECT_NE(choose_variant(c, kHopper, Variant::Auto), Variant::V9);
-        const std::vector<Variant> order = launch_order(c, kHopper, Variant::Auto);
-        EXPECT_EQ(std::find(order.begin(), order.end(), Variant::V9), order.end());
-      }
-  Call bb = make_call(Pass::BackwardBlock, bf, 128);
-  bb.q_indexed = bb.k_indexed = true;
-  EXPECT_EQ(choose_variant(bb, kHopper, Variant::V9), Variant::V9);
-  EXPECT_NE(capability_table().find("| v9 | backward, backward_block | bf16, fp16 | {64, 128} (by name only) |"),
-            std::string::npos)
-      << capability_table();
 }
 
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
@@ -295,6 +299,7 @@ TEST(CudaVariantDispatch, ExplicitVariantsRunOrThrowNamingThemselves) {
   expect_throw(make_call(Pass::Backward, bf, 128), kHopper, Variant::V6, "variant (v6) cannot run this backward",
                "d in {64}");
   expect_throw(det, kHopper, Variant::V9, "variant (v9) cannot run this backward", "no deterministic mode");
+  expect_throw(det, kHopper, Variant::V10, "variant (v10) cannot run this backward", "no deterministic mode");
   Call bdet = make_call(Pass::BackwardBlock, bf, 64);
   bdet.deterministic = true;
   expect_throw(bdet, kHopper, Variant::V9, "variant (v9) cannot run this backward_block", "no deterministic mode");
