@@ -281,7 +281,7 @@ bool launch_forward(Variant v, const FwdArgs<T>& a, cudaStream_t s, const char**
 
 // v2 and v3 are deterministic by construction (two passes, no atomics); so is v4 with
 // opt.deterministic, else it runs one pass that adds dQ's partial sums atomically into fp32 scratch;
-// v5, v6, v9 and v10 always run that one pass (the table admits no deterministic call for them).
+// v5 and v6 always run that one pass (the table admits no deterministic call for them).
 template <class T>
 bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, const char** why) {
   if constexpr (kTensorCore<T>) {
@@ -291,12 +291,6 @@ bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, cons
         StreamScratch<float> dq_acc(detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d), opt.stream);
         return v == Variant::V5 ? detail::v5_backward<T>(a, dq_acc.data(), opt.stream, why)
                                 : detail::v6_backward<T>(a, dq_acc.data(), opt.stream, why);
-      }
-      case Variant::V9:
-      case Variant::V10: {
-        StreamScratch<float> dq_acc(detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d), opt.stream);
-        return v == Variant::V9 ? detail::v9_backward<T, T>(a, dq_acc.data(), opt.stream, why)
-                                : detail::v10_backward<T, T>(a, dq_acc.data(), opt.stream, why);
       }
       case Variant::V4: {
         StreamScratch<float> dq_acc(opt.deterministic ? 0 : detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d),
@@ -322,12 +316,6 @@ bool launch_backward_block(Variant v, const BwdArgs<T, acc_t<T>>& a, const Optio
       const bool one_pass = !opt.deterministic && a.nq > 0 && a.nk > 0;
       StreamScratch<float> dq_acc(one_pass ? detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) : 0, opt.stream);
       return detail::v4_backward<T, acc_t<T>>(a, dq_acc.data(), opt.stream, why);
-    }
-    if (v == Variant::V9 || v == Variant::V10) {  // one pass only (the table admits no deterministic call)
-      const bool run = a.nq > 0 && a.nk > 0;
-      StreamScratch<float> dq_acc(run ? detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) : 0, opt.stream);
-      return v == Variant::V9 ? detail::v9_backward<T, acc_t<T>>(a, dq_acc.data(), opt.stream, why)
-                              : detail::v10_backward<T, acc_t<T>>(a, dq_acc.data(), opt.stream, why);
     }
   }
   if (v != Variant::V1) fail("variant (", to_string(v), ") has no backward_block launcher for this dtype");

@@ -13,8 +13,7 @@ int64_t dq_acc_bytes(const Problem& p, int64_t n_q) {
   return bytes_mul(4, bytes_prod({p.B, p.H_q, (n_q + 63) / 64 * 64, p.d}));
 }
 bool needs_dq_acc(Variant v, bool deterministic) {
-  return v == Variant::V5 || v == Variant::V6 || v == Variant::V9 || v == Variant::V10 ||
-         (v == Variant::V4 && !deterministic);
+  return v == Variant::V5 || v == Variant::V6 || (v == Variant::V4 && !deterministic);
 }
 
 // The rows that may run the call: v itself, or for Auto every row that supports it on some
@@ -66,7 +65,7 @@ std::vector<MemPart> backward_workspace(const Problem& p, Dtype dtype, Variant v
 
 int64_t block_call_bytes(const Problem& p, int64_t n_q, Dtype dtype, Variant v, bool deterministic) {
   for (Variant row : candidates(p, dtype, Pass::BackwardBlock, v, deterministic))
-    if ((row == Variant::V4 || row == Variant::V9 || row == Variant::V10) && !deterministic) return dq_acc_bytes(p, n_q);
+    if (row == Variant::V4 && !deterministic) return dq_acc_bytes(p, n_q);
   return 0;
 }
 

@@ -144,15 +144,6 @@ template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaS
 // v6's backward: v5 at d = 64 with the consumer warpgroups taking turns at the tensor cores (dQ_part
 // one tile late through a ring of dS^T slots); as v5 otherwise.
 template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
-// v9's backward: v4's one pass (dq_acc of v4_dq_acc_floats elements) with the dK/dV CTAs longest
-// first (bwd_scheduler.cuh); G = T the whole backward, G = float backward_block (indexed keys
-// included); no deterministic mode; false with *why (nothing launched) as v4.
-template <class T, class G>
-bool v9_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
-// v10's backward: v9 on a persistent grid (a CTA loops over key tiles handed out in v9's order by a
-// fetch-and-add); as v9 otherwise, plus a declined call for more than 2^30 key tiles.
-template <class T, class G>
-bool v10_backward(const BwdArgs<T, G>& a, float* dq_acc, cudaStream_t s, const char** why);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

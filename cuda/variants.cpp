@@ -14,7 +14,6 @@ namespace {
 // auto's backward at d = 64 only: at d = 128 it measured level with v4 or slower (0.74-1.05x,
 // one H100 and one H200; docs/performance-gpu.md). v6 comes after v4: measured slower than v5
 // and v4 on every shape it runs; it stays for study by name.
-// v9 and v10 are unmeasured: by name only (by_name_only), after the rows auto takes.
 std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
@@ -23,46 +22,31 @@ std::vector<VariantInfo> make_table() {
                "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{64},
-               /*by_name_only=*/false});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{64}});
   t.push_back({Variant::V4, "v4", "v4_fwd.cu, v4_bwd.cu, fwd_ws.cuh, tile_scheduler.cuh, tma.cuh, tma.cu, softmax.cuh",
                "v3's math warp-specialized: a TMA producer warp, an mbarrier ring, setmaxnreg consumers; "
                "persistent forward; one-pass backward with atomic dQ sums",
                all, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::OnRequest,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}, false});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V6, "v6", "v6_bwd.cu, bwd_ws.cuh",
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}, false});
-  t.push_back({Variant::V9, "v9", "v9_bwd.cu, bwd_scheduler.cuh, bwd_ws.cuh",
-               "v4's one-pass backward with the dK/dV CTAs longest first (LPT by the mask's band, "
-               "the last pairs by turns)",
-               {Pass::Backward, Pass::BackwardBlock}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{},
-               /*by_name_only=*/true});
-  t.push_back({Variant::V10, "v10", "v10_bwd.cu, bwd_scheduler.cuh, tile_scheduler.cuh, bwd_ws.cuh",
-               "v9 on a persistent grid: a CTA per SM loops over the LPT-ordered key tiles by a fetch-and-add, "
-               "the next tile's K/V copied while this one's dK/dV are stored",
-               {Pass::Backward, Pass::BackwardBlock}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{},
-               /*by_name_only=*/true});
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V3, "v3", "v3_fwd.cu, v3_bwd.cu, wgmma.cuh, wgmma_ops.inc",
                "Hopper warpgroup MMA (wgmma) with cp.async loads; two-pass backward",
                {Pass::Forward, Pass::ForwardBlock, Pass::Backward}, tc, {64, 128}, 128, 31,
-               true, true, Determinism::Always, true, 90, "sm_90a", false, {}, false});
+               true, true, Determinism::Always, true, 90, "sm_90a", false, {}});
   t.push_back({Variant::V2, "v2", "v2_fwd.cu, v2_bwd.cu, mma.cuh",
                "mma.sync tensor cores, FlashAttention-2 style; two-pass backward",
                {Pass::Forward, Pass::ForwardBlock, Pass::Backward}, tc, {64, 128}, 128, 31,
-               true, true, Determinism::Always, true, 0, "", false, {}, false});
+               true, true, Determinism::Always, true, 0, "", false, {}});
   t.push_back({Variant::V1, "v1", "v1.cu",
                "plain CUDA cores, a warp per row, no atomics: the baseline and the fallback",
                all, {Dtype::F64, Dtype::F32, Dtype::BF16, Dtype::F16}, {}, 1024, 63,
-               true, true, Determinism::Always, false, 0, "", false, {}, false});
+               true, true, Determinism::Always, false, 0, "", false, {}});
   return t;
 }
 
@@ -83,11 +67,8 @@ std::string d_rule(const VariantInfo& v) {
   return os.str();
 }
 
-// Whether auto takes row v at head dimension d (its auto_d; empty: every d it runs; never a row
-// that runs by name only).
-bool auto_takes(const VariantInfo& v, int64_t d) {
-  return !v.by_name_only && (v.auto_d.empty() || has(v.auto_d, d));
-}
+// Whether auto takes row v at head dimension d (its auto_d; empty: every d it runs).
+bool auto_takes(const VariantInfo& v, int64_t d) { return v.auto_d.empty() || has(v.auto_d, d); }
 
 std::string auto_d_rule(const VariantInfo& v) {
   std::string s;
@@ -216,9 +197,8 @@ Variant choose_variant(const Call& c, int cc, Variant requested, std::string* pa
         if (passed_over) *passed_over = skipped;
         return v.id;
       }
-      why = v.by_name_only ? std::string(v.name) + " runs by name only"
-                           : std::string(v.name) + " is auto's choice at " + auto_d_rule(v) +
-                                 " only (by name at d = " + std::to_string(c.d) + ")";
+      why = std::string(v.name) + " is auto's choice at " + auto_d_rule(v) + " only (by name at d = " +
+            std::to_string(c.d) + ")";
     }
     if (has(v.passes, c.pass)) skipped += (skipped.empty() ? "" : "; ") + why;  // rows without the pass: not candidates
   }
@@ -257,13 +237,10 @@ std::string capability_table() {
                                                                       : "never";
     const std::string dev = v.cc ? "compute capability " + cc_string(v.cc) + " (" + v.arch + ")" : "any";
     std::string views = v.aligned_views ? "16-byte aligned, unit d-stride, other strides multiples of 8" : "any strides";
-    if (v.may_decline)
-      views += v.by_name_only ? "; the copy engine must describe them"
-                              : "; the copy engine must describe them (else auto runs the next row)";
+    if (v.may_decline) views += "; the copy engine must describe them (else auto runs the next row)";
     os << "| " << ++order << " | " << v.name << " | " << passes << " | " << dtype_rule(v, ", ") << " | "
        << (v.d_values.empty() ? "1.." + std::to_string(v.d_max) : d_rule(v).substr(5))
-       << (v.by_name_only ? " (by name only)" : v.auto_d.empty() ? "" : " (auto: " + auto_d_rule(v).substr(5) + ")")
-       << " | "
+       << (v.auto_d.empty() ? "" : " (auto: " + auto_d_rule(v).substr(5) + ")") << " | "
        << (v.len_log2 < 63 ? "< 2^" + std::to_string(v.len_log2) : std::string("any")) << " | " << blocks << " | "
        << indexed << " | " << det << " | " << dev << " | " << views << " |\n";
   }

@@ -259,22 +259,6 @@ std::vector<FwdCase> bwd_cases() {
         }
   out.push_back({"bf16", bc::Variant::Auto, {1, 2, 2, 1023, 1023, 64}, "causal", Layout::BSHD, Values::Normal, 777});
   out.push_back({"f32", bc::Variant::Auto, {1, 4, 2, 1023, 511, 128}, "window:100,20", Layout::BHSD, Values::Normal, 778});
-  // v9's key-tile order (bwd_scheduler.cuh), which v10 runs on a persistent grid, on rows long
-  // enough for several key tiles per pair: causal (v4's order within a pair), a band of both edges
-  // (the middle first, then both sides by turns), the reverse band (the last tile first),
-  // N_q != N_k, block bits, GQA; 4-6 pairs, so that ctest's cuda_v9_backward_tail
-  // (BURSTLAB_V9_TAIL=2) has pairs before the tail and in it, and cuda_v10_backward_few_ctas
-  // (BURSTLAB_V10_GRID=3) many items per CTA.
-  const struct { Shape s; const char* m; } v9_cases[] = {
-      {{2, 4, 2, 1100, 1300, 128}, "causal"},          {{2, 4, 2, 1300, 1100, 64}, "window:300,200"},
-      {{1, 6, 6, 900, 1023, 128}, "window:0,-1"},      {{2, 6, 3, 1000, 1000, 64}, "window:500,0+block:64x64@0.7"},
-      {{1, 4, 1, 777, 1200, 128}, "window:40,700"}};
-  for (bc::Variant v : {bc::Variant::V9, bc::Variant::V10})
-    for (const auto& c : v9_cases)
-      for (const char* dt : {"bf16", "f16"}) {
-        out.push_back({dt, v, c.s, c.m, (k % 2) ? Layout::BSHD : Layout::BHSD, kValues[k % kValues.size()], seed++});
-        ++k;
-      }
   return out;
 }
 
@@ -527,14 +511,12 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaBlocks, ::testing::ValuesIn(block_cases()), 
 // run auto. Indexed keys in the deterministic mode run v1 (auto) and make v4 by name throw (see
 // Validation).
 // The backward_block variant of case i: auto every 4th case (and where no row but the fallback
-// runs it), else the rows that run it by turns (rows that run by name only get twins instead:
-// bwd_block_cases).
+// runs it), else the rows that run it by turns.
 bc::Variant bwd_block_variant(int i, const char* dt, const Shape& s, const std::string& m, bool qidx, bool kidx,
                               bool det) {
   std::vector<bc::Variant> rows;
   for (const bc::VariantInfo* v : bc::variants_by_number())
-    if (v != &bc::variants().back() && !v->by_name_only &&
-        table_runs(v->id, bc::Pass::BackwardBlock, dt, s, m, qidx, kidx, det))
+    if (v != &bc::variants().back() && table_runs(v->id, bc::Pass::BackwardBlock, dt, s, m, qidx, kidx, det))
       rows.push_back(v->id);
   return i % 4 == 3 || rows.empty() ? bc::Variant::Auto : rows[size_t(i) % rows.size()];
 }
@@ -571,19 +553,6 @@ std::vector<BlockCase> bwd_block_cases() {
                  bwd_block_variant(0, "bf16", s3, "causal", false, false, false), false, true});
   out.push_back({"f16", bc::Variant::Auto, s4, "window:300,0+document:3", true, false, false, 3,
                  bwd_block_variant(0, "f16", s4, "window:300,0+document:3", true, false, true), true, true});
-  // A row that runs by name only (v9: v4's one-pass kernel in another CTA order; v10: the same on
-  // a persistent grid) gets a twin of every case that runs v4 by name in the one-pass mode.
-  const size_t n = out.size();
-  for (const bc::VariantInfo* v : bc::variants_by_number())
-    if (v->by_name_only)
-      for (size_t i = 0; i < n; ++i) {
-        const BlockCase c = out[i];
-        if (c.bwd_variant != bc::Variant::V4 || c.deterministic ||
-            !table_runs(v->id, bc::Pass::BackwardBlock, c.dtype, c.shape, c.mask, c.q_indexed, c.k_indexed, false))
-          continue;
-        out.push_back(c);
-        out.back().bwd_variant = v->id;
-      }
   return out;
 }
 

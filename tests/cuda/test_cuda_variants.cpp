@@ -4,8 +4,7 @@
 // supports a call, and agrees on random calls with the dispatch rules written out by hand
 // below; explicit variants that cannot run a call throw naming themselves; cuda/README.md holds
 // the table verbatim; the tile order is a permutation of the work items and the persistent
-// grid's hand-out runs each item exactly once; v9's key-tile order (cuda/bwd_scheduler.cuh) is a
-// permutation that takes each pair's tiles in decreasing work, counted here by brute force.
+// grid's hand-out runs each item exactly once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +16,6 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
-#include "bwd_scheduler.cuh"
 #include "tile_scheduler.cuh"
 #include "variants.hpp"
 
@@ -99,14 +97,12 @@ TEST(CudaVariantTable, NamesNumbersAndOrderAreConsistent) {
   EXPECT_EQ(variant_names(), names_list);
   EXPECT_EQ(parse_variant("auto"), Variant::Auto);
   try {
-    parse_variant("v99");
+    parse_variant("v9");
     ADD_FAILURE() << "expected burstlab::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("variant (v99)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("variant (v9)"), std::string::npos) << e.what();
   }
   EXPECT_THROW(variant_info(Variant::Auto), Error);
-  EXPECT_THROW(parse_variant("v7"), Error);  // 7 and 8: dropped forward ideas, never reused
-  EXPECT_THROW(parse_variant("8"), Error);
 }
 
 // Today's variants, in preference order (the table may grow; these rows must stay as they are).
@@ -146,46 +142,6 @@ TEST(CudaVariantTable, TheRowsOfV5AndV6) {
   EXPECT_EQ(v5.cc, 90);
   EXPECT_EQ(parse_variant("v5"), Variant::V5);
   EXPECT_EQ(parse_variant("5"), Variant::V5);
-}
-
-// v9 and v10 (v9 on a persistent grid): the whole backward and backward_block, never deterministic,
-// by name only (unmeasured): auto never runs them, not even as a fallback after a row that declines.
-TEST(CudaVariantTable, TheRowsOfV9AndV10) {
-  for (Variant id : {Variant::V9, Variant::V10}) {
-    const VariantInfo& v = variant_info(id);
-    SCOPED_TRACE(v.name);
-    EXPECT_EQ(v.passes, (std::vector<Pass>{Pass::Backward, Pass::BackwardBlock}));
-    EXPECT_EQ(v.determinism, Determinism::Never);
-    EXPECT_EQ(v.d_values, (std::vector<int64_t>{64, 128}));
-    EXPECT_TRUE(v.by_name_only);
-    EXPECT_TRUE(v.may_decline);
-    EXPECT_EQ(v.cc, 90);
-    EXPECT_EQ(parse_variant(v.name), id);
-    EXPECT_EQ(parse_variant(std::to_string(static_cast<int>(id))), id);
-    const Dtype bf = Dtype::BF16;
-    for (Pass p : {Pass::Backward, Pass::BackwardBlock})
-      for (int64_t d : {64, 128})
-        for (bool blk : {false, true}) {
-          const Call c = make_call(p, bf, d, blk);
-          EXPECT_TRUE(supports(v, c, kHopper));
-          EXPECT_EQ(choose_variant(c, kHopper, id), id);
-          EXPECT_NE(choose_variant(c, kHopper, Variant::Auto), id);
-          const std::vector<Variant> order = launch_order(c, kHopper, Variant::Auto);
-          EXPECT_EQ(std::find(order.begin(), order.end(), id), order.end());
-        }
-    Call bb = make_call(Pass::BackwardBlock, bf, 128);
-    bb.q_indexed = bb.k_indexed = true;
-    EXPECT_EQ(choose_variant(bb, kHopper, id), id);
-    EXPECT_NE(capability_table().find("| " + std::string(v.name) +
-                                      " | backward, backward_block | bf16, fp16 | {64, 128} (by name only) |"),
-              std::string::npos)
-        << capability_table();
-  }
-  for (const VariantInfo& v : variants()) {
-    if (v.id != Variant::V9 && v.id != Variant::V10) {
-      EXPECT_FALSE(v.by_name_only) << v.name;
-    }
-  }
 }
 
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
@@ -298,15 +254,6 @@ TEST(CudaVariantDispatch, ExplicitVariantsRunOrThrowNamingThemselves) {
   expect_throw(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::V5, "variant (v5)", "has no backward_block");
   expect_throw(make_call(Pass::Backward, bf, 128), kHopper, Variant::V6, "variant (v6) cannot run this backward",
                "d in {64}");
-  expect_throw(det, kHopper, Variant::V9, "variant (v9) cannot run this backward", "no deterministic mode");
-  expect_throw(det, kHopper, Variant::V10, "variant (v10) cannot run this backward", "no deterministic mode");
-  Call bdet = make_call(Pass::BackwardBlock, bf, 64);
-  bdet.deterministic = true;
-  expect_throw(bdet, kHopper, Variant::V9, "variant (v9) cannot run this backward_block", "no deterministic mode");
-  expect_throw(make_call(Pass::Forward, bf, 64), kHopper, Variant::V9, "variant (v9) cannot run this forward",
-               "has no forward");
-  expect_throw(make_call(Pass::Backward, bf, 64), kAmpere, Variant::V9, "variant (v9)", "compute capability 9.0");
-  expect_throw(make_call(Pass::Backward, Dtype::F32, 64), kHopper, Variant::V9, "variant (v9)", "bf16/fp16 only");
 }
 
 TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
@@ -374,8 +321,7 @@ TEST(CudaVariantDispatch, AutoIsTheFirstSupportingRowAndMatchesTheRulesOnRandomC
     const Variant got = choose_variant(c, cc, Variant::Auto);
     Variant first = Variant::Auto;
     for (const VariantInfo& v : variants())
-      if (supports(v, c, cc) && !v.by_name_only &&
-          (v.auto_d.empty() || std::find(v.auto_d.begin(), v.auto_d.end(), c.d) != v.auto_d.end())) {
+      if (supports(v, c, cc) && (v.auto_d.empty() || std::find(v.auto_d.begin(), v.auto_d.end(), c.d) != v.auto_d.end())) {
         first = v.id;
         break;
       }
@@ -487,154 +433,6 @@ TEST(CudaTileScheduler, TailSize) {
           const int64_t t = sched::tail_size(grid, nqt, n_bh, knob);
           EXPECT_TRUE(t >= 1 && t <= n_bh) << t;
         }
-}
-
-// ---------------------------------------------------------------- v9's key-tile order
-// Rows of the call that see some key of nominal key tile t (keys [rows t, rows t + rows), not cut
-// at n_k) under the band, by brute force over the rows: row i (global q0 + i) sees local key j
-// (global k0 + j) when e = (k0 + j) - (q0 + i) - (N_k - N_q) lies in [-left, right] (spec §3).
-int64_t tile_work(int64_t t, int rows, int64_t n_q, int64_t N_q, int64_t N_k, int64_t q0, int64_t k0, int64_t left,
-                  int64_t right) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < n_q; ++i) {
-    const int64_t e0 = k0 + rows * t - (q0 + i) - (N_k - N_q);  // e of the tile's first key
-    n += (right < 0 || e0 <= right) && (left < 0 || e0 + rows - 1 >= -left);
-  }
-  return n;
-}
-
-struct OrderCase {
-  int64_t n_q, n_k, N_q, N_k, q0, k0, left, right;
-  bool flat;
-  int rows, n_pairs;
-  int64_t resident;
-  int knob;
-};
-
-// Checks key_order / key_item for one case; returns the order.
-sched::KeyOrder check_order(const OrderCase& c) {
-  const sched::KeyOrder o = sched::key_order(c.n_q, c.n_k, c.N_q, c.N_k, c.q0, c.k0, c.left, c.right, c.flat, c.rows,
-                                             c.n_pairs, c.resident, c.knob);
-  const int nkb = int((c.n_k + c.rows - 1) / c.rows);
-  EXPECT_EQ(o.nkb, nkb);
-  EXPECT_TRUE(0 <= o.p0 && o.p0 <= o.p1 && o.p1 <= nkb) << o.p0 << " " << o.p1;
-  // The tail: the knob's, or two waves of the resident CTAs, none for a level profile.
-  const bool level = o.p0 == 0 && o.p1 == nkb;
-  const int64_t asked = c.knob < 0 ? 1 : c.knob > 0 ? c.knob : level ? 1 : (2 * c.resident + nkb - 1) / nkb;
-  const int64_t want_tail = std::max<int64_t>(1, std::min<int64_t>(c.n_pairs, asked));
-  EXPECT_EQ(o.n_tail, want_tail);
-  EXPECT_EQ(o.tail0, (c.n_pairs - o.n_tail) * nkb);
-  if (c.flat) {
-    EXPECT_TRUE(level);
-  }
-  std::vector<int64_t> work(static_cast<size_t>(nkb));
-  for (int t = 0; t < nkb; ++t)
-    work[size_t(t)] = tile_work(t, c.rows, c.n_q, c.N_q, c.N_k, c.q0, c.k0, c.left, c.right);
-  if (level && !c.flat) {  // a level profile has equal items
-    for (int t = 0; t < nkb; ++t) EXPECT_EQ(work[size_t(t)], work[0]) << "tile " << t;
-  }
-  // Each pair's tiles by rank: a permutation, in decreasing work (exact LPT on the band's rows);
-  // with one band edge only (causal: the rows' right edge), v4's order, tile 0 first.
-  std::vector<int> by_rank(static_cast<size_t>(nkb)), seen_t(static_cast<size_t>(nkb), 0);
-  for (int r = 0; r < nkb; ++r) {
-    const int t = sched::key_tile_of_rank(o, r);
-    EXPECT_TRUE(t >= 0 && t < nkb) << "rank " << r << " -> " << t;
-    if (t < 0 || t >= nkb) return o;
-    ++seen_t[size_t(t)];
-    by_rank[size_t(r)] = t;
-    if (!c.flat && r > 0) {
-      EXPECT_GE(work[size_t(by_rank[size_t(r - 1)])], work[size_t(t)]) << "rank " << r << " tile " << t;
-    }
-    if (c.flat || (c.left < 0 && c.right >= 0) || (c.left < 0 && c.right < 0)) {
-      EXPECT_EQ(t, r);
-    }
-  }
-  for (int t = 0; t < nkb; ++t) EXPECT_EQ(seen_t[size_t(t)], 1) << "tile " << t;
-  // The items: every (pair, tile) once; pairs one after another before the tail, by turns in it.
-  std::vector<int> seen(size_t(c.n_pairs) * size_t(nkb), 0);
-  for (int k = 0; k < c.n_pairs * nkb; ++k) {
-    const sched::KeyItem it = sched::key_item(o, k);
-    EXPECT_TRUE(it.pair >= 0 && it.pair < c.n_pairs && it.kt >= 0 && it.kt < nkb) << "item " << k;
-    if (it.pair < 0 || it.pair >= c.n_pairs || it.kt < 0 || it.kt >= nkb) return o;
-    ++seen[size_t(it.pair) * size_t(nkb) + size_t(it.kt)];
-    if (k < o.tail0) {
-      EXPECT_EQ(it.pair, k / nkb) << "item " << k;
-      EXPECT_EQ(it.kt, by_rank[size_t(k % nkb)]) << "item " << k;
-    } else {
-      const int j = k - o.tail0;
-      EXPECT_EQ(it.pair, c.n_pairs - o.n_tail + j % o.n_tail) << "item " << k;
-      EXPECT_EQ(it.kt, by_rank[size_t(j / o.n_tail)]) << "item " << k;
-    }
-  }
-  for (size_t x = 0; x < seen.size(); ++x)
-    EXPECT_EQ(seen[x], 1) << "item of pair " << x / size_t(nkb) << " tile " << x % size_t(nkb);
-  return o;
-}
-
-TEST(CudaKeyOrder, CausalKeepsV4sOrderWithATailByTurns) {
-  // The whole causal backward at N = 16K, B H_kv = 16 pairs, 132 resident CTAs: tile 0 (every row)
-  // on the plateau, the rest falling; the last ceil(2 x 132 / 128) = 3 pairs by turns.
-  const int64_t N = 16384;
-  sched::KeyOrder o = check_order({N, N, N, N, 0, 0, -1, 0, false, 128, 16, 132, 0});
-  EXPECT_EQ(o.p0, 0);
-  EXPECT_EQ(o.p1, 1);
-  EXPECT_EQ(o.n_tail, 3);
-  EXPECT_EQ(sched::key_item(o, o.tail0).pair, 13);
-  EXPECT_EQ(sched::key_item(o, o.tail0 + 1).pair, 14);
-  EXPECT_EQ(sched::key_item(o, o.tail0 + 3).kt, 1);
-  // No mask: every tile level, no tail (v4's order exactly) unless asked for.
-  o = check_order({N, N, N, N, 0, 0, -1, -1, false, 128, 16, 132, 0});
-  EXPECT_EQ(o.n_tail, 1);
-  EXPECT_EQ(o.tail0, 15 * 128);
-  o = check_order({N, N, N, N, 0, 0, -1, -1, false, 128, 16, 132, 100});  // every pair by turns
-  EXPECT_EQ(o.n_tail, 16);
-  EXPECT_EQ(o.tail0, 0);
-  EXPECT_EQ(sched::key_item(o, 17).pair, 1);
-  EXPECT_EQ(sched::key_item(o, 17).kt, 1);
-  // The reverse band (rows see keys at or after their diagonal): the last tile first.
-  o = check_order({1000, 1000, 1000, 1000, 0, 0, 0, -1, false, 128, 2, 132, 0});
-  EXPECT_EQ(sched::key_tile_of_rank(o, 0), 7);
-  EXPECT_EQ(sched::key_tile_of_rank(o, 7), 0);
-  // A band of both edges: the middle first, then both sides by turns.
-  o = check_order({4096, 4096, 4096, 4096, 0, 0, 1000, 1000, false, 128, 4, 132, 0});
-  EXPECT_GT(o.p0, 0);
-  EXPECT_LT(o.p1, 32);
-  EXPECT_EQ(sched::key_tile_of_rank(o, o.p1 - o.p0), o.left_first ? o.p0 - 1 : o.p1);
-  EXPECT_EQ(sched::key_tile_of_rank(o, o.p1 - o.p0 + 1), o.left_first ? o.p1 : o.p0 - 1);
-  const int last = sched::key_tile_of_rank(o, 31);  // the two ends see as few rows
-  EXPECT_TRUE(last == 0 || last == 31) << last;
-}
-
-TEST(CudaKeyOrder, RandomBandsBlocksAndKnobs) {
-  std::mt19937_64 rng(20261127);
-  auto pick = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
-  for (int i = 0; i < 3000; ++i) {
-    OrderCase c;
-    c.rows = i % 5 == 0 ? 64 : 128;
-    c.n_q = pick(1, 1500);
-    c.n_k = pick(1, 1500);
-    const bool block = i % 2 == 1;  // a block of positions at global offsets
-    c.q0 = block ? pick(0, 2000) : 0;
-    c.k0 = block ? pick(0, 2000) : 0;
-    c.N_q = c.q0 + c.n_q + (block ? pick(0, 2000) : 0);
-    c.N_k = c.k0 + c.n_k + (block ? pick(0, 2000) : 0);
-    const int64_t edges[] = {-1, 0, 1, 7, 100, 127, 128, 129, 500, 3000};
-    c.left = edges[pick(0, 9)];
-    c.right = edges[pick(0, 9)];
-    c.flat = i % 17 == 0;
-    c.n_pairs = int(pick(1, 9));
-    const int64_t res[] = {1, 7, 132, 264};
-    c.resident = res[pick(0, 3)];
-    const int knobs[] = {0, 0, -1, 1, 2, 100};
-    c.knob = knobs[pick(0, 5)];
-    SCOPED_TRACE("case " + std::to_string(i) + ": n_q " + std::to_string(c.n_q) + " n_k " + std::to_string(c.n_k) +
-                 " N_q " + std::to_string(c.N_q) + " N_k " + std::to_string(c.N_k) + " q0 " + std::to_string(c.q0) +
-                 " k0 " + std::to_string(c.k0) + " left " + std::to_string(c.left) + " right " +
-                 std::to_string(c.right) + " flat " + std::to_string(c.flat) + " rows " + std::to_string(c.rows) +
-                 " pairs " + std::to_string(c.n_pairs) + " knob " + std::to_string(c.knob));
-    check_order(c);
-    if (::testing::Test::HasFailure()) return;
-  }
 }
 
 }  // namespace
