@@ -458,7 +458,7 @@ void NcclComm::begin_batch() {
 void NcclComm::end_batch() {
   Communicator::end_batch();
   std::shared_ptr<Group> g = std::move(open_);
-  const std::string op = "the batch of " + (g->ops.empty() ? std::string("no transfers") : g->ops);
+  const std::string op = g->ops.empty() ? std::string("an empty batch (no transfers)") : "the batch of " + g->ops;
   ncclResult_t r = ncclSuccess;
   bool ended_here = false;
   if (batch_locked_) {
