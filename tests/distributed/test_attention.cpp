@@ -284,6 +284,16 @@ TEST(DistributedAttention, LargeLogitsAndTies) {
   }
 }
 
+// Rank r's five outputs of two runs, bit for bit.
+template <class T>
+void expect_rank_bitwise_equal(const DistResult<T>& x, const DistResult<T>& y, int r) {
+  EXPECT_TRUE(bitwise_equal(x.O[r].data, y.O[r].data));
+  EXPECT_TRUE(bitwise_equal(x.LSE[r].data, y.LSE[r].data));
+  EXPECT_TRUE(bitwise_equal(x.dQ[r].data, y.dQ[r].data));
+  EXPECT_TRUE(bitwise_equal(x.dK[r].data, y.dK[r].data));
+  EXPECT_TRUE(bitwise_equal(x.dV[r].data, y.dV[r].data));
+}
+
 // The second run reorders deliveries, poisons buffers and uses more transfer threads: the
 // schedule fixes the merge and accumulation order, so the bits cannot change. Run on an engine
 // whose blocks are themselves bitwise reproducible (NaiveEngine), so this checks the distributed
@@ -301,11 +311,7 @@ void expect_two_runs_bitwise_equal(E& engine) {
         const DistResult<double> x = run(c, a, k, G, engine), y = run(c, a, k, G, engine, noisy);
         for (int r = 0; r < G; ++r) {
           SCOPED_TRACE(label(c, a, k, G) + " rank " + std::to_string(r));
-          EXPECT_TRUE(bitwise_equal(x.O[r].data, y.O[r].data));
-          EXPECT_TRUE(bitwise_equal(x.LSE[r].data, y.LSE[r].data));
-          EXPECT_TRUE(bitwise_equal(x.dQ[r].data, y.dQ[r].data));
-          EXPECT_TRUE(bitwise_equal(x.dK[r].data, y.dK[r].data));
-          EXPECT_TRUE(bitwise_equal(x.dV[r].data, y.dV[r].data));
+          expect_rank_bitwise_equal(x, y, r);
         }
       }
 }
@@ -356,11 +362,7 @@ void expect_bhsd_runs_equal_slices(Dtype dtype) {
       const DistResult<T> x = run(c, a, k, 3, *engine), y = run(h, a, k, 3, *engine);
       for (int r = 0; r < 3; ++r) {
         SCOPED_TRACE(label(c, a, k, 3) + " rank " + std::to_string(r) + " " + to_string(dtype));
-        EXPECT_TRUE(bitwise_equal(x.O[r].data, y.O[r].data));
-        EXPECT_TRUE(bitwise_equal(x.LSE[r].data, y.LSE[r].data));
-        EXPECT_TRUE(bitwise_equal(x.dQ[r].data, y.dQ[r].data));
-        EXPECT_TRUE(bitwise_equal(x.dK[r].data, y.dK[r].data));
-        EXPECT_TRUE(bitwise_equal(x.dV[r].data, y.dV[r].data));
+        expect_rank_bitwise_equal(x, y, r);
       }
     }
 }
