@@ -178,45 +178,19 @@ struct Ctx {
     e.synchronize();  // the column ring sends this block first
     return {Kc.data, Vc.data};
   }
-  // The members' pieces of each (b, h): piece(k, b, h) = {from, n_from, to, n_to} (rows sent to
-  // member k and received from it); the own member's piece is copied, each other member's pieces
-  // travel as one message each way (shard_ops.hpp's exchange), in member order.
-  template <class U>
-  struct Piece {
-    const U* from;
-    int64_t n_from;
-    U* to;
-    int64_t n_to;
-  };
+  // A collective over the group m (shard_ops.hpp's exchange_rows), in member order.
   template <class U, class PieceOf>
   void members(int64_t H, int64_t w, const Members& m, int tag, const char* what, std::vector<RequestPtr>& reqs,
                Staged& into, PieceOf piece) {
-    const int64_t eb = sizeof(U);
-    std::vector<PeerPieces> peers;
-    for (size_t k = 0; k < m.ranks.size(); ++k) {
-      const bool own = static_cast<int>(k) == m.me;
-      PeerPieces pp{m.ranks[k], {}, {}};
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          const Piece<U> x = piece(k, b, h);
-          if (own) {
-            if (x.to) copy(e, x.to, x.from, x.n_to * w);
-            continue;
-          }
-          pp.out.emplace_back(x.from, x.n_from * w * eb);
-          pp.in.emplace_back(x.to, x.n_to * w * eb);
-        }
-      if (!own) peers.push_back(std::move(pp));
-    }
-    exchange(c, e, peers, tag, what, reqs, into);
+    exchange_rows<U>(c, e, m.ranks, m.me, 0, p.B, H, w, tag, what, reqs, into, piece);
   }
   // All-gather within a group: src (B, H, rows[me], w) -> dst (B, H, total, w).
   template <class U>
   void gather(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
               std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me];
-    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
-      return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, m.off[k], H, m.total, w), m.rows[k]};
+    members<U>(H, w, m, tag, what, reqs, staged, [&](int k, int64_t b, int64_t h) {
+      return RowPiece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, m.off[k], H, m.total, w), m.rows[k]};
     });
   }
   // Reduce-scatter within a group, stage: every member's partial of my rows, (members, B, H,
@@ -227,8 +201,8 @@ struct Ctx {
     Buffer<U> stage = alloc<U>(e, static_cast<int64_t>(m.ranks.size()) * piece);
     Staged own;  // this collective's stages only: waited here, whatever else is in flight
     std::vector<RequestPtr> reqs;
-    members<U>(H, w, m, tag, what, reqs, own, [&](size_t k, int64_t b, int64_t h) {
-      return Piece<U>{src + at(b, h, m.off[k], H, m.total, w), m.rows[k],
+    members<U>(H, w, m, tag, what, reqs, own, [&](int k, int64_t b, int64_t h) {
+      return RowPiece<U>{src + at(b, h, m.off[k], H, m.total, w), m.rows[k],
                       stage.data + k * piece + at(b, h, 0, H, n_me, w), n_me};
     });
     wait_all(reqs);
@@ -279,9 +253,9 @@ struct Ctx {
   void gather_others(const U* src, U* dst, int64_t H, int64_t w, const Members& m, int tag, const char* what,
                      std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me], L = m.total - n_me;
-    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
-      if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
-      return Piece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, other_off(m, k), H, L, w), m.rows[k]};
+    members<U>(H, w, m, tag, what, reqs, staged, [&](int k, int64_t b, int64_t h) {
+      if (k == m.me) return RowPiece<U>{nullptr, 0, nullptr, 0};
+      return RowPiece<U>{src + at(b, h, 0, H, n_me, w), n_me, dst + at(b, h, other_off(m, k), H, L, w), m.rows[k]};
     });
   }
   // The reverse with partials: each other member's rows of src (B, H, total - rows[me], w, others
@@ -291,10 +265,10 @@ struct Ctx {
   void return_others(const U* src, const std::vector<U*>& dst, int64_t H, int64_t w, const Members& m, int tag,
                      const char* what, std::vector<RequestPtr>& reqs) {
     const int64_t n_me = m.rows[m.me], L = m.total - n_me;
-    members<U>(H, w, m, tag, what, reqs, staged, [&](size_t k, int64_t b, int64_t h) {
-      if (static_cast<int>(k) == m.me) return Piece<U>{nullptr, 0, nullptr, 0};
-      const size_t i = k - (static_cast<int>(k) > m.me ? 1 : 0);  // dst[i]: the i-th other member
-      return Piece<U>{src + at(b, h, other_off(m, k), H, L, w), m.rows[k], dst[i] + at(b, h, 0, H, n_me, w), n_me};
+    members<U>(H, w, m, tag, what, reqs, staged, [&](int k, int64_t b, int64_t h) {
+      if (k == m.me) return RowPiece<U>{nullptr, 0, nullptr, 0};
+      const size_t i = k - (k > m.me ? 1 : 0);  // dst[i]: the i-th other member
+      return RowPiece<U>{src + at(b, h, other_off(m, k), H, L, w), m.rows[k], dst[i] + at(b, h, 0, H, n_me, w), n_me};
     });
   }
 };

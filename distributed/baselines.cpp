@@ -55,37 +55,17 @@ struct Ctx {
     else prepare_backward(e, p, qp, kp, r, x);
   }
 
-  // One row block per peer and (b, h) of H heads, w wide: piece_of(s, b, h) says where the
-  // block for (or from) peer s lies, the rank's own block is copied, every other peer's blocks
-  // travel as one message each way (exchange).
-  template <class U>
-  struct Piece {
-    const U* from;
-    int64_t n_from;  // rows sent to peer s
-    U* to;
-    int64_t n_to;    // rows received from peer s
-  };
+  // The ranks 0..G-1, for exchange_rows: a collective over the whole world, this rank's peers
+  // visited from itself on.
+  std::vector<int> world() const {
+    std::vector<int> w(G);
+    for (int s = 0; s < G; ++s) w[s] = s;
+    return w;
+  }
   template <class U, class PieceOf>
   void each_peer(int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, Staged& into,
                  PieceOf piece_of) {
-    const int64_t eb = sizeof(U);
-    std::vector<PeerPieces> peers;
-    for (int k = 0; k < G; ++k) {
-      const int s = (r + k) % G;
-      PeerPieces pp{s, {}, {}};
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          const Piece<U> x = piece_of(s, b, h);
-          if (s == r) {
-            copy(e, x.to, x.from, x.n_to * w);
-            continue;
-          }
-          pp.out.emplace_back(x.from, x.n_from * w * eb);
-          pp.in.emplace_back(x.to, x.n_to * w * eb);
-        }
-      if (s != r) peers.push_back(std::move(pp));
-    }
-    exchange(c, e, peers, tag, what, reqs, into);
+    exchange_rows<U>(c, e, world(), r, r, p.B, H, w, tag, what, reqs, into, piece_of);
   }
   // Waits the posted exchanges; the staged pieces are in place on return.
   void wait(std::vector<RequestPtr>& reqs) {
@@ -103,8 +83,8 @@ struct Ctx {
     each_peer<U>(Hg, w, tag, what, reqs, staged, [&](int s, int64_t b, int64_t h) {
       const int64_t home = at(b, s * Hg + h, 0, H, n_r, w), group = at(b, h, off[s], Hg, N, w);
       const int64_t n_s = part.local_size(s);
-      return dir == Dir::ToHeads ? Piece<U>{src + home, n_r, dst + group, n_s}
-                                 : Piece<U>{src + group, n_s, dst + home, n_r};
+      return dir == Dir::ToHeads ? RowPiece<U>{src + home, n_r, dst + group, n_s}
+                                 : RowPiece<U>{src + group, n_s, dst + home, n_r};
     });
   }
   // All-gather of rows (spec §7.8): src (B, H, n_r, d) -> dst (B, H, N, d), shards in rank order.
@@ -114,7 +94,7 @@ struct Ctx {
     const int64_t d = p.d, N = part.N, n_r = part.local_size(r);
     const std::vector<int64_t> off = offsets(part);
     each_peer<U>(H, d, tag, what, reqs, staged, [&](int s, int64_t b, int64_t h) {
-      return Piece<U>{src + at(b, h, 0, H, n_r, d), n_r, dst + at(b, h, off[s], H, N, d), part.local_size(s)};
+      return RowPiece<U>{src + at(b, h, 0, H, n_r, d), n_r, dst + at(b, h, off[s], H, N, d), part.local_size(s)};
     });
   }
   // Reduce-scatter of rows with a sum: src (B, H, N, d) partials of every row; rank r receives
@@ -129,7 +109,7 @@ struct Ctx {
     std::vector<RequestPtr> reqs;
     each_peer<U>(H, d, tag, what, reqs, own, [&](int s, int64_t b, int64_t h) {
       const int64_t n_s = part.local_size(s);
-      return Piece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
+      return RowPiece<U>{src + at(b, h, off[s], H, N, d), n_s, stage.data + s * piece + at(b, h, 0, H, n_r, d), n_r};
     });
     wait_all(reqs);
     own.finish(e);

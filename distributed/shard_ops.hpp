@@ -159,4 +159,44 @@ void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peer
   });
 }
 
+// Where one (b, h) row block of a collective lies for one member: `from`, n_from rows sent to it,
+// and `to`, n_to rows received from it (the own member's: copied from `from` to `to`; a null `to`
+// copies nothing).
+template <class U>
+struct RowPiece {
+  const U* from;
+  int64_t n_from;
+  U* to;
+  int64_t n_to;
+};
+
+// A collective over the members `ranks` (this rank is ranks[me]) of the B x H row blocks, w
+// elements a row: piece_of(k, b, h) (a RowPiece<U>) says where member k's block of (b, h) lies.
+// The own blocks are copied; each other member's travel as one message each way (exchange).
+// Members are visited from `first` on, in a circle.
+template <class U, class T, class PieceOf>
+void exchange_rows(Communicator& c, Engine<T>& e, const std::vector<int>& ranks, int me, int first, int64_t B,
+                   int64_t H, int64_t w, int tag, const char* what, std::vector<RequestPtr>& reqs, Staged& into,
+                   PieceOf piece_of) {
+  const int64_t eb = sizeof(U);
+  const int n = static_cast<int>(ranks.size());
+  std::vector<PeerPieces> peers;
+  for (int i = 0; i < n; ++i) {
+    const int k = (first + i) % n;
+    PeerPieces pp{ranks[k], {}, {}};
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const RowPiece<U> x = piece_of(k, b, h);
+        if (k == me) {
+          if (x.to) copy(e, x.to, x.from, x.n_to * w);
+          continue;
+        }
+        pp.out.emplace_back(x.from, x.n_from * w * eb);
+        pp.in.emplace_back(x.to, x.n_to * w * eb);
+      }
+    if (k != me) peers.push_back(std::move(pp));
+  }
+  exchange(c, e, peers, tag, what, reqs, into);
+}
+
 }  // namespace burstlab::dist

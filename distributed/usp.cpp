@@ -113,28 +113,15 @@ enum class Dir { ToHeads, ToSeq };
 template <class U, class T>
 void all_to_all(Dir dir, Communicator& c, Engine<T>& e, int64_t B, int64_t H, int64_t w, const Group& g,
                 const U* src, U* dst, int tag, const char* what, std::vector<RequestPtr>& reqs, Staged& staged) {
-  const int64_t Hu = H / g.u, n = g.rows[g.me], eb = sizeof(U);
-  const bool to_heads = dir == Dir::ToHeads;
-  std::vector<PeerPieces> peers;
-  for (int k = 0; k < g.u; ++k) {
-    const int m = (g.me + k) % g.u;
-    PeerPieces pp{g.first + m, {}, {}};
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hu; ++h) {
-        const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
-        const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
-        const U* from = src + (to_heads ? home : group);
-        U* to = dst + (to_heads ? group : home);
-        if (m == g.me) {
-          copy(e, to, from, n * w);
-          continue;
-        }
-        pp.in.emplace_back(to, (to_heads ? g.rows[m] : n) * w * eb);
-        pp.out.emplace_back(from, (to_heads ? n : g.rows[m]) * w * eb);
-      }
-    if (m != g.me) peers.push_back(std::move(pp));
-  }
-  exchange(c, e, peers, tag, what, reqs, staged);
+  const int64_t Hu = H / g.u, n = g.rows[g.me];
+  std::vector<int> ranks(g.u);
+  for (int m = 0; m < g.u; ++m) ranks[m] = g.first + m;
+  exchange_rows<U>(c, e, ranks, g.me, g.me, B, Hu, w, tag, what, reqs, staged, [&](int m, int64_t b, int64_t h) {
+    const int64_t group = at(b, h, g.off[m], Hu, g.total, w);  // member m's rows of my heads
+    const int64_t home = at(b, m * Hu + h, 0, H, n, w);        // my rows of member m's heads
+    return dir == Dir::ToHeads ? RowPiece<U>{src + home, n, dst + group, g.rows[m]}
+                               : RowPiece<U>{src + group, g.rows[m], dst + home, n};
+  });
 }
 
 void check_ring(const Schedule& ring, Phase phase, int G, int u) {
