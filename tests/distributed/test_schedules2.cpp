@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -17,6 +18,7 @@
 #include "cpu_engine.hpp"
 #include "dist_testutil.hpp"
 #include "double_ring.hpp"
+#include "session.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;
@@ -442,4 +444,89 @@ TEST(Collectives, EachTensorIsOneMessageEachWayPerPeer) {
                           << (std::get<3>(key) ? " to " : " from ") << std::get<2>(key);
       }
     }
+}
+
+namespace {
+// An engine that counts the calls a pass makes of it (forwarded to `in`): what a schedule asks of
+// a GPU stream besides its attention blocks. Each copy, synchronize and allocation costs a GPU
+// engine a few microseconds whatever its size.
+template <class T>
+class CountingEngine final : public Engine<T> {
+  using A = acc_t<T>;
+
+ public:
+  explicit CountingEngine(Engine<T>& in) : in_(in) {}
+  std::map<std::string, int64_t> take() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::exchange(n_, {});
+  }
+  std::string name() const override { return "counting(" + in_.name() + ")"; }
+  std::shared_ptr<void> allocate(int64_t b) override { return count("allocate"), in_.allocate(b); }
+  void upload(void* d, const void* h, int64_t b) override { count("upload"), in_.upload(d, h, b); }
+  void download(void* h, const void* s, int64_t b) override { count("download"), in_.download(h, s, b); }
+  void copy(void* d, const void* s, int64_t b) override { count("copy"), in_.copy(d, s, b); }
+  void fill(void* d, int64_t n, Dtype t, double v) override { count("fill"), in_.fill(d, n, t, v); }
+  void add(void* a, const void* b, int64_t n, Dtype t) override { count("add"), in_.add(a, b, n, t); }
+  void synchronize() override { count("synchronize"), in_.synchronize(); }
+  PreparedMask prepare(const MaskData& m) override { return count("prepare"), in_.prepare(m); }
+  void forward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                     View4<const T> K, View4<const T> V, View4<T> O, View3<A> L, bool acc) override {
+    count("block"), in_.forward_block(p, m, q, k, Q, K, V, O, L, acc);
+  }
+  void merge(View4<T> O, View3<A> L, View4<const T> Op, View3<const A> Lp) override {
+    count("merge"), in_.merge(O, L, Op, Lp);
+  }
+  void compute_D(View4<const T> O, View4<const T> dO, View3<A> D) override { count("D"), in_.compute_D(O, dO, D); }
+  void backward_block(const Problem& p, const PreparedMask& m, Positions q, Positions k, View4<const T> Q,
+                      View4<const T> K, View4<const T> V, View4<const T> dO, View3<const A> L, View3<const A> D,
+                      View4<A> dQ, View4<A> dK, View4<A> dV) override {
+    count("block"), in_.backward_block(p, m, q, k, Q, K, V, dO, L, D, dQ, dK, dV);
+  }
+
+ private:
+  void count(const char* what) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++n_[what];
+  }
+  Engine<T>& in_;
+  std::mutex mu_;
+  std::map<std::string, int64_t> n_;
+};
+}  // namespace
+
+// The engine calls of one pass of each algorithm, 2 ranks, H = 32 (printed: docs/performance-gpu.md
+// quotes the table). The ring family moves its shards through the transport straight into the
+// slots the blocks read, so it makes no engine copy; the collectives copy each (b, h) row block
+// at most twice per tensor (the own block into place; a staged one packed or unpacked), and run
+// one block per (q, k) part of their local problem.
+TEST(Schedules, EngineCallsPerPass) {
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{64, 64});
+  CountingEngine<double> engine(*cpu);
+  const int64_t B = 1, H = 32, G = 2;
+  const Case c = make_case(B, H, H, 256, 256, 4, "causal", kSeed);
+  std::printf("%-14s %-8s %6s %6s %6s %6s %6s %6s  (2 ranks together)\n", "algorithm", "pass", "block", "copy",
+              "sync", "alloc", "fill", "add");
+  for (const Algorithm& a : algorithms()) {
+    const std::string name = a.name;
+    AlgoOptions o = options(name, a.partition.value_or(PartitionKind::Zigzag), G, name == "double-ring" ? 1 : 0);
+    if (name == "usp") o.ulysses_degree = 2;
+    Session<double> s(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, engine);
+    engine.take();
+    for (Phase ph : {Phase::Forward, Phase::Backward}) {
+      ph == Phase::Forward ? s.forward() : s.backward();
+      std::map<std::string, int64_t> n = engine.take();
+      std::printf("%-14s %-8s %6lld %6lld %6lld %6lld %6lld %6lld\n", a.name, to_string(ph).c_str(),
+                  (long long)n["block"], (long long)n["copy"], (long long)n["synchronize"], (long long)n["allocate"],
+                  (long long)n["fill"], (long long)n["add"]);
+      EXPECT_GE(n["block"], G) << a.name << " " << to_string(ph);
+      const bool ring_family = name == "ring" || name == "burst" || name == "double-ring" || name == "distflash";
+      if (ring_family) {
+        EXPECT_EQ(n["copy"], 0) << a.name << " " << to_string(ph);
+      }
+      // Tensors a collective moves per pass: forward Q, K, V, O, LSE; backward Q, dO, LSE, D, K, V,
+      // dQ, dK, dV; G ranks, B H / G row blocks each, G row pieces a block.
+      const int64_t tensors = ph == Phase::Forward ? 5 : 9;
+      EXPECT_LE(n["copy"], 2 * tensors * G * B * H) << a.name << " " << to_string(ph);
+    }
+  }
 }
