@@ -195,6 +195,10 @@ class CudaEngine final : public Engine<T> {
   explicit CudaEngine(Variant fwd) : fwd_(fwd) {
     std::string why;
     if (!gpu_available(&why)) fail("cuda engine: no usable GPU (", why, ")");
+    int dev = 0, pitch = 0;
+    BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
+    BURSTLAB_CUDA_CHECK(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, dev));
+    max_pitch_ = pitch;
   }
   std::string name() const override { return "cuda"; }
 
@@ -213,6 +217,15 @@ class CudaEngine final : public Engine<T> {
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_->get()));
+  }
+  // One 2D copy (cudaMemcpy2DAsync) where its pitches are valid, else row by row.
+  void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t bytes,
+                 int64_t rows) override {
+    if (bytes <= 0 || rows <= 0) return;
+    if (rows == 1 || dst_pitch < bytes || src_pitch < bytes || dst_pitch > max_pitch_ || src_pitch > max_pitch_)
+      return Engine<T>::copy_rows(dst, dst_pitch, src, src_pitch, bytes, rows);
+    BURSTLAB_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(bytes), size_t(rows),
+                                          cudaMemcpyDeviceToDevice, streams_->get()));
   }
   void fill(void* dst, int64_t n, Dtype t, double v) override {
     if (n <= 0) return;
@@ -303,6 +316,7 @@ class CudaEngine final : public Engine<T> {
   }
 
   Variant fwd_;
+  int64_t max_pitch_ = 0;  // cudaMemcpy2D's largest pitch on this device
   std::shared_ptr<Streams> streams_ = std::make_shared<Streams>();  // shared with released blocks
   BlockCache blocks_;
 };

@@ -79,21 +79,49 @@ struct PeerPieces {
   std::vector<std::pair<void*, int64_t>> in;
 };
 
+// One engine copy of `bytes` bytes.
+struct Copy {
+  void* to;
+  const void* from;
+  int64_t bytes;
+};
+
+// The copies in order, as few engine calls as their layout allows: a run of copies of one size
+// whose sources and destinations each advance by one stride (at least the size) is one
+// copy_rows, as the (b, h) row blocks of a collective are; the others go one by one.
+template <class T>
+void copy_pieces(Engine<T>& e, const std::vector<Copy>& copies) {
+  auto gap = [](const void* a, const void* b) { return static_cast<const char*>(b) - static_cast<const char*>(a); };
+  for (size_t i = 0; i < copies.size();) {
+    const Copy& c = copies[i];
+    size_t j = i + 1;
+    int64_t to_pitch = 0, from_pitch = 0;
+    if (j < copies.size() && copies[j].bytes == c.bytes) {
+      to_pitch = gap(c.to, copies[j].to);
+      from_pitch = gap(c.from, copies[j].from);
+    }
+    if (to_pitch >= c.bytes && from_pitch >= c.bytes && c.bytes > 0)
+      while (j < copies.size() && copies[j].bytes == c.bytes && gap(copies[j - 1].to, copies[j].to) == to_pitch &&
+             gap(copies[j - 1].from, copies[j].from) == from_pitch)
+        ++j;
+    if (j - i > 1 && to_pitch >= c.bytes && from_pitch >= c.bytes && c.bytes > 0)
+      e.copy_rows(c.to, to_pitch, c.from, from_pitch, c.bytes, static_cast<int64_t>(j - i));
+    else
+      e.copy(c.to, c.from, c.bytes), j = i + 1;
+    i = j;
+  }
+}
+
 // Receives parked in stage buffers until their waits, and the stages of both directions; declare
 // it before the requests (destroyed after them: a cancelled transfer never outlives its stage).
 struct Staged {
-  struct Copy {
-    void* to;
-    const void* from;
-    int64_t bytes;
-  };
   std::vector<Copy> copies;
   std::vector<std::shared_ptr<void>> stages;
   // After every exchange's requests were waited: the staged receives copied to their pieces,
   // complete on return (the transport may read them next).
   template <class T>
   void finish(Engine<T>& e) {
-    for (const Copy& c : copies) e.copy(c.to, c.from, c.bytes);
+    copy_pieces(e, copies);
     if (!copies.empty()) e.synchronize();
     copies.clear();
     stages.clear();
@@ -137,11 +165,12 @@ void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peer
     void* in;
   };
   std::vector<Message> messages;
+  std::vector<Copy> packs;
   for (const PeerPieces& pp : peers) {
     Message m{pp.out.empty() ? nullptr : pp.out.front().first, pp.in.empty() ? nullptr : pp.in.front().first};
     if (staged_way(pp.out)) {
       m.out = out_stage;
-      for (const auto& [from, n] : pp.out) e.copy(out_stage, from, n), out_stage += n;
+      for (const auto& [from, n] : pp.out) packs.push_back({out_stage, from, n}), out_stage += n;
     }
     if (staged_way(pp.in)) {
       m.in = in_stage;
@@ -149,6 +178,7 @@ void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peer
     }
     messages.push_back(m);
   }
+  copy_pieces(e, packs);
   if (out_bytes > 0) e.synchronize();  // the transport reads the packed stage next
   c.batch([&] {
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -181,6 +211,7 @@ void exchange_rows(Communicator& c, Engine<T>& e, const std::vector<int>& ranks,
   const int64_t eb = sizeof(U);
   const int n = static_cast<int>(ranks.size());
   std::vector<PeerPieces> peers;
+  std::vector<Copy> own;
   for (int i = 0; i < n; ++i) {
     const int k = (first + i) % n;
     PeerPieces pp{ranks[k], {}, {}};
@@ -188,7 +219,7 @@ void exchange_rows(Communicator& c, Engine<T>& e, const std::vector<int>& ranks,
       for (int64_t h = 0; h < H; ++h) {
         const RowPiece<U> x = piece_of(k, b, h);
         if (k == me) {
-          if (x.to) copy(e, x.to, x.from, x.n_to * w);
+          if (x.to && x.n_to > 0) own.push_back({x.to, x.from, x.n_to * w * eb});
           continue;
         }
         pp.out.emplace_back(x.from, x.n_from * w * eb);
@@ -196,6 +227,7 @@ void exchange_rows(Communicator& c, Engine<T>& e, const std::vector<int>& ranks,
       }
     if (k != me) peers.push_back(std::move(pp));
   }
+  copy_pieces(e, own);
   exchange(c, e, peers, tag, what, reqs, into);
 }
 

@@ -107,6 +107,10 @@ class Timed final : public Engine<T> {
   void copy(void* dst, const void* src, int64_t bytes) override {
     timed(&Parts::mem, [&] { e_.copy(dst, src, bytes); });
   }
+  void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t bytes,
+                 int64_t rows) override {
+    timed(&Parts::mem, [&] { e_.copy_rows(dst, dst_pitch, src, src_pitch, bytes, rows); });
+  }
   void fill(void* dst, int64_t n, Dtype t, double v) override {
     timed(&Parts::mem, [&] { e_.fill(dst, n, t, v); });
   }

@@ -50,6 +50,14 @@ class Engine {
   virtual void upload(void* dst, const void* host, int64_t bytes) = 0;
   virtual void download(void* host, const void* src, int64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // `rows` copies of `bytes` each, row i from src + i src_pitch to dst + i dst_pitch (pitches in
+  // bytes, >= bytes; the rows do not overlap): the (b, h) row blocks of a collective in one call,
+  // where a GPU engine pays a launch per copy. The default copies row by row.
+  virtual void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t bytes,
+                         int64_t rows) {
+    for (int64_t i = 0; i < rows; ++i)
+      copy(static_cast<char*>(dst) + i * dst_pitch, static_cast<const char*>(src) + i * src_pitch, bytes);
+  }
   virtual void fill(void* dst, int64_t n, Dtype t, double value) = 0;  // value rounded to t
   // acc[i] += in[i] for i < n, elementwise in dtype t (a sum in a fixed order is a sequence of
   // add calls: bitwise reproducible).

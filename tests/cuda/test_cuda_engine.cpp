@@ -188,5 +188,30 @@ TEST(CudaEngine, FailedRankErrorsEveryRank) {
   for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
 }
 
+// copy_rows: one 2D copy where the pitches allow it (cudaMemcpy2DAsync), row by row where a
+// pitch is below the row's size or there is one row; the bytes land where `rows` copies put them.
+TEST(CudaEngine, CopyRowsLandsEveryRowWhereItsCopiesWould) {
+  REQUIRE_GPU();
+  auto e = cuda::make_engine<bf16_t>();
+  const int64_t n = 1 << 16;
+  std::vector<unsigned char> host(n);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 13 + 5);
+  const std::shared_ptr<void> src = e->allocate(n), dst = e->allocate(n);
+  e->upload(src.get(), host.data(), n);
+  struct Case { int64_t dst_pitch, src_pitch, bytes, rows; };
+  for (const Case& c : {Case{3000, 1000, 700, 16}, Case{256, 4096, 256, 12}, Case{512, 512, 512, 100},
+                        Case{900, 700, 640, 1}, Case{100, 20, 60, 30}}) {
+    std::vector<unsigned char> want(n, 0xab), got(n);
+    e->upload(dst.get(), want.data(), n);
+    e->copy_rows(dst.get(), c.dst_pitch, src.get(), c.src_pitch, c.bytes, c.rows);
+    for (int64_t r = 0; r < c.rows; ++r)
+      std::memcpy(want.data() + r * c.dst_pitch, host.data() + r * c.src_pitch, size_t(c.bytes));
+    e->synchronize();
+    e->download(got.data(), dst.get(), n);
+    EXPECT_EQ(got, want) << "pitches " << c.dst_pitch << ", " << c.src_pitch << ", " << c.bytes << " bytes x "
+                         << c.rows;
+  }
+}
+
 }  // namespace
 }  // namespace burstlab

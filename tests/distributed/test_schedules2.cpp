@@ -19,6 +19,7 @@
 #include "dist_testutil.hpp"
 #include "double_ring.hpp"
 #include "session.hpp"
+#include "shard_ops.hpp"
 
 using namespace burstlab;
 using namespace burstlab::dist;
@@ -465,6 +466,9 @@ class CountingEngine final : public Engine<T> {
   void upload(void* d, const void* h, int64_t b) override { count("upload"), in_.upload(d, h, b); }
   void download(void* h, const void* s, int64_t b) override { count("download"), in_.download(h, s, b); }
   void copy(void* d, const void* s, int64_t b) override { count("copy"), in_.copy(d, s, b); }
+  void copy_rows(void* d, int64_t dp, const void* s, int64_t sp, int64_t b, int64_t rows) override {
+    count("copy"), in_.copy_rows(d, dp, s, sp, b, rows);
+  }
   void fill(void* d, int64_t n, Dtype t, double v) override { count("fill"), in_.fill(d, n, t, v); }
   void add(void* a, const void* b, int64_t n, Dtype t) override { count("add"), in_.add(a, b, n, t); }
   void synchronize() override { count("synchronize"), in_.synchronize(); }
@@ -495,10 +499,10 @@ class CountingEngine final : public Engine<T> {
 }  // namespace
 
 // The engine calls of one pass of each algorithm, 2 ranks, H = 32 (printed: docs/performance-gpu.md
-// quotes the table). The ring family moves its shards through the transport straight into the
-// slots the blocks read, so it makes no engine copy; the collectives copy each (b, h) row block
-// at most twice per tensor (the own block into place; a staged one packed or unpacked), and run
-// one block per (q, k) part of their local problem.
+// quotes the table; a copy_rows counts as one copy). The ring family moves its shards through the
+// transport straight into the slots the blocks read, so it makes no engine copy; the collectives
+// copy each tensor's (b, h) row blocks as one copy_rows per peer and way (the own blocks into
+// place, a peer's packed or unpacked), never more than twice per block.
 TEST(Schedules, EngineCallsPerPass) {
   auto cpu = cpu::make_engine<double>(cpu::Tiles{64, 64});
   CountingEngine<double> engine(*cpu);
@@ -527,6 +531,58 @@ TEST(Schedules, EngineCallsPerPass) {
       // dQ, dK, dV; G ranks, B H / G row blocks each, G row pieces a block.
       const int64_t tensors = ph == Phase::Forward ? 5 : 9;
       EXPECT_LE(n["copy"], 2 * tensors * G * B * H) << a.name << " " << to_string(ph);
+      if (name == "ulysses" || name == "allgather" || name == "usp") {
+        EXPECT_LE(n["copy"], 2 * tensors * G * G) << a.name << " " << to_string(ph) << ": not one copy_rows per peer";
+      }
     }
   }
+}
+
+// copy_pieces: a run of equal copies whose sources and destinations each advance by one stride
+// (at least the size) is one copy_rows; anything else is copied alone; the bytes land as the
+// copies one by one would put them.
+TEST(CopyPieces, RunsOfEqualStridedCopiesAreOneCopyRows) {
+  struct Recording final : Engine<double> {
+    std::vector<std::string> calls;
+    std::string name() const override { return "recording"; }
+    std::shared_ptr<void> allocate(int64_t b) override { return std::shared_ptr<void>(std::malloc(size_t(b)), std::free); }
+    void upload(void* d, const void* h, int64_t b) override { std::memcpy(d, h, size_t(b)); }
+    void download(void* h, const void* s, int64_t b) override { std::memcpy(h, s, size_t(b)); }
+    void copy(void* d, const void* s, int64_t b) override {
+      calls.push_back("copy " + std::to_string(b));
+      std::memcpy(d, s, size_t(b));
+    }
+    void copy_rows(void* d, int64_t dp, const void* s, int64_t sp, int64_t b, int64_t rows) override {
+      calls.push_back("rows " + std::to_string(dp) + " " + std::to_string(sp) + " " + std::to_string(b) + " x" +
+                      std::to_string(rows));
+      for (int64_t i = 0; i < rows; ++i)
+        std::memcpy(static_cast<char*>(d) + i * dp, static_cast<const char*>(s) + i * sp, size_t(b));
+    }
+    void fill(void*, int64_t, Dtype, double) override {}
+    void add(void*, const void*, int64_t, Dtype) override {}
+    PreparedMask prepare(const MaskData&) override { return {}; }
+    void forward_block(const Problem&, const PreparedMask&, Positions, Positions, View4<const double>,
+                       View4<const double>, View4<const double>, View4<double>, View3<double>, bool) override {}
+    void merge(View4<double>, View3<double>, View4<const double>, View3<const double>) override {}
+    void compute_D(View4<const double>, View4<const double>, View3<double>) override {}
+    void backward_block(const Problem&, const PreparedMask&, Positions, Positions, View4<const double>,
+                        View4<const double>, View4<const double>, View4<const double>, View3<const double>,
+                        View3<const double>, View4<double>, View4<double>, View4<double>) override {}
+  } e;
+  std::vector<char> src(4096), dst(4096, 0), want(4096, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 3);
+  std::vector<Copy> copies;
+  for (int i = 0; i < 4; ++i) copies.push_back({dst.data() + 100 * i, src.data() + 64 * i, 40});  // strided run
+  copies.push_back({dst.data() + 600, src.data() + 300, 24});                                       // another size
+  copies.push_back({dst.data() + 700, src.data() + 2000, 50});  // destinations 60 apart:
+  copies.push_back({dst.data() + 760, src.data() + 1000, 50});  // a negative source stride
+  copies.push_back({dst.data() + 800, src.data() + 3000, 16});  // pitches below the size
+  copies.push_back({dst.data() + 810, src.data() + 3010, 16});
+  copies.push_back({dst.data() + 900, src.data() + 3500, 8});   // a run of two
+  copies.push_back({dst.data() + 950, src.data() + 3600, 8});
+  for (const Copy& c : copies) std::memcpy(want.data() + (static_cast<char*>(c.to) - dst.data()), c.from, size_t(c.bytes));
+  copy_pieces(e, copies);
+  EXPECT_EQ(e.calls, (std::vector<std::string>{"rows 100 64 40 x4", "copy 24", "copy 50", "copy 50", "copy 16",
+                                                "copy 16", "rows 50 100 8 x2"}));
+  EXPECT_EQ(dst, want);
 }
