@@ -1,7 +1,7 @@
 // distributed/shard_ops.hpp — engine-side helpers the collective schedules share (baselines,
 // attention2d, distflash, usp): BHSD views and row offsets, a rank's output allocation, D at home
-// (5.1), sums of pieces in a fixed order (bitwise reproducible), and the exchange of many row
-// pieces with a peer as one message each way.
+// (5.1), sums of pieces in a fixed order (bitwise reproducible), the exchange of many row pieces
+// with a peer as one message each way, and their copies in as few engine calls as their layout allows.
 // Internal to the layer: only its .cpp files include it.
 #pragma once
 
@@ -95,20 +95,19 @@ void copy_pieces(Engine<T>& e, const std::vector<Copy>& copies) {
   for (size_t i = 0; i < copies.size();) {
     const Copy& c = copies[i];
     size_t j = i + 1;
-    int64_t to_pitch = 0, from_pitch = 0;
-    if (j < copies.size() && copies[j].bytes == c.bytes) {
-      to_pitch = gap(c.to, copies[j].to);
-      from_pitch = gap(c.from, copies[j].from);
+    if (j < copies.size() && copies[j].bytes == c.bytes && c.bytes > 0) {
+      const int64_t to_pitch = gap(c.to, copies[j].to), from_pitch = gap(c.from, copies[j].from);
+      if (to_pitch >= c.bytes && from_pitch >= c.bytes) {
+        while (j < copies.size() && copies[j].bytes == c.bytes && gap(copies[j - 1].to, copies[j].to) == to_pitch &&
+               gap(copies[j - 1].from, copies[j].from) == from_pitch)
+          ++j;
+        e.copy_rows(c.to, to_pitch, c.from, from_pitch, c.bytes, static_cast<int64_t>(j - i));
+        i = j;
+        continue;
+      }
     }
-    if (to_pitch >= c.bytes && from_pitch >= c.bytes && c.bytes > 0)
-      while (j < copies.size() && copies[j].bytes == c.bytes && gap(copies[j - 1].to, copies[j].to) == to_pitch &&
-             gap(copies[j - 1].from, copies[j].from) == from_pitch)
-        ++j;
-    if (j - i > 1 && to_pitch >= c.bytes && from_pitch >= c.bytes && c.bytes > 0)
-      e.copy_rows(c.to, to_pitch, c.from, from_pitch, c.bytes, static_cast<int64_t>(j - i));
-    else
-      e.copy(c.to, c.from, c.bytes), j = i + 1;
-    i = j;
+    e.copy(c.to, c.from, c.bytes);
+    ++i;
   }
 }
 
