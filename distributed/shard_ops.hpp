@@ -149,9 +149,11 @@ void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peer
     return false;
   };
   int64_t out_bytes = 0, in_bytes = 0;  // what goes through the two stages
+  std::vector<std::pair<bool, bool>> staged_ways;  // per peer: (out, in) staged
   for (const PeerPieces& pp : peers) {
-    if (staged_way(pp.out)) out_bytes += total(pp.out);
-    if (staged_way(pp.in)) in_bytes += total(pp.in);
+    staged_ways.emplace_back(staged_way(pp.out), staged_way(pp.in));
+    if (staged_ways.back().first) out_bytes += total(pp.out);
+    if (staged_ways.back().second) in_bytes += total(pp.in);
   }
   auto stage = [&](int64_t bytes) -> char* {
     if (bytes == 0) return nullptr;
@@ -165,13 +167,14 @@ void exchange(Communicator& c, Engine<T>& e, const std::vector<PeerPieces>& peer
   };
   std::vector<Message> messages;
   std::vector<Copy> packs;
-  for (const PeerPieces& pp : peers) {
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const PeerPieces& pp = peers[i];
     Message m{pp.out.empty() ? nullptr : pp.out.front().first, pp.in.empty() ? nullptr : pp.in.front().first};
-    if (staged_way(pp.out)) {
+    if (staged_ways[i].first) {
       m.out = out_stage;
       for (const auto& [from, n] : pp.out) packs.push_back({out_stage, from, n}), out_stage += n;
     }
-    if (staged_way(pp.in)) {
+    if (staged_ways[i].second) {
       m.in = in_stage;
       for (const auto& [to, n] : pp.in) staged.copies.push_back({to, in_stage, n}), in_stage += n;
     }
