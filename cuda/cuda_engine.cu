@@ -35,6 +35,18 @@ __global__ void add_kernel(X* acc, const X* in, int64_t n) {
     acc[i] = detail::from_acc<X>(detail::to_acc<A>(acc[i]) + detail::to_acc<A>(in[i]));
 }
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
+// rows pieces of `words` W-byte words: piece r from src + r * src_pitch to dst + r * dst_pitch
+// (pitches in words). A kernel rather than cudaMemcpy2DAsync, which refuses device-to-device
+// pitches and addresses it did not allocate itself (cuMemcpy2D's documented restriction).
+template <class W>
+__global__ void copy_rows_kernel(W* dst, int64_t dst_pitch, const W* src, int64_t src_pitch, int64_t words,
+                                 int64_t rows) {
+  const int64_t n = words * rows;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / words, c = i - r * words;
+    dst[r * dst_pitch + c] = src[r * src_pitch + c];
+  }
+}
 
 // A stream per calling thread, from a pool: a thread leases one on first use and gives it back
 // when it exits (SimComm starts fresh rank threads every pass, so a stream per thread id would
@@ -195,10 +207,6 @@ class CudaEngine final : public Engine<T> {
   explicit CudaEngine(Variant fwd) : fwd_(fwd) {
     std::string why;
     if (!gpu_available(&why)) fail("cuda engine: no usable GPU (", why, ")");
-    int dev = 0, pitch = 0;
-    BURSTLAB_CUDA_CHECK(cudaGetDevice(&dev));
-    BURSTLAB_CUDA_CHECK(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, dev));
-    max_pitch_ = pitch;
   }
   std::string name() const override { return "cuda"; }
 
@@ -218,14 +226,28 @@ class CudaEngine final : public Engine<T> {
   void copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_->get()));
   }
-  // One 2D copy (cudaMemcpy2DAsync) where its pitches are valid, else row by row.
+  // One kernel in the widest word (16 down to 1 bytes) that divides both addresses, both pitches
+  // and the piece; row by row where a destination pitch below the piece makes the rows overlap.
   void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t bytes,
                  int64_t rows) override {
     if (bytes <= 0 || rows <= 0) return;
-    if (rows == 1 || dst_pitch < bytes || src_pitch < bytes || dst_pitch > max_pitch_ || src_pitch > max_pitch_)
-      return Engine<T>::copy_rows(dst, dst_pitch, src, src_pitch, bytes, rows);
-    BURSTLAB_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(bytes), size_t(rows),
-                                          cudaMemcpyDeviceToDevice, streams_->get()));
+    if (rows == 1) return copy(dst, src, bytes);
+    if (dst_pitch < bytes || src_pitch < bytes) return Engine<T>::copy_rows(dst, dst_pitch, src, src_pitch, bytes, rows);
+    const uint64_t bits = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                          uint64_t(dst_pitch) | uint64_t(src_pitch) | uint64_t(bytes);
+    const cudaStream_t s = streams_->get();
+    auto launch = [&](auto word) {
+      using W = decltype(word);
+      const int64_t w = sizeof(W);
+      copy_rows_kernel<W><<<grid_for(bytes / w * rows), 256, 0, s>>>(
+          static_cast<W*>(dst), dst_pitch / w, static_cast<const W*>(src), src_pitch / w, bytes / w, rows);
+    };
+    if (bits % 16 == 0) launch(uint4{});
+    else if (bits % 8 == 0) launch(uint2{});
+    else if (bits % 4 == 0) launch(uint32_t{});
+    else if (bits % 2 == 0) launch(uint16_t{});
+    else launch(uint8_t{});
+    BURSTLAB_CUDA_LAUNCH_CHECK("copy_rows_kernel");
   }
   void fill(void* dst, int64_t n, Dtype t, double v) override {
     if (n <= 0) return;
@@ -316,7 +338,6 @@ class CudaEngine final : public Engine<T> {
   }
 
   Variant fwd_;
-  int64_t max_pitch_ = 0;  // cudaMemcpy2D's largest pitch on this device
   std::shared_ptr<Streams> streams_ = std::make_shared<Streams>();  // shared with released blocks
   BlockCache blocks_;
 };

@@ -198,18 +198,24 @@ TEST(CudaEngine, CopyRowsLandsEveryRowWhereItsCopiesWould) {
   for (int64_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 13 + 5);
   const std::shared_ptr<void> src = e->allocate(n), dst = e->allocate(n);
   e->upload(src.get(), host.data(), n);
-  struct Case { int64_t dst_pitch, src_pitch, bytes, rows; };
-  for (const Case& c : {Case{3000, 1000, 700, 16}, Case{256, 4096, 256, 12}, Case{512, 512, 512, 100},
-                        Case{900, 700, 640, 1}, Case{100, 20, 60, 30}}) {
+  // Offsets and pitches pick every word width of the kernel (16, 8, 4, 2, 1 bytes), the last
+  // piece ending at the allocation's end, and the row-by-row path of overlapping rows.
+  struct Case { int64_t dst_off, dst_pitch, src_off, src_pitch, bytes, rows; };
+  for (const Case& c : {Case{0, 3000, 0, 1000, 700, 16}, Case{0, 256, 0, 4096, 256, 12},
+                        Case{0, 512, n - 100 * 512, 512, 512, 100}, Case{8, 904, 24, 712, 640, 9},
+                        Case{4, 900, 12, 700, 640, 7}, Case{2, 130, 6, 258, 126, 40}, Case{1, 777, 3, 513, 333, 11},
+                        Case{0, 900, 0, 700, 640, 1}, Case{0, 100, 0, 20, 60, 30}, Case{n - 3 * 64, 64, 5, 64, 64, 3}}) {
     std::vector<unsigned char> want(n, 0xab), got(n);
     e->upload(dst.get(), want.data(), n);
-    e->copy_rows(dst.get(), c.dst_pitch, src.get(), c.src_pitch, c.bytes, c.rows);
+    e->copy_rows(static_cast<unsigned char*>(dst.get()) + c.dst_off, c.dst_pitch,
+                 static_cast<const unsigned char*>(src.get()) + c.src_off, c.src_pitch, c.bytes, c.rows);
     for (int64_t r = 0; r < c.rows; ++r)
-      std::memcpy(want.data() + r * c.dst_pitch, host.data() + r * c.src_pitch, size_t(c.bytes));
+      std::memcpy(want.data() + c.dst_off + r * c.dst_pitch, host.data() + c.src_off + r * c.src_pitch,
+                  size_t(c.bytes));
     e->synchronize();
     e->download(got.data(), dst.get(), n);
-    EXPECT_EQ(got, want) << "pitches " << c.dst_pitch << ", " << c.src_pitch << ", " << c.bytes << " bytes x "
-                         << c.rows;
+    EXPECT_EQ(got, want) << "offsets " << c.dst_off << ", " << c.src_off << "; pitches " << c.dst_pitch << ", "
+                         << c.src_pitch << "; " << c.bytes << " bytes x " << c.rows;
   }
 }
 
