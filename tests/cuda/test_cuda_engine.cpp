@@ -188,8 +188,8 @@ TEST(CudaEngine, FailedRankErrorsEveryRank) {
   for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r;
 }
 
-// copy_rows: one 2D copy where the pitches allow it (cudaMemcpy2DAsync), row by row where a
-// pitch is below the row's size or there is one row; the bytes land where `rows` copies put them.
+// copy_rows: one strided-copy kernel in the widest word that divides the addresses, pitches and
+// piece; row by row where a pitch is below the piece; the bytes land where `rows` copies put them.
 TEST(CudaEngine, CopyRowsLandsEveryRowWhereItsCopiesWould) {
   REQUIRE_GPU();
   auto e = cuda::make_engine<bf16_t>();
