@@ -36,8 +36,8 @@ __global__ void add_kernel(X* acc, const X* in, int64_t n) {
 }
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
 // rows pieces of `words` W-byte words: piece r from src + r * src_pitch to dst + r * dst_pitch
-// (pitches in words). A kernel rather than cudaMemcpy2DAsync, which refuses device-to-device
-// pitches and addresses it did not allocate itself (cuMemcpy2D's documented restriction).
+// (pitches in words). A kernel, not cudaMemcpy2DAsync: that returned invalid argument for some of
+// the collectives' device pitches, as cuMemcpy2D documents it may for pitches it did not compute.
 template <class W>
 __global__ void copy_rows_kernel(W* dst, int64_t dst_pitch, const W* src, int64_t src_pitch, int64_t words,
                                  int64_t rows) {
