@@ -227,7 +227,7 @@ class CudaEngine final : public Engine<T> {
     if (bytes) BURSTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, streams_->get()));
   }
   // One kernel in the widest word (16 down to 1 bytes) that divides both addresses, both pitches
-  // and the piece; row by row where a destination pitch below the piece makes the rows overlap.
+  // and the piece; row by row where a pitch below the piece makes rows overlap.
   void copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t bytes,
                  int64_t rows) override {
     if (bytes <= 0 || rows <= 0) return;
