@@ -170,11 +170,13 @@ struct Ctx {
     const int64_t Hkv = p.H_kv, d = p.d, NC = col.total;
     Kc = alloc<T>(e, p.B * Hkv * NC * d);
     Vc = alloc<T>(e, p.B * Hkv * NC * d);
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t h = 0; h < Hkv; ++h) {
-        copy(e, Kc.data + at(b, h, col.off[col.me], Hkv, NC, d), Ks + at(b, h, 0, Hkv, nt, d), nt * d);
-        copy(e, Vc.data + at(b, h, col.off[col.me], Hkv, NC, d), Vs + at(b, h, 0, Hkv, nt, d), nt * d);
-      }
+    std::vector<Copy> own;  // K's (b, h) blocks, then V's: one copy_rows each
+    for (auto [dst, src] : {std::pair<T*, const T*>{Kc.data, Ks}, std::pair<T*, const T*>{Vc.data, Vs}})
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < Hkv; ++h)
+          own.push_back({dst + at(b, h, col.off[col.me], Hkv, NC, d), src + at(b, h, 0, Hkv, nt, d),
+                         nt * d * int64_t(sizeof(T))});
+    copy_pieces(e, own);
     e.synchronize();  // the column ring sends this block first
     return {Kc.data, Vc.data};
   }

@@ -501,8 +501,8 @@ class CountingEngine final : public Engine<T> {
 // The engine calls of one pass of each algorithm, 2 ranks, H = 32 (printed: docs/performance-gpu.md
 // quotes the table; a copy_rows counts as one copy). The ring family moves its shards through the
 // transport straight into the slots the blocks read, so it makes no engine copy; the collectives
-// copy each tensor's (b, h) row blocks as one copy_rows per peer and way (the own blocks into
-// place, a peer's packed or unpacked), never more than twice per block.
+// copy each tensor's (b, h) row blocks as one copy_rows per peer, way and batch index (the own
+// blocks into place, a peer's packed or unpacked; here B = 1), never more than twice per block.
 TEST(Schedules, EngineCallsPerPass) {
   auto cpu = cpu::make_engine<double>(cpu::Tiles{64, 64});
   CountingEngine<double> engine(*cpu);
@@ -536,6 +536,29 @@ TEST(Schedules, EngineCallsPerPass) {
       }
     }
   }
+}
+
+// Attention2D-O's column ring (§7.13) places the rank's K, V shard in its column buffer: one
+// copy_rows per tensor, not one copy per (b, h) block. A 2 x 2 grid (columns of two members),
+// B = 2, H_kv = 16: one copy per block would be 2 B H_kv = 64 a rank for the placement alone.
+TEST(Schedules, Attention2dOPlacesItsColumnBlockInOneCallPerTensor) {
+  auto cpu = cpu::make_engine<double>(cpu::Tiles{64, 64});
+  CountingEngine<double> engine(*cpu);
+  const int64_t B = 2, H = 16, G = 4;
+  const Case c = make_case(B, H, H, 128, 128, 4, "causal", kSeed);
+  AlgoOptions o = options("attention2d-o", PartitionKind::Striped, G);
+  o.grid = Grid{2, 2};
+  Session<double> s(c.p, c.in.Q.view(), c.in.K.view(), c.in.V.view(), c.in.dO.view(), o, engine);
+  engine.take();
+  s.forward();
+  const int64_t copies = engine.take()["copy"];
+  std::printf("attention2d-o 2x2, B = 2, H = 16, forward: %lld engine copies (4 ranks together)\n", (long long)copies);
+  EXPECT_GT(copies, 0);
+  // At most one copy_rows per tensor, rank, member of its row and column, and batch index:
+  // 5 x 4 x (2 + 2) x 2 = 160 (the per-block placement made 272).
+  EXPECT_LE(copies, 5 * G * (2 + 2) * B);
+  const dist::DistResult<double> res = run_algo(c, o, *cpu);
+  for (int r = 0; r < G; ++r) EXPECT_TRUE(testutil::all_pass(check_rank(c, res, r), "rank " + std::to_string(r)));
 }
 
 // copy_pieces: a run of equal copies whose sources and destinations each advance by one stride
