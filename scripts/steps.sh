@@ -11,6 +11,10 @@ step() {  # step NAME LIMIT_SECONDS LOGFILE command...
   if [ $rc -eq 0 ]; then STATUS+=("PASS"); else STATUS+=("FAIL(rc=$rc)"); tail -n 30 "$log"; fi
   return $rc
 }
+visible_gpus() {  # the GPUs a process here sees: CUDA_VISIBLE_DEVICES' entries where set, else nvidia-smi's
+  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .
+  else nvidia-smi -L 2>/dev/null | grep -c '^GPU '; fi
+}
 skip() {  # skip NAME REASON: a step that could not run here, listed in the table (not a failure)
   echo "== $1: skipped: $2"
   NAMES+=("$1"); SECS+=(0); STATUS+=("SKIP")

@@ -83,9 +83,9 @@ const std::vector<Knob>& knobs() {
        "scripts/nccl-check", "the folder holding cudnn_frontend.h, passed to CMake"},
       {"LD_LIBRARY_PATH", Kind::Text, "", "scripts/nccl-check",
        "read by the loader; nccl-check puts $CUDNN_ROOT/lib first (cuDNN loads its engines from there)"},
-      {"CUDA_VISIBLE_DEVICES", Kind::Text, "every GPU", "scripts/nccl-check, scripts/gpu-check",
-       "read by CUDA: the GPUs a process sees; nccl-check counts them for its 2-GPU plug-in step, "
-       "gpu-check for its two-GPU tests"},
+      {"CUDA_VISIBLE_DEVICES", Kind::Text, "every GPU", "scripts/steps.sh",
+       "read by CUDA: the GPUs a process sees; steps.sh counts them for nccl-check's 2-GPU plug-in step "
+       "and gpu-check's two-GPU tests"},
       {"SOAK_PASSES", Kind::Integer, "200", kFaults, "the soak's timed passes per algorithm"},
       {"SOAK_SLACK_MIB", Kind::Integer, "64", kFaults, "how far the soak's memory may drift (MiB)"},
       {"FAULT_BOUND_S", Kind::Integer, "30", kFaults, "seconds a fault-matrix run may take"},
