@@ -54,7 +54,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   __shared__ Item mail[2];
   __shared__ int2 mail_rows[2][kBr];  // each row's local key interval [lo, hi) (eq. 3.4)
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
+            t4 = lane & 3;
   const int wg = warp / 4 - 1;       // consumer warpgroup (-1: producer)
   const int wrow = (warp - 4) * 16;  // a consumer warp's first row in the item
 
