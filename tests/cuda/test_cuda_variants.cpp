@@ -264,9 +264,10 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V5, Variant::V4, Variant::V6, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
+            (VV{Variant::V5, Variant::V4, Variant::V6, Variant::V14, Variant::V3, Variant::V2,
+                Variant::V1}));  // v5 declining runs v4
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto),
-            (VV{Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
+            (VV{Variant::V4, Variant::V14, Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V1}));  // v4 declining runs v1
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kAmpere, Variant::Auto), (VV{Variant::V2, Variant::V1}));
