@@ -54,7 +54,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* sKV = sdO + kRows * D;                            // S x [(BC, D) K, (BC, D) V]
   __shared__ RingBars<kStages> bars;
   __shared__ int red[4][kWarps];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
+            t4 = lane & 3;
   const int wg = warp / 4 - 1, wrow = (warp - 4) * 16;
   const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z,
                 hk = h / a.group;
@@ -163,7 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sdQ = reinterpret_cast<float*>(sdS + (FUSED ? 2 * kRows * BQ : 0));  // FUSED: 2 x (64, d/2) dQ_part
   RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + (FUSED ? 2 * 32 * D : 0));  // S x facts
   __shared__ RingBars<S> bars;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
+            t4 = lane & 3;
   const int wg = warp / 4 - 1;
   const DkdvCta cta = dkdv_cta<BQ>(a);
   const int64_t hk = cta.hk, b = cta.b, j0 = cta.j0, group = a.group;

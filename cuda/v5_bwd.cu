@@ -36,7 +36,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const OnePassSmem<T> sm = one_pass_smem<T, D>(smem_raw);
   __shared__ RingBars<S> bars;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
+            t4 = lane & 3;
   const int wg = warp / 4 - 1;
   const DkdvCta cta = dkdv_cta<BQ>(a);
   const int64_t hk = cta.hk, b = cta.b, j0 = cta.j0, group = a.group;

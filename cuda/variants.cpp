@@ -10,16 +10,17 @@ namespace burstlab::cuda {
 
 namespace {
 
-// Preference order: auto runs the first row that supports a call (at a d of its auto_d). v5 is
-// auto's backward at d = 64 only: at d = 128 it measured level with v4 or slower (0.74-1.05x,
-// one H100 and one H200; docs/performance-gpu.md). v6 comes after v4: measured slower than v5
-// and v4 on every shape it runs; it stays for study by name.
+// Preference order: auto runs the first row that supports a call (at a d of its auto_d). v14 is
+// auto's backward at d = 64 only: there it measured 0.996-1.099x v5 (23 of 24 runs above 1,
+// one H200); at d = 128 slower than v4 (docs/performance-gpu.md). v5, and v6 (measured slower than
+// v5 and v4 on every shape it runs), come after v4, whose calls they decline alike, so auto
+// never runs them; they stay for study by name.
 std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
   std::vector<VariantInfo> t;
-  t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ws.cuh",
-               "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
+  t.push_back({Variant::V14, "v14", "v14_bwd.cu, bwd_ws.cuh",
+               "v5 with dQ_part's bulk atomic add issued by a store thread per consumer warpgroup",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{64}});
@@ -33,6 +34,11 @@ std::vector<VariantInfo> make_table() {
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",
                {Pass::Backward}, tc, {64}, 64, 31,
+               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
+               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
+  t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ws.cuh",
+               "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
+               {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V3, "v3", "v3_fwd.cu, v3_bwd.cu, wgmma.cuh, wgmma_ops.inc",

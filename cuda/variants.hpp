@@ -18,7 +18,7 @@ namespace burstlab::cuda {
 
 // A variant's number; numbers are never reused (7 to 13 were ideas measured and dropped:
 // cuda/README.md). Auto: the first in preference order that supports the call.
-enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4, V5 = 5, V6 = 6 };
+enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4, V5 = 5, V6 = 6, V14 = 14 };
 
 // The entry points of cuda.hpp a variant may implement.
 enum class Pass { Forward, ForwardBlock, Backward, BackwardBlock };

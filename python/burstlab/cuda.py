@@ -158,7 +158,7 @@ def attention(q, k, v, mask=None, *, scale=None, layout="BHSD", return_lse=False
     burstlab.oracle and the command line); (B, N, H, d) for "BSHD" (flash-attn's); one dtype and
     device for all three. mask: None, "causal", a burstlab.Mask or a dict of its fields (spec §3:
     bottom-right aligned band, documents, block mask).
-    scale: default 1/sqrt(d). variant: "auto" or "v1".."v6" (cuda/README.md; a pass the variant
+    scale: default 1/sqrt(d). variant: "auto" or "v1".."v6", "v14" (cuda/README.md; a pass the variant
     lacks runs auto: v5 and v6 are backward only; auto's backward is v5 at d = 64, v4 at
     d = 128). deterministic: a bitwise repeatable backward (the one-pass backwards of v4-v6 add
     atomically; v5 and v6 have no deterministic mode). Returns O in q's layout, or

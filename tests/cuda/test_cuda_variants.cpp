@@ -125,23 +125,30 @@ TEST(CudaVariantTable, TheRowsOfV1ToV4) {
   EXPECT_TRUE(runs_on(variant_info(Variant::V2), kNoGpu));
 }
 
-// v5 and v6: the whole backward only, never deterministic; v5 first in preference order, v6
-// (d = 64, slower) after v4.
-TEST(CudaVariantTable, TheRowsOfV5AndV6) {
+// v14, v5 and v6: the whole backward only, never deterministic; v14 first in preference order
+// (auto at d = 64), v6 and v5 after v4 (by name).
+TEST(CudaVariantTable, TheRowsOfV14V5AndV6) {
+  const VariantInfo& v14 = variant_info(Variant::V14);
   const VariantInfo& v5 = variant_info(Variant::V5);
   const VariantInfo& v6 = variant_info(Variant::V6);
-  EXPECT_EQ(&variants()[0], &v5);
+  EXPECT_EQ(&variants()[0], &v14);
   EXPECT_EQ(&variants()[2], &v6);
+  EXPECT_EQ(&variants()[3], &v5);
   EXPECT_EQ(v6.d_values, std::vector<int64_t>{64});
   EXPECT_EQ(v6.passes, std::vector<Pass>{Pass::Backward});
   EXPECT_EQ(v6.determinism, Determinism::Never);
-  EXPECT_EQ(v5.passes, std::vector<Pass>{Pass::Backward});
-  EXPECT_EQ(v5.determinism, Determinism::Never);
-  EXPECT_EQ(v5.auto_d, std::vector<int64_t>{64});
-  EXPECT_TRUE(v5.may_decline);
-  EXPECT_EQ(v5.cc, 90);
+  for (const VariantInfo* v : {&v14, &v5}) {
+    EXPECT_EQ(v->passes, std::vector<Pass>{Pass::Backward});
+    EXPECT_EQ(v->determinism, Determinism::Never);
+    EXPECT_EQ(v->d_values, (std::vector<int64_t>{64, 128}));
+    EXPECT_TRUE(v->may_decline);
+    EXPECT_EQ(v->cc, 90);
+  }
+  EXPECT_EQ(v14.auto_d, std::vector<int64_t>{64});
+  EXPECT_TRUE(v5.auto_d.empty());
   EXPECT_EQ(parse_variant("v5"), Variant::V5);
   EXPECT_EQ(parse_variant("5"), Variant::V5);
+  EXPECT_EQ(parse_variant("v14"), Variant::V14);
 }
 
 TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
@@ -180,23 +187,25 @@ TEST(CudaVariantDispatch, AutoOnRepresentativeCalls) {
     EXPECT_EQ(choose_variant(make_call(p, bf, 64), kHopper, Variant::Auto, &none), Variant::V4);
     EXPECT_EQ(none, "");
   }
-  // Backward: v5 on 9.0 (block masks included), v4 there when deterministic, else v2, else v1; v3
-  // and v6 only by name (or after v4 declines).
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V5);
-  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 64, true), kHopper, Variant::Auto), Variant::V5);
-  {  // d = 128: v4 (v5 by name only)
+  // Backward: v14 at d = 64 on 9.0 (block masks included), v4 there at d = 128 and when
+  // deterministic, else v2, else v1; v3, v5 and v6 only by name (or after v4 declines).
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto), Variant::V14);
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 64, true), kHopper, Variant::Auto), Variant::V14);
+  EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kHopper, Variant::V5), Variant::V5);
+  {  // d = 128: v4 (v14 and v5 by name only)
     std::string why;
     EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto, &why), Variant::V4);
-    EXPECT_NE(why.find("v5 is auto's choice at d in {64} only"), std::string::npos) << why;
+    EXPECT_NE(why.find("v14 is auto's choice at d in {64} only"), std::string::npos) << why;
     EXPECT_EQ(choose_variant(make_call(Pass::Backward, h, 128, true), kHopper, Variant::Auto), Variant::V4);
     EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::V5), Variant::V5);
+    EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 128), kHopper, Variant::V14), Variant::V14);
   }
   {
     Call det = make_call(Pass::Backward, bf, 128);
     det.deterministic = true;
     std::string why;
     EXPECT_EQ(choose_variant(det, kHopper, Variant::Auto, &why), Variant::V4);
-    EXPECT_NE(why.find("v5 has no deterministic mode"), std::string::npos) << why;
+    EXPECT_NE(why.find("v14 has no deterministic mode"), std::string::npos) << why;
   }
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kAmpere, Variant::Auto), Variant::V2);
   EXPECT_EQ(choose_variant(make_call(Pass::Backward, bf, 64), kNoGpu, Variant::Auto), Variant::V2);
@@ -264,9 +273,10 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V5, Variant::V4, Variant::V6, Variant::V3, Variant::V2, Variant::V1}));  // v5 declining runs v4
+            (VV{Variant::V14, Variant::V4, Variant::V6, Variant::V5, Variant::V3, Variant::V2,
+                Variant::V1}));  // v14 declining runs v4
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto),
-            (VV{Variant::V4, Variant::V3, Variant::V2, Variant::V1}));
+            (VV{Variant::V4, Variant::V5, Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::BackwardBlock, bf, 64), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V1}));  // v4 declining runs v1
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64), kAmpere, Variant::Auto), (VV{Variant::V2, Variant::V1}));
@@ -276,7 +286,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
 }
 
 // The dispatch rules as api.cu wrote them out before the table, one branch per entry point (and
-// v5 for the backward at d = 64 since).
+// the backward at d = 64 since: v5, now v14).
 Variant rules_by_hand(const Call& c, int cc) {
   const bool tc = c.dtype == Dtype::BF16 || c.dtype == Dtype::F16;
   const int64_t lim = int64_t(1) << 31;
@@ -288,7 +298,7 @@ Variant rules_by_hand(const Call& c, int cc) {
     case Pass::ForwardBlock:
       return ok && hopper && !c.block_sparse ? Variant::V4 : ok && hopper ? Variant::V3 : ok ? Variant::V2 : Variant::V1;
     case Pass::Backward:
-      return ok && hopper ? (c.deterministic || c.d == 128 ? Variant::V4 : Variant::V5) : ok ? Variant::V2 : Variant::V1;
+      return ok && hopper ? (c.deterministic || c.d == 128 ? Variant::V4 : Variant::V14) : ok ? Variant::V2 : Variant::V1;
     case Pass::BackwardBlock:
       return ok && c.n_q < lim && c.n_k < lim && !(c.k_indexed && c.deterministic) && hopper ? Variant::V4
                                                                                              : Variant::V1;

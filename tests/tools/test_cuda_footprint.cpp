@@ -38,12 +38,13 @@ EngineFootprint cuda_engine(cuda::Variant v) {
 TEST(CudaFootprint, BackwardHoldsTheVariantsAccumulatorOnTheDevice) {
   const Problem p = shape(2, 8, 2, 1000, 64);
   const int64_t acc = 4LL * 2 * 8 * 1024 * 64;  // v4_dq_acc_floats: 1000 rows in 16 tiles of 64
+  EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V14, false)), acc);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V5, false)), acc);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V4, false)), acc);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V4, true)), 0);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V2, false)), 0);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::F64, cuda::Variant::V1, false)), 0);
-  // auto: the most of the rows that may run it (v5 at d = 64 in bf16), none for fp64 (v1 only).
+  // auto: the most of the rows that may run it (v14 at d = 64 in bf16), none for fp64 (v1 only).
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::Auto, false)), acc);
   EXPECT_EQ(accumulator_bytes(cuda::backward_workspace(p, Dtype::F64, cuda::Variant::Auto, false)), 0);
   for (const MemPart& x : cuda::backward_workspace(p, Dtype::BF16, cuda::Variant::V5, false)) EXPECT_TRUE(x.device) << x.what;
