@@ -349,8 +349,8 @@ Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, Vi
 template <class T>
 Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
-                         Variant requested, std::string* passed_over) {
-  const Call c = backward_call<T>(p, false, Q, K, V, O, dO, dQ, dK, dV);
+                         Variant requested, bool deterministic, std::string* passed_over) {
+  const Call c = backward_call<T>(p, deterministic, Q, K, V, O, dO, dQ, dK, dV);
   return choose_variant(c, compute_capability(), requested, passed_over);
 }
 
@@ -463,7 +463,7 @@ void backward_block(const Problem& p, const MaskParams& mask, Positions q_pos, P
                                       View4<const T>, View4<T>, Variant, std::string*);          \
   template Variant backward_variant<T>(const Problem&, View4<const T>, View4<const T>,           \
                                        View4<const T>, View4<const T>, View4<const T>, View4<T>, \
-                                       View4<T>, View4<T>, Variant, std::string*);               \
+                                       View4<T>, View4<T>, Variant, bool, std::string*);         \
   template Variant backward_block_variant<T>(const Problem&, Positions, Positions, View4<const T>, \
                                              View4<const T>, View4<const T>, View4<const T>,     \
                                              View4<acc_t<T>>, View4<acc_t<T>>, View4<acc_t<T>>,  \

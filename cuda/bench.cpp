@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
             // The backward that runs (auto resolved over the table, as backward_variant documents).
             const bc::Variant bv = bc::backward_variant<bf16_t>(
                 p, C4(Qb.data()), C4(Kb.data()), C4(Vb.data()), C4(Ob.data()), C4(dOb.data()),
-                V4(dQb.data()), V4(dKb.data()), V4(dVb.data()), bvar_req);
+                V4(dQb.data()), V4(dKb.data()), V4(dVb.data()), bvar_req, deterministic);
             const bool bv2 = bv != ref;
             const std::string bvar = bc::to_string(bv);
             run_bwd(bopt, grads);

@@ -124,11 +124,11 @@ struct Options {
 template <class T>
 Variant forward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                         View4<T> O, Variant requested, std::string* passed_over = nullptr);
-// The same for `backward`, over the views Q, K, V, O, dO, dQ, dK, dV.
+// The same for `backward` (with Options::deterministic), over the views Q, K, V, O, dO, dQ, dK, dV.
 template <class T>
 Variant backward_variant(const Problem& p, View4<const T> Q, View4<const T> K, View4<const T> V,
                          View4<const T> O, View4<const T> dO, View4<T> dQ, View4<T> dK, View4<T> dV,
-                         Variant requested, std::string* passed_over = nullptr);
+                         Variant requested, bool deterministic, std::string* passed_over = nullptr);
 // The same for `backward_block` (with Options::deterministic and the positions), over the views
 // Q, K, V, dO and the accumulator-precision dQ, dK, dV.
 template <class T>

@@ -308,7 +308,7 @@ TEST_P(CudaBackward, MatchesOracle) {
   REQUIRE_GPU();
   const FwdCase& c = GetParam();
   REQUIRE_VARIANT(c.variant);
-  // Deterministic where the variant has the mode (v5 and v6 have none).
+  // Deterministic where the variant has the mode (v5, v6 and v14 have none).
   const bool det = c.seed % 3 == 0 && (c.variant == bc::Variant::Auto ||
                                        bc::variant_info(c.variant).determinism != bc::Determinism::Never);
   dispatch_dtype(parse_dtype(c.dtype), [&](auto tag) { run_bwd_case<typename decltype(tag)::type>(c, det); });
@@ -692,14 +692,17 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   }
   // The backward (not deterministic) at d = 64: v14 on compute capability 9.0 (block masks
   // included), else v2; v1 by name.
-  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto, false),
             hopper ? bc::Variant::V14 : bc::Variant::V2);
-  EXPECT_EQ(bc::backward_variant<bf16_t>(pb, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(pb, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto, false),
             hopper ? bc::Variant::V14 : bc::Variant::V2);
-  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V1, false),
             bc::Variant::V1);
+  // Deterministic: v4's two passes on 9.0 (v14 has no deterministic mode), v2 elsewhere.
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::Auto, true),
+            hopper ? bc::Variant::V4 : bc::Variant::V2);
   if (!hopper) {
-    EXPECT_THROW(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V4),
+    EXPECT_THROW(bc::backward_variant<bf16_t>(p, v(64), v(64), v(64), v(64), v(64), o(64), o(64), o(64), bc::Variant::V4, false),
                  Error);
   }
   // backward_block: v4 on compute capability 9.0 (block masks included) with contiguous keys,
@@ -735,7 +738,7 @@ TEST(CudaValidation, AutoPicksTensorCoresOnlyWhereTheyApply) {
   EXPECT_EQ(bc::forward_variant<bf16_t>(p3, v(3), v(3), v(3), o(3), bc::Variant::Auto, &why), bc::Variant::V1);
   EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
   why.clear();
-  EXPECT_EQ(bc::backward_variant<bf16_t>(p3, v(3), v(3), v(3), v(3), v(3), o(3), o(3), o(3), bc::Variant::Auto, &why),
+  EXPECT_EQ(bc::backward_variant<bf16_t>(p3, v(3), v(3), v(3), v(3), v(3), o(3), o(3), o(3), bc::Variant::Auto, false, &why),
             bc::Variant::V1);
   EXPECT_NE(why.find("d in {64, 128}"), std::string::npos) << why;
 }
