@@ -144,7 +144,7 @@ template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaS
 // v6's backward: v5 at d = 64 with the consumer warpgroups taking turns at the tensor cores (dQ_part
 // one tile late through a ring of dS^T slots); as v5 otherwise.
 template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
-// v14's backward: v5 with dQ_part's bulk add issued by a store warp per consumer warpgroup.
+// v14's backward: v5 with dQ_part's bulk add issued by a store thread per consumer warpgroup.
 template <class T> bool v14_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 
 // Largest dynamic shared memory a block may opt into on the current device.

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* sKV = sdO + kRows * D;                            // S x [(BC, D) K, (BC, D) V]
   __shared__ RingBars<kStages> bars;
   __shared__ int red[4][kWarps];
-  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (measured faster: cuda/README.md)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
             t4 = lane & 3;
   const int wg = warp / 4 - 1, wrow = (warp - 4) * 16;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sdQ = reinterpret_cast<float*>(sdS + (FUSED ? 2 * kRows * BQ : 0));  // FUSED: 2 x (64, d/2) dQ_part
   RowStats<BQ>* sR = reinterpret_cast<RowStats<BQ>*>(sdQ + (FUSED ? 2 * 32 * D : 0));  // S x facts
   __shared__ RingBars<S> bars;
-  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (measured faster: cuda/README.md)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
             t4 = lane & 3;
   const int wg = warp / 4 - 1;

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const OnePassSmem<T> sm = one_pass_smem<T, D>(smem_raw);
   __shared__ RingBars<S> bars;
-  // warp through a shuffle, so that ptxas knows it is warp-uniform (it spills less: cuda/README.md)
+  // warp through a shuffle, so that ptxas knows it is warp-uniform (measured faster: cuda/README.md)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32, g = lane >> 2,
             t4 = lane & 3;
   const int wg = warp / 4 - 1;

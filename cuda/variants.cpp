@@ -11,8 +11,9 @@ namespace burstlab::cuda {
 namespace {
 
 // Preference order: auto runs the first row that supports a call (at a d of its auto_d). v14 is
-// auto's backward at d = 64 only: there it measured 0.996-1.099x v5 (23 of 24 runs above 1,
-// one H200); at d = 128 slower than v4 (docs/performance-gpu.md). v5, and v6 (measured slower than
+// auto's backward at d = 64 only: there it measured 0.958-1.108x v5, five runs by turns on one
+// H200 (35 of 40 above 1; medians 1.001-1.034x); at d = 128 slower than v4
+// (docs/performance-gpu.md). v5, and v6 (measured slower than
 // v5 and v4 on every shape it runs), come after v4, whose calls they decline alike, so auto
 // never runs them; they stay for study by name.
 std::vector<VariantInfo> make_table() {

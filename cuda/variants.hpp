@@ -81,7 +81,7 @@ std::vector<const VariantInfo*> variants_by_number();
 
 std::string to_string(Variant v);             // "auto", "v1", ...
 Variant parse_variant(const std::string& s);  // "auto", "v4" or "4"; throws Error naming "variant"
-std::string variant_names();                  // "auto, v1, v2, v3, v4, v5, v6"
+std::string variant_names();                  // "auto, v1, v2, v3, v4, v5, v6, v14"
 
 // The tensor-core variants' rule for one view: nullptr when it holds, else what is missing
 // ("16-byte aligned data", "unit stride along d", "strides that are multiples of 8 elements").

@@ -285,8 +285,8 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, Dtype::F32, 64), kHopper, Variant::Auto), (VV{Variant::V1}));
 }
 
-// The dispatch rules as api.cu wrote them out before the table, one branch per entry point (and
-// the backward at d = 64 since: v5, now v14).
+// The dispatch rules written out by hand, one branch per entry point (v14 for the backward at
+// d = 64).
 Variant rules_by_hand(const Call& c, int cc) {
   const bool tc = c.dtype == Dtype::BF16 || c.dtype == Dtype::F16;
   const int64_t lim = int64_t(1) << 31;

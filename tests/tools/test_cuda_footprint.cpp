@@ -1,6 +1,6 @@
 // The device memory a CUDA run takes, as the cuda layer states it (cuda/cuda_footprint.hpp) and
 // as the tool composes it for `run --algo` (tools/resources.cpp): it follows the variant's
-// workspace (v4's one-pass, v5 and v6 hold an fp32 dQ accumulator; v1-v3 none) and never the cpu
+// workspace (v4's one-pass, v5, v6 and v14 hold an fp32 dQ accumulator; v1-v3 none) and never the cpu
 // layer's tiles. Host code only: no GPU needed.
 #include <gtest/gtest.h>
 
