@@ -20,7 +20,7 @@ std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
   std::vector<VariantInfo> t;
-  t.push_back({Variant::V14, "v14", "v14_bwd.cu, bwd_ws.cuh",
+  t.push_back({Variant::V14, "v14", "v14_bwd.cu, bwd_ss.cuh, bwd_ws.cuh",
                "v5 with dQ_part's bulk atomic add issued by a store thread per consumer warpgroup",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
@@ -37,7 +37,7 @@ std::vector<VariantInfo> make_table() {
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
-  t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ws.cuh",
+  t.push_back({Variant::V5, "v5", "v5_bwd.cu, bwd_ss.cuh, bwd_ws.cuh",
                "v4's one-pass backward with P^T and dS^T read from shared memory by dV's and dK's products",
                {Pass::Backward}, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
