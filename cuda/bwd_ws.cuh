@@ -1,5 +1,5 @@
 // cuda/bwd_ws.cuh — the pieces that the warp-specialized backward variants (v4_bwd.cu,
-// bwd_ss.cuh for v5 and v14, v6_bwd.cu) share (spec §5.3, §6.2): the CTA shape (one producer and two consumer warpgroups,
+// bwd_ss.cuh for v5, v14 and v15, v6_bwd.cu) share (spec §5.3, §6.2): the CTA shape (one producer and two consumer warpgroups,
 // 128 keys per dK/dV CTA), the mbarrier ring's bars and the row facts staged per query tile, the
 // dK/dV pass's producer, the consumers' P^T and dS^T (5.2, 5.5) in registers, the one-pass dQ
 // scratch (its block order, the bulk atomic add of a block, the convert kernel). Internal;
