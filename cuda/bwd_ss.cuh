@@ -1,8 +1,7 @@
-// cuda/bwd_ss.cuh — the kernel of v5, v14 and v15 (spec §5, eq. 5.1-5.7; §5.3): v4's one-pass
-// backward with P^T and dS^T in shared memory, read there by dV's and dK's products (v5_bwd.cu says
-// how and why); with STORE, v14's dQ store threads (v14_bwd.cu); with BQ = 128, v15's 128-row query
-// tiles (v15_bwd.cu). Internal, like bwd_ws.cuh: include from .cu files compiled for sm_90a only;
-// each gets its own copy of the kernels.
+// cuda/bwd_ss.cuh — the kernel of v5 and v14 (spec §5, eq. 5.1-5.7; §5.3): v4's one-pass backward
+// with P^T and dS^T in shared memory, read there by dV's and dK's products (v5_bwd.cu says how and
+// why), and, with STORE, v14's dQ store threads (v14_bwd.cu). Internal, like bwd_ws.cuh: include
+// from .cu files compiled for sm_90a only; each gets its own copy of the kernels.
 #pragma once
 
 #include <climits>
@@ -66,18 +65,15 @@ __device__ __forceinline__ void dq_end(DqHandOff& h, int wg, int wtid, uint32_t*
 }
 
 // STORE: v14's dQ store threads (the hand-off above); else v5's, a consumer thread adds each block.
-// BQ: query rows per tile, 64, or 128 (v15: d = 64 with STORE), when dQ_part is kH = 2 products
-// of 64 rows per warpgroup (the two panels of the dS^T tile), handed over as two blocks of dq_acc.
-template <class T, int D, bool BLOCK, bool STORE, int BQ = kBQ>
+template <class T, int D, bool BLOCK, bool STORE>
 __global__ void __launch_bounds__(kThreads, 1)
     ss_bwd_kernel(const __grid_constant__ CUtensorMap mK, const __grid_constant__ CUtensorMap mV,
                   const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mdO, BwdArgs<T, T> a,
                   float* dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int S = kStages, kN = D / 2, kH = BQ / 64;
-  static_assert((BQ == 64 || (BQ == 128 && D == 64 && STORE)), "128-row tiles: d = 64 with the store threads only");
+  constexpr int S = kStages, BQ = kBQ, kN = D / 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const OnePassSmem<T, BQ> sm = one_pass_smem<T, D, BQ>(smem_raw);
+  const OnePassSmem<T> sm = one_pass_smem<T, D>(smem_raw);
   __shared__ RingBars<S> bars;
   __shared__ DqHandOff hand;  // STORE only
   // warp through a shuffle, so that ptxas knows it is warp-uniform (measured faster: cuda/README.md)
@@ -136,11 +132,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[BQ / 2], dp[BQ / 2];  // S^T, dP^T: my keys x BQ rows
     v3::pin(dk);
     v3::pin(dv);
-    issue_sdp<T, D, BQ>(s, dp, dKd0, dVd0, cQ, cO);
+    issue_sdp<T, D>(s, dp, dKd0, dVd0, cQ, cO);
     v3::wait<0>();
     v3::pin(s);
     v3::pin(dp);
-    float dq[kH][kN / 2];  // dQ_part: query rows 64 hq .. 64 hq + 63 x my d/2 columns, over all 128 keys
+    float dq[kN / 2];  // dQ_part: 64 query rows x my d/2 columns, over all 128 keys
     {
       dkdv_p<T, T, BQ, BLOCK, false>(s, R, R.full, a, int64_t(it % nqt) * BQ, j0, krow, g, t4, sl2);  // P^T (5.2)
       uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
@@ -154,30 +150,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::bar_sync(1, 256);  // both warpgroups' dS^T and P^T stored
       const uint64_t dPa = v3::opaque(v3::desc_k_base<kRows>(sm.sP, wg * 64));
       const uint64_t dSa = v3::opaque(v3::desc_k_base<kRows>(cS, wg * 64));
-      issue_dvdk_ss<T, D, BQ>(dv, dk, dPa, dSa, dOt, dQt);
-#pragma unroll
-      for (int hq = 0; hq < kH; ++hq) issue_dq_part<T, D>(dq[hq], cS + hq * (kRows * 64), kB);  // panel hq
+      issue_dvdk_ss<T, D>(dv, dk, dPa, dSa, dOt, dQt);
+      issue_dq_part<T, D>(dq, cS, kB);
     }
-    v3::wait<kH>();  // dV, dK done: the stage may be refilled while dQ_part runs
+    v3::wait<1>();  // dV, dK done: the stage may be refilled while dQ_part runs
     v3::pin(dk);
     v3::pin(dv);
     tma::arrive(&bars.empty[st]);  // release: my reads of the stage and its row facts before it
+    v3::wait<0>();
+    v3::pin(dq);
     const int64_t h = hk * group + it / nqt, qt = it % nqt;
-    if constexpr (kH == 1) {
-      v3::wait<0>();
-      v3::pin(dq[0]);
-      if constexpr (STORE)
-        dq_hand_off<D>(dq[0], sm.sdQ + wg * (kN * 64), hand, dq_acc_index(a, b, h, qt, wg), wg, wtid, &dq_ph);
-      else dq_block_add<D>(dq[0], sm.sdQ + wg * (kN * 64), dq_acc + dq_acc_index(a, b, h, qt, wg), wg, wtid);
-    } else {  // dq_acc's blocks are 64 rows: this tile's are 2 qt and 2 qt + 1
-      v3::wait<1>();
-      v3::pin(dq[0]);
-      dq_hand_off<D>(dq[0], sm.sdQ + wg * (kN * 64), hand, dq_acc_index(a, b, h, 2 * qt, wg), wg, wtid, &dq_ph);
-      v3::wait<0>();
-      v3::pin(dq[1]);
-      if (2 * qt + 1 < (a.nq + 63) / 64)  // the second half holds rows below nq
-        dq_hand_off<D>(dq[1], sm.sdQ + wg * (kN * 64), hand, dq_acc_index(a, b, h, 2 * qt + 1, wg), wg, wtid, &dq_ph);
-    }
+    if constexpr (STORE) dq_hand_off<D>(dq, sm.sdQ + wg * (kN * 64), hand, dq_acc_index(a, b, h, qt, wg), wg, wtid, &dq_ph);
+    else dq_block_add<D>(dq, sm.sdQ + wg * (kN * 64), dq_acc + dq_acc_index(a, b, h, qt, wg), wg, wtid);
     dsb ^= 1;
     if (++st == S) { st = 0; ph ^= 1; }
     tma::wait(&bars.full[st], ph);
@@ -191,45 +175,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class T, int D, bool BLOCK, bool STORE, int BQ>
+template <class T, int D, bool BLOCK, bool STORE>
 void launch_ss(const CUtensorMap (&m)[4], const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s) {
-  auto k = &ss_bwd_kernel<T, D, BLOCK, STORE, BQ>;
-  constexpr size_t smem = one_pass_smem_bytes<D, BQ>(sizeof(T));
+  auto k = &ss_bwd_kernel<T, D, BLOCK, STORE>;
+  constexpr size_t smem = one_pass_smem_bytes<D>(sizeof(T));
   allow_smem(reinterpret_cast<const void*>(k), smem);
   const int64_t ctas = (a.nk + kRows - 1) / kRows * a.Hkv * a.B;  // 1-d: see dkdv_cta
-  if (ctas > INT_MAX) fail(BQ == 128 ? "v15" : STORE ? "v14" : "v5", " backward: ", ctas, " CTAs exceed the grid limit");
+  if (ctas > INT_MAX) fail(STORE ? "v14" : "v5", " backward: ", ctas, " CTAs exceed the grid limit");
   k<<<static_cast<unsigned>(ctas), kThreads, smem, s>>>(m[0], m[1], m[2], m[3], a, dq_acc);
   BURSTLAB_CUDA_LAUNCH_CHECK("ss_bwd_kernel");
 }
 
-template <class T, int D, bool STORE, int BQ>
+template <class T, int D, bool STORE>
 bool launch_bwd(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why) {
   CUtensorMap m[4];
-  if (!one_pass_maps<BQ>(a, m, why)) return false;
+  if (!one_pass_maps(a, m, why)) return false;
   BURSTLAB_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d) * sizeof(float), s));
-  if (a.mask.block) launch_ss<T, D, true, STORE, BQ>(m, a, dq_acc, s);
-  else launch_ss<T, D, false, STORE, BQ>(m, a, dq_acc, s);
+  if (a.mask.block) launch_ss<T, D, true, STORE>(m, a, dq_acc, s);
+  else launch_ss<T, D, false, STORE>(m, a, dq_acc, s);
   launch_dq_convert<T, T, D>(a, dq_acc, s);
   return true;
 }
 
 
-// v5's (STORE false), v14's or (BQ = 128) v15's backward: false, nothing launched, where the call
-// is not theirs.
-template <class T, bool STORE, int BQ = kBQ>
+// v5's (STORE false) or v14's backward: false, nothing launched, where the call is not theirs.
+template <class T, bool STORE>
 bool ss_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why) {
-  if constexpr (BQ == 128) {
-    if (a.d != 64) { *why = "v15 needs d = 64"; return false; }
-  } else if (a.d != 64 && a.d != 128) {
-    *why = STORE ? "v14 needs d in {64, 128}" : "v5 needs d in {64, 128}";
-    return false;
-  }
+  if (a.d != 64 && a.d != 128) { *why = STORE ? "v14 needs d in {64, 128}" : "v5 needs d in {64, 128}"; return false; }
   if (a.nq == 0 || a.nk == 0) {  // nothing to copy (a map needs N >= 1)
     v3_backward<T>(a, s);        // v3 writes the zeros
     return true;
   }
-  if constexpr (BQ == 128) return launch_bwd<T, 64, STORE, BQ>(a, dq_acc, s, why);
-  else return a.d == 64 ? launch_bwd<T, 64, STORE, BQ>(a, dq_acc, s, why) : launch_bwd<T, 128, STORE, BQ>(a, dq_acc, s, why);
+  return a.d == 64 ? launch_bwd<T, 64, STORE>(a, dq_acc, s, why) : launch_bwd<T, 128, STORE>(a, dq_acc, s, why);
 }
 
 }  // namespace

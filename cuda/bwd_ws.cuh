@@ -1,5 +1,5 @@
 // cuda/bwd_ws.cuh — the pieces that the warp-specialized backward variants (v4_bwd.cu,
-// bwd_ss.cuh for v5, v14 and v15, v6_bwd.cu) share (spec §5.3, §6.2): the CTA shape (one producer and two consumer warpgroups,
+// bwd_ss.cuh for v5 and v14, v6_bwd.cu) share (spec §5.3, §6.2): the CTA shape (one producer and two consumer warpgroups,
 // 128 keys per dK/dV CTA), the mbarrier ring's bars and the row facts staged per query tile, the
 // dK/dV pass's producer, the consumers' P^T and dS^T (5.2, 5.5) in registers, the one-pass dQ
 // scratch (its block order, the bulk atomic add of a block, the convert kernel). Internal;
@@ -114,15 +114,15 @@ void launch_dq_convert(const BwdArgs<T, G>& a, const float* dq_acc, cudaStream_t
   BURSTLAB_CUDA_LAUNCH_CHECK("dq_convert");
 }
 
-// The one-pass kernels' tensor maps: K, V in boxes of 128 keys (kRows), Q, dO in boxes of BQ
+// The one-pass kernels' tensor maps: K, V in boxes of 128 keys (kRows), Q, dO in boxes of kBQ
 // query rows. False with *why when the copy engine cannot describe a view (nothing launched).
-template <int BQ = kBQ, class T, class G>
+template <class T, class G>
 bool one_pass_maps(const BwdArgs<T, G>& a, CUtensorMap (&m)[4], const char** why) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   return tma::encode_4d(&m[0], a.K.data, a.K.dim, a.K.stride, bf, kRows, why) &&
          tma::encode_4d(&m[1], a.V.data, a.V.dim, a.V.stride, bf, kRows, why) &&
-         tma::encode_4d(&m[2], a.Q.data, a.Q.dim, a.Q.stride, bf, BQ, why) &&
-         tma::encode_4d(&m[3], a.dO.data, a.dO.dim, a.dO.stride, bf, BQ, why);
+         tma::encode_4d(&m[2], a.Q.data, a.Q.dim, a.Q.stride, bf, kBQ, why) &&
+         tma::encode_4d(&m[3], a.dO.data, a.dO.dim, a.dO.stride, bf, kBQ, why);
 }
 
 template <int S>
@@ -311,66 +311,66 @@ __device__ __forceinline__ void store_a_tile(T* tile, const uint32_t (&x)[BQ / 1
     }
 }
 
-// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x BQ rows), issued and
+// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x kBQ rows), issued and
 // committed, not waited for.
-template <class T, int D, int BQ = kBQ>
-__device__ __forceinline__ void issue_sdp(float (&s)[BQ / 2], float (&dp)[BQ / 2], uint64_t dKd0, uint64_t dVd0,
+template <class T, int D>
+__device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ / 2], uint64_t dKd0, uint64_t dVd0,
                                           const T* cQ, const T* cO) {
   const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
-  const uint64_t dQb = v3::opaque(v3::desc_k_base<BQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<BQ>(cO, 0));
+  const uint64_t dQb = v3::opaque(v3::desc_k_base<kBQ>(cQ, 0)), dOb = v3::opaque(v3::desc_k_base<kBQ>(cO, 0));
   v3::fence();
   // The first k16 step writes s and dp without reading them (ss0): where they are carried across
   // tiles (v6) they hold the last tile's P^T and dS^T, and a product that read them would wait for
   // those instructions (ptxas C7515).
-  v3::Wgmma<T>::template ss0<BQ, 0>(s, dKd, dQb);
-  v3::Wgmma<T>::template ss0<BQ, 0>(dp, dVd, dOb);
+  v3::Wgmma<T>::template ss0<kBQ, 0>(s, dKd, dQb);
+  v3::Wgmma<T>::template ss0<kBQ, 0>(dp, dVd, dOb);
 #pragma unroll
   for (int kk = 1; kk < D / 16; ++kk) {
-    v3::Wgmma<T>::template ss<BQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<BQ>(dQb, kk), 1);
-    v3::Wgmma<T>::template ss<BQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<BQ>(dOb, kk), 1);
+    v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
+    v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
   }
   v3::commit();
 }
 
-// The one-pass kernels' (v5, v6, v14, v15) shared memory, from the first 1024-byte boundary of
-// the dynamic buffer: K and V (kRows, D); the ring's S stages of [Q, dO] (BQ, D); two dS^T tiles
-// (kRows keys, BQ) (v5: a double buffer; v6: the ring's slots); P^T (kRows keys, BQ); two fp32
-// dQ_part blocks (64, D/2); the S stages' row facts. Tiles are sw128, each 1024-aligned.
-template <class T, int BQ = kBQ>
+// The one-pass kernels' (v5, v6) shared memory, from the first 1024-byte boundary of the dynamic
+// buffer: K and V (kRows, D); the ring's S stages of [Q, dO] (kBQ, D); two dS^T tiles (kRows keys,
+// kBQ) (v5: a double buffer; v6: the ring's slots); P^T (kRows keys, kBQ); two fp32 dQ_part
+// blocks (64, D/2); the S stages' row facts. Tiles are sw128, each 1024-aligned.
+template <class T>
 struct OnePassSmem {
   T *sK, *sV, *sQO, *sdS, *sP;
   float* sdQ;
-  RowStats<BQ>* sR;
+  RowStats<kBQ>* sR;
 };
 
-template <class T, int D, int BQ = kBQ>
-__device__ __forceinline__ OnePassSmem<T, BQ> one_pass_smem(unsigned char* raw) {
-  OnePassSmem<T, BQ> m;
+template <class T, int D>
+__device__ __forceinline__ OnePassSmem<T> one_pass_smem(unsigned char* raw) {
+  OnePassSmem<T> m;
   m.sK = reinterpret_cast<T*>(align1024(raw));
   m.sV = m.sK + kRows * D;
   m.sQO = m.sV + kRows * D;
-  m.sdS = m.sQO + kStages * 2 * BQ * D;
-  m.sP = m.sdS + 2 * kRows * BQ;
-  m.sdQ = reinterpret_cast<float*>(m.sP + kRows * BQ);
-  m.sR = reinterpret_cast<RowStats<BQ>*>(m.sdQ + 2 * 32 * D);
+  m.sdS = m.sQO + kStages * 2 * kBQ * D;
+  m.sP = m.sdS + 2 * kRows * kBQ;
+  m.sdQ = reinterpret_cast<float*>(m.sP + kRows * kBQ);
+  m.sR = reinterpret_cast<RowStats<kBQ>*>(m.sdQ + 2 * 32 * D);
   return m;
 }
 
-template <int D, int BQ = kBQ>
+template <int D>
 constexpr size_t one_pass_smem_bytes(size_t elem) {
-  return size_t(2 * kRows + 2 * kStages * BQ) * D * elem + 2 * kRows * BQ * elem + kRows * BQ * elem +
-         2 * 32 * D * sizeof(float) + kStages * sizeof(RowStats<BQ>) + 1024;
+  return size_t(2 * kRows + 2 * kStages * kBQ) * D * elem + 2 * kRows * kBQ * elem + kRows * kBQ * elem +
+         2 * 32 * D * sizeof(float) + kStages * sizeof(RowStats<kBQ>) + 1024;
 }
 
 // dV += P^T dO (5.3) and dK += dS^T Q (5.7), both A operands from shared memory (descriptors dPa,
-// dSa of my warpgroup's 64 keys of P^T and dS^T), dO and Q transposed (dOt, dQt), over BQ query
-// rows; issued and committed, not waited for.
-template <class T, int D, int BQ = kBQ>
+// dSa of my warpgroup's 64 keys of P^T and dS^T), dO and Q transposed (dOt, dQt); issued and
+// committed, not waited for.
+template <class T, int D>
 __device__ __forceinline__ void issue_dvdk_ss(float (&dv)[D / 2], float (&dk)[D / 2], uint64_t dPa, uint64_t dSa,
                                               uint64_t dOt, uint64_t dQt) {
   v3::fence();
 #pragma unroll
-  for (int kk = 0; kk < BQ / 16; ++kk) {
+  for (int kk = 0; kk < kBQ / 16; ++kk) {
     v3::Wgmma<T>::template ss<D, 1>(dv, v3::desc_k_step<kRows>(dPa, kk), v3::desc_mn_step(dOt, kk), 1);  // dV += P^T dO
     v3::Wgmma<T>::template ss<D, 1>(dk, v3::desc_k_step<kRows>(dSa, kk), v3::desc_mn_step(dQt, kk), 1);  // dK += dS^T Q
   }

@@ -15,7 +15,7 @@ namespace {
 // H200 (35 of 40 above 1; medians 1.001-1.034x); at d = 128 slower than v4
 // (docs/performance-gpu.md). v5, and v6 (measured slower than
 // v5 and v4 on every shape it runs), come after v4, whose calls they decline alike, so auto
-// never runs them; they stay for study by name. v15 is not measured yet: after v4 too.
+// never runs them; they stay for study by name.
 std::vector<VariantInfo> make_table() {
   const std::vector<Dtype> tc = {Dtype::BF16, Dtype::F16};
   const std::vector<Pass> all = {Pass::Forward, Pass::ForwardBlock, Pass::Backward, Pass::BackwardBlock};
@@ -34,11 +34,6 @@ std::vector<VariantInfo> make_table() {
   t.push_back({Variant::V6, "v6", "v6_bwd.cu, bwd_ws.cuh",
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",
-               {Pass::Backward}, tc, {64}, 64, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
-  t.push_back({Variant::V15, "v15", "v15_bwd.cu, bwd_ss.cuh, bwd_ws.cuh",
-               "v14 at d = 64 with 128-row query tiles (FlashAttention-3's tile there)",
                {Pass::Backward}, tc, {64}, 64, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});

@@ -158,10 +158,10 @@ def attention(q, k, v, mask=None, *, scale=None, layout="BHSD", return_lse=False
     burstlab.oracle and the command line); (B, N, H, d) for "BSHD" (flash-attn's); one dtype and
     device for all three. mask: None, "causal", a burstlab.Mask or a dict of its fields (spec §3:
     bottom-right aligned band, documents, block mask).
-    scale: default 1/sqrt(d). variant: "auto" or "v1".."v6", "v14", "v15" (cuda/README.md; a pass the
-    variant lacks runs auto: v5, v6, v14 and v15 are backward only; auto's backward is v14 at d = 64,
-    v4 at d = 128). deterministic: a bitwise repeatable backward (the one-pass backwards of v4-v6,
-    v14 and v15 add atomically; v5, v6, v14 and v15 have no deterministic mode). Returns O in q's layout, or
+    scale: default 1/sqrt(d). variant: "auto" or "v1".."v6", "v14" (cuda/README.md; a pass the variant
+    lacks runs auto: v5, v6 and v14 are backward only; auto's backward is v14 at d = 64, v4 at
+    d = 128). deterministic: a bitwise repeatable backward (the one-pass backwards of v4-v6 and
+    v14 add atomically; v5, v6 and v14 have no deterministic mode). Returns O in q's layout, or
     (O, LSE (B, H_q, N_q)) with return_lse=True.
     """
     if not _HAVE_CUSTOM_OP:

@@ -63,7 +63,7 @@ Problem problem_of(const Dev4& q, const Dev4& k, const std::string& mask_json, s
   return p;
 }
 
-// A variant without the pass (v5, v6, v14, v15: backward only) leaves that pass to auto, as `burstlab run
+// A variant without the pass (v5, v6, v14: backward only) leaves that pass to auto, as `burstlab run
 // --impl cuda-vN` does.
 cuda::Options options_of(uintptr_t stream, const std::string& variant, cuda::Pass pass, bool deterministic = false) {
   cuda::Options o;

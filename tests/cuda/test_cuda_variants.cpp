@@ -125,26 +125,18 @@ TEST(CudaVariantTable, TheRowsOfV1ToV4) {
   EXPECT_TRUE(runs_on(variant_info(Variant::V2), kNoGpu));
 }
 
-// v14, v5, v6 and v15: the whole backward only, never deterministic; v14 first in preference
-// order (auto at d = 64), v6, v15 and v5 after v4 (by name).
-TEST(CudaVariantTable, TheRowsOfV14V5V6AndV15) {
+// v14, v5 and v6: the whole backward only, never deterministic; v14 first in preference order
+// (auto at d = 64), v6 and v5 after v4 (by name).
+TEST(CudaVariantTable, TheRowsOfV14V5AndV6) {
   const VariantInfo& v14 = variant_info(Variant::V14);
   const VariantInfo& v5 = variant_info(Variant::V5);
   const VariantInfo& v6 = variant_info(Variant::V6);
-  const VariantInfo& v15 = variant_info(Variant::V15);
   EXPECT_EQ(&variants()[0], &v14);
   EXPECT_EQ(&variants()[2], &v6);
-  EXPECT_EQ(&variants()[3], &v15);
-  EXPECT_EQ(&variants()[4], &v5);
-  for (const VariantInfo* v : {&v6, &v15}) {
-    EXPECT_EQ(v->d_values, std::vector<int64_t>{64});
-    EXPECT_EQ(v->passes, std::vector<Pass>{Pass::Backward});
-    EXPECT_EQ(v->determinism, Determinism::Never);
-    EXPECT_TRUE(v->auto_d.empty());
-  }
-  EXPECT_TRUE(v15.may_decline);
-  EXPECT_EQ(v15.cc, 90);
-  EXPECT_EQ(parse_variant("v15"), Variant::V15);
+  EXPECT_EQ(&variants()[3], &v5);
+  EXPECT_EQ(v6.d_values, std::vector<int64_t>{64});
+  EXPECT_EQ(v6.passes, std::vector<Pass>{Pass::Backward});
+  EXPECT_EQ(v6.determinism, Determinism::Never);
   for (const VariantInfo* v : {&v14, &v5}) {
     EXPECT_EQ(v->passes, std::vector<Pass>{Pass::Backward});
     EXPECT_EQ(v->determinism, Determinism::Never);
@@ -281,7 +273,7 @@ TEST(CudaVariantDispatch, LaunchOrderFallsBackAlongTheTable) {
   EXPECT_EQ(launch_order(make_call(Pass::Forward, bf, 64, true), kHopper, Variant::Auto),
             (VV{Variant::V3, Variant::V2, Variant::V1}));
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 64), kHopper, Variant::Auto),
-            (VV{Variant::V14, Variant::V4, Variant::V6, Variant::V15, Variant::V5, Variant::V3, Variant::V2,
+            (VV{Variant::V14, Variant::V4, Variant::V6, Variant::V5, Variant::V3, Variant::V2,
                 Variant::V1}));  // v14 declining runs v4
   EXPECT_EQ(launch_order(make_call(Pass::Backward, bf, 128), kHopper, Variant::Auto),
             (VV{Variant::V4, Variant::V5, Variant::V3, Variant::V2, Variant::V1}));
