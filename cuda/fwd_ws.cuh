@@ -60,12 +60,13 @@ struct Item {
   int qt, h, b, t_begin, t_end, full_lo, full_hi, pad;
 };
 
-// Thread 0 initializes the barriers; the caller's __syncthreads publishes them.
+// Thread 0 initializes the barriers; the caller's __syncthreads publishes them. q_arrivals: each
+// consumer warp's arrivals on q_empty per item (2 when O also leaves through the Q buffer).
 template <class C>
-__device__ __forceinline__ void init_bars(Bars& bars) {
+__device__ __forceinline__ void init_bars(Bars& bars, int q_arrivals = 1) {
   for (int s = 0; s < 2; ++s) {
     tma::init(&bars.q_full[s], 1);
-    tma::init(&bars.q_empty[s], 4 * C::kWgs);  // one arrival per consumer warp
+    tma::init(&bars.q_empty[s], 4 * C::kWgs * q_arrivals);  // one arrival per consumer warp (or two)
     tma::init(&bars.item_full[s], 32);  // every producer lane wrote its rows
     tma::init(&bars.item_empty[s], 128 * C::kWgs);  // every consumer thread read its copy
   }
@@ -186,10 +187,22 @@ int tuning_cfg() {
   return v;
 }
 
+// Tuning knob: BURSTLAB_V4_EPILOGUE = 0 (default: each consumer thread stores its O values from
+// registers), 1 (each consumer warp writes its 16 rows of O into the item's Q buffer, free after
+// the item's last S, and one lane stores them by the copy engine; shapes with two Q buffers, so
+// the buffer is needed again two items later; not for a merge into a running partial).
+int epilogue_knob() {
+  static const int v = static_cast<int>(env::integer("BURSTLAB_V4_EPILOGUE"));
+  return v;
+}
+
 // Launches kernel (a variant's instantiation for config C) on the persistent grid; false with
-// *why when the copy engine cannot describe a view or there are too many query tiles.
+// *why when the copy engine cannot describe a view or there are too many query tiles. TMA_O: the
+// kernel stores O by the copy engine through the last parameter's map (boxes of 16 rows); else
+// that parameter is Q's map, unused.
 template <class T, class C, class K>
-bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t s, const char** why) {
+bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t s, const char** why,
+            bool tma_o = false) {
   constexpr bool bf = std::is_same<T, bf16>::value;
   const int64_t items = (a.nq + C::kBr - 1) / C::kBr * a.Hq * a.B;
   if (items > INT_MAX / 2) { *why = "persistent forward: more than 2^30 query tiles"; return false; }
@@ -198,6 +211,8 @@ bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t
       !tma::encode_4d(&mK, a.K.data, a.K.dim, a.K.stride, bf, C::kBc, why) ||
       !tma::encode_4d(&mV, a.V.data, a.V.dim, a.V.stride, bf, C::kBc, why))
     return false;
+  CUtensorMap mO = mQ;
+  if (tma_o && !tma::encode_4d(&mO, a.O.data, a.O.dim, a.O.stride, bf, 16, why)) return false;
   const size_t smem = C::smem_bytes(sizeof(T));
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
   int dev = 0, sms = 0, per_sm = 0;
@@ -214,7 +229,7 @@ bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t
   // The tail's (b, h): enough for two waves of the grid (tile_scheduler.cuh).
   const int64_t n_tail = sched::tail_size(grid, (a.nq + C::kBr - 1) / C::kBr, a.B * a.Hq, tail_knob());
   kernel<<<static_cast<unsigned>(grid), C::kThreads, smem, s>>>(mQ, mK, mV, a, static_cast<int>(items), next,
-                                                                 static_cast<int>(n_tail));
+                                                                 static_cast<int>(n_tail), mO);
   const cudaError_t launched = cudaGetLastError();
   if (next) BURSTLAB_CUDA_CHECK(cudaFreeAsync(next, s));
   ::burstlab::cuda::check(launched, kernel_name, __FILE__, __LINE__);

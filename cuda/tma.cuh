@@ -54,6 +54,17 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c_d), "r"(c_n), "r"(c_h), "r"(c_b), "r"(smem_u32(bar))
       : "memory");
 }
+// The reverse: box (64, ROWS) from shared memory (1024-byte aligned, the same layout) to the map at
+// (c_d, c_n, c_h, c_b), as a bulk group of the issuing thread (bulk_commit, bulk_wait_read before
+// `src` is overwritten or the CTA exits). Rows past N are not written.
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, int c_d, int c_n, int c_h, int c_b, const void* src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c_d), "r"(c_n), "r"(c_h), "r"(c_b), "r"(smem_u32(src))
+               : "memory");
+}
+// Orders this thread's ordinary shared-memory writes before the copy engine's reads of them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

@@ -39,11 +39,61 @@ using v2::kLog2e;
 
 using namespace fwd_ws;
 
-// The kernel: fwd_ws.cuh's producer, and v4's consumers.
-template <class T, class C, bool KIDX>
+// Epilogue (4.4) of a consumer warp's 16 rows [wrow, wrow + 16) of item (q0, h, b) through shared
+// memory: O = O~ / l written into sQ, the item's (Br, D) Q buffer in the sw128 layout the copy
+// engine reads (16-byte chunk c of row R at c ^ (R mod 8); thread (g, t4)'s pairs land in 32
+// distinct banks), then lane 0 stores them by TMA, one (64, 16) box per 64 columns, and commits
+// the bulk group (the caller waits for its reads before the buffer is reused). LSE from registers.
+template <class T, class C>
+__device__ __forceinline__ void store_o_tma(const CUtensorMap* mO, const FwdArgs<T>& a, T* sQ, int64_t q0, int64_t h,
+                                            int64_t b, int wrow, const float* acc, const float* m_r,
+                                            const float* l_r, int lane) {
+  constexpr int D = C::kD, kBr = C::kBr;
+  const int g = lane >> 2, t4 = lane & 3;
+  float inv[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float l = l_r[ri];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[ri] = l > 0.f ? 1.f / l : 0.f;
+    const int64_t r = q0 + wrow + g + 8 * ri;
+    if (t4 == 0 && r < a.nq) a.LSE(b, h, r) = l > 0.f ? m_r[ri] * v2::kLn2 + logf(l) : -INFINITY;
+  }
+  const uint32_t base = v2::smem_u32(sQ);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int R = wrow + g + 8 * ri;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {  // columns 8 i + 2 t4 (+1): panel i / 8, chunk i % 8
+      const uint32_t x = v2::Mma<T>::pack(inv[ri] * acc[4 * i + 2 * ri], inv[ri] * acc[4 * i + 2 * ri + 1]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + (i / 8) * kBr * 128 + R * 128 + (((i % 8) ^ (R & 7)) << 4) +
+                                                      4 * t4),
+                   "r"(x)
+                   : "memory");
+    }
+  }
+  tma::fence_proxy_async();
+  __syncwarp();
+  if (lane == 0) {
+#pragma unroll
+    for (int p = 0; p < D / 64; ++p)
+      tma::store_4d(mO, 64 * p, static_cast<int>(q0 + wrow), static_cast<int>(h), static_cast<int>(b),
+                    sQ + p * kBr * 64 + wrow * 64);
+    tma::bulk_commit();
+  }
+}
+
+// The kernel: fwd_ws.cuh's producer, and v4's consumers. TMA_O: O leaves through the item's Q
+// buffer (store_o_tma; launched for shapes with two Q buffers and no merge only), so each consumer
+// warp arrives twice on the buffer's q_empty: after the item's last S, as without, and at the next
+// item's start, once the store has read it. (Moving the first arrival there instead made ptxas
+// keep the loop's descriptors in ordinary registers: about 4x the R2UR per tile, sm_90a.)
+template <class T, class C, bool KIDX, bool TMA_O = false>
 __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     v4_fwd_kernel(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mK,
-                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a, int n_items, int* next, int n_tail) {
+                  const __grid_constant__ CUtensorMap mV, FwdArgs<T> a, int n_items, int* next, int n_tail,
+                  const __grid_constant__ CUtensorMap mO) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::kD, kBc = C::kBc, kBr = C::kBr, kS = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -58,7 +108,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
   const int wg = warp / 4 - 1;       // consumer warpgroup (-1: producer)
   const int wrow = (warp - 4) * 16;  // a consumer warp's first row in the item
 
-  if (tid == 0) init_bars<C>(bars);
+  if (tid == 0) init_bars<C>(bars, TMA_O ? 2 : 1);
   __syncthreads();  // publishes the barrier inits
   constexpr bool kidx = KIDX;
 
@@ -96,6 +146,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
       lhi[ri] = iv.y;
     }
     tma::arrive(&bars.item_empty[n & 1]);
+    if (TMA_O && n > 0 && lane == 0) {  // TMA_O's second arrival: the previous item's O store has read its buffer
+      tma::bulk_wait_read();
+      tma::arrive(&bars.q_empty[C::q_slot(n - 1)]);
+    }
     if (it.qt < 0) break;
     const int64_t q0 = int64_t(it.qt) * kBr, h = it.h, b = it.b;
     auto pred = [&](int ri, int jl) -> bool {
@@ -168,7 +222,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kCtas)
     }
 
     // ---- epilogue (4.4), or the merge (4.5)-(4.7) into the running partial (epilogue.cuh)
-    epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + g, acc, m_r, l_r, t4);
+    if constexpr (TMA_O) {
+      store_o_tma<T, C>(&mO, a, sQ + C::q_slot(n) * kBr * D, q0, h, b, wrow, acc, m_r, l_r, lane);
+    } else {
+      epilogue::forward_rows<T, D>(a, b, h, q0 + wrow + g, acc, m_r, l_r, t4);
+    }
   }
 #else
   __trap();  // built without sm_90a: the dispatcher never launches v4 then
@@ -188,7 +246,11 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
   }
   return dispatch(a, [&](auto cfg, auto kidx) {
     using C = decltype(cfg);
-    return launch<T, C>(&v4_fwd_kernel<T, C, decltype(kidx)::value>, "launch of v4_fwd_kernel", a, s, why);
+    constexpr bool kidx_v = decltype(kidx)::value;
+    if constexpr (C::kQBuf == 2)
+      if (epilogue_knob() == 1 && !a.accumulate)
+        return launch<T, C>(&v4_fwd_kernel<T, C, kidx_v, true>, "launch of v4_fwd_kernel", a, s, why, true);
+    return launch<T, C>(&v4_fwd_kernel<T, C, kidx_v>, "launch of v4_fwd_kernel", a, s, why);
   });
 }
 
