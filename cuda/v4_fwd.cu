@@ -248,8 +248,9 @@ bool v4_forward(const FwdArgs<T>& a, cudaStream_t s, const char** why) {
     using C = decltype(cfg);
     constexpr bool kidx_v = decltype(kidx)::value;
     if constexpr (C::kQBuf == 2)
-      if (epilogue_knob() == 1 && !a.accumulate)
-        return launch<T, C>(&v4_fwd_kernel<T, C, kidx_v, true>, "launch of v4_fwd_kernel", a, s, why, true);
+      if (epilogue_knob() == 1 && !a.accumulate &&
+          launch<T, C>(&v4_fwd_kernel<T, C, kidx_v, true>, "launch of v4_fwd_kernel", a, s, why, true))
+        return true;  // else O has no tensor map: from registers (Q, K or V without one declines there too)
     return launch<T, C>(&v4_fwd_kernel<T, C, kidx_v>, "launch of v4_fwd_kernel", a, s, why);
   });
 }
