@@ -187,10 +187,11 @@ int tuning_cfg() {
   return v;
 }
 
-// Tuning knob: BURSTLAB_V4_EPILOGUE = 0 (default: each consumer thread stores its O values from
-// registers), 1 (each consumer warp writes its 16 rows of O into the item's Q buffer, free after
-// the item's last S, and one lane stores them by the copy engine; shapes with two Q buffers, so
-// the buffer is needed again two items later; not for a merge into a running partial).
+// Tuning knob: BURSTLAB_V4_EPILOGUE = 1 (default: each consumer warp writes its 16 rows of O into
+// the item's Q buffer, free after the item's last S, and one lane stores them by the copy engine;
+// shapes with two Q buffers, so the buffer is needed again two items later; not for a merge into a
+// running partial, which reads the old O), 0 (each consumer thread stores its O values from
+// registers, as those other calls always do).
 int epilogue_knob() {
   static const int v = static_cast<int>(env::integer("BURSTLAB_V4_EPILOGUE"));
   return v;

@@ -43,9 +43,9 @@ const std::vector<Knob>& knobs() {
        "persistent forwards: n > 0 at most n CTAs, -1 one CTA per item; 0 as many as fit at once"},
       {"BURSTLAB_V4_TAIL", Kind::Integer, "0", "cuda/fwd_ws.cuh",
        "persistent forwards: n > 0 the last n (b, h) as the tail, -1 no tail; 0 about two waves"},
-      {"BURSTLAB_V4_EPILOGUE", Kind::Integer, "0", "cuda/fwd_ws.cuh",
-       "v4 forward: 1 writes O through the item's Q buffer by TMA stores (two-Q-buffer shapes, not a merge into a "
-       "running partial); 0 the default, from registers (benchmark, tests)"},
+      {"BURSTLAB_V4_EPILOGUE", Kind::Integer, "1", "cuda/fwd_ws.cuh",
+       "v4 forward: 1 (the default) writes O through the item's Q buffer by TMA stores (two-Q-buffer shapes, not a "
+       "merge into a running partial); 0 from registers (benchmark, tests)"},
       {"BURSTLAB_V4_BWD_CFG", Kind::Integer, "0", "cuda/v4_bwd.cu",
        "v4 backward: 1 forces the other one-pass shape; 0 the default (benchmark only, cuda/README.md)"},
       {"OMPI_COMM_WORLD_SIZE", Kind::Integer, "1", kMpiWorld, "set by Open MPI's mpirun: the number of processes"},
