@@ -260,12 +260,14 @@ double keys_per_row(const FwdArgs<T>& a) {
 // 176-key tiles (FA3's choice): fewer waits and softmax passes per key, at the price of one Q
 // buffer (shared memory), whose load then waits for the item before, and of a ragged last tile,
 // which short rows pay for. The limits are where each shape measured faster on H200
-// (docs/performance-gpu.md); rows the host cannot see take the default.
+// (docs/performance-gpu.md); rows the host cannot see take the default. d = 64's few-keys limit
+// lies between the measured points: faster at causal N = 2K (estimate 1024.02, true mean 1024.5),
+// slower at N = 2K without a mask (2048; measured with the shape's earlier two-CTA form).
 template <class T, class Go>
 bool dispatch(const FwdArgs<T>& a, Go go) {
   const int cfg = tuning_cfg();
   const double keys = cfg == 0 ? keys_per_row(a) : -1;
-  const bool few = keys >= 0 && keys <= (a.d == 64 ? 1024 : 512);
+  const bool few = keys >= 0 && keys <= (a.d == 64 ? 1536 : 512);
   const bool many = a.d == 128 && keys > 4096;
   // Indexed keys, one shape per d whatever the knob: the general predicate's temporaries spill
   // the other shapes' accumulators (ptxas: 3 x 160 registers 476 bytes, d=128 with Bc = 128 196
