@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "detail.cuh"
+#include "fwd_shape.hpp"
 #include "tile_mask.cuh"
 #include "tile_scheduler.cuh"
 #include "tma.cuh"
@@ -237,20 +238,16 @@ bool launch(K kernel, const char* kernel_name, const FwdArgs<T>& a, cudaStream_t
   return true;
 }
 
-// How many keys the query rows see on average, estimated from 64 evenly spaced rows (eq. 3.4
-// on the host); -1 when the mask or the positions live in device arrays (document masks,
-// indexed positions), which the host cannot read.
+// How many keys the query rows see on average (fwd_shape.hpp's estimate); -1 when the mask or the
+// positions live in device arrays (document masks, indexed positions), which the host cannot read.
 template <class T>
 double keys_per_row(const FwdArgs<T>& a) {
   if (a.mask.doc != nullptr || a.qp.index != nullptr || a.kp.index != nullptr) return -1;
-  int64_t sum = 0;
-  constexpr int kSamples = 64;
-  for (int k = 0; k < kSamples; ++k) {
+  return fwd_shape::keys_per_row(a.nq, [&](int64_t r) {
     int64_t lo, hi;
-    local_range(a.mask, a.qp[(a.nq - 1) * k / (kSamples - 1)], a.kp, a.nk, &lo, &hi);
-    sum += hi - lo;
-  }
-  return double(sum) / kSamples;
+    local_range(a.mask, a.qp[r], a.kp, a.nk, &lo, &hi);
+    return hi - lo;
+  });
 }
 
 // The shape for a call, and its launch: go(Cfg<...>{}, std::bool_constant<KIDX>{}) launches the
@@ -259,16 +256,13 @@ double keys_per_row(const FwdArgs<T>& a) {
 // 64-key tiles) or two (d=128) CTAs per multiprocessor. Rows that see many keys at d = 128 take
 // 176-key tiles (FA3's choice): fewer waits and softmax passes per key, at the price of one Q
 // buffer (shared memory), whose load then waits for the item before, and of a ragged last tile,
-// which short rows pay for. The limits are where each shape measured faster on H200
-// (docs/performance-gpu.md); rows the host cannot see take the default. d = 64's few-keys limit
-// lies between the measured points: faster at causal N = 2K (estimate 1024.02, true mean 1024.5),
-// slower at N = 2K without a mask (2048; measured with the shape's earlier two-CTA form).
+// which short rows pay for. fwd_shape.hpp chooses; rows the host cannot see take the default.
 template <class T, class Go>
 bool dispatch(const FwdArgs<T>& a, Go go) {
   const int cfg = tuning_cfg();
   const double keys = cfg == 0 ? keys_per_row(a) : -1;
-  const bool few = keys >= 0 && keys <= (a.d == 64 ? 1536 : 512);
-  const bool many = a.d == 128 && keys > 4096;
+  const fwd_shape::Shape shape = fwd_shape::choose(a.d, keys);
+  const bool few = shape == fwd_shape::Shape::FewKeys, many = shape == fwd_shape::Shape::ManyKeys;
   // Indexed keys, one shape per d whatever the knob: the general predicate's temporaries spill
   // the other shapes' accumulators (ptxas: 3 x 160 registers 476 bytes, d=128 with Bc = 128 196
   // bytes), not 2 x 240 at d=64 (4 bytes) and Bc = 64 at d=128 (none).

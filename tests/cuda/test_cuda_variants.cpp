@@ -4,7 +4,8 @@
 // supports a call, and agrees on random calls with the dispatch rules written out by hand
 // below; explicit variants that cannot run a call throw naming themselves; cuda/README.md holds
 // the table verbatim; the tile order is a permutation of the work items and the persistent
-// grid's hand-out runs each item exactly once.
+// grid's hand-out runs each item exactly once; v4's forward takes the shape the documents name
+// for each shape of the benchmark grid.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "burstlab/error.hpp"
+#include "fwd_shape.hpp"
 #include "tile_scheduler.cuh"
 #include "variants.hpp"
 
@@ -443,6 +445,40 @@ TEST(CudaTileScheduler, TailSize) {
           const int64_t t = sched::tail_size(grid, nqt, n_bh, knob);
           EXPECT_TRUE(t >= 1 && t <= n_bh) << t;
         }
+}
+
+// ---------------------------------------------------------------- v4's forward shape
+// The estimate over the benchmark grid's masks (row i of a causal N x N sees i + 1 keys), and the
+// shape each row of docs/performance-gpu.md's tables ran.
+TEST(CudaForwardShape, EachBenchmarkShapeTakesTheDocumentedShape) {
+  using fwd_shape::Shape;
+  const auto causal = [](int64_t n) { return fwd_shape::keys_per_row(n, [](int64_t r) { return r + 1; }); };
+  const auto none = [](int64_t n) { return fwd_shape::keys_per_row(n, [n](int64_t) { return n; }); };
+  EXPECT_DOUBLE_EQ(causal(1024), 512.03125);   // the true mean is 512.5
+  EXPECT_DOUBLE_EQ(causal(2048), 1024.015625);  // 1024.5
+  EXPECT_DOUBLE_EQ(none(2048), 2048);
+  EXPECT_DOUBLE_EQ(fwd_shape::keys_per_row(1, [](int64_t r) { return r + 5; }), 5);  // one row
+  struct Case {
+    int64_t d, n;
+    bool is_causal;
+    Shape shape;
+  };
+  for (const Case& c : {Case{64, 1024, false, Shape::FewKeys}, Case{64, 1024, true, Shape::FewKeys},
+                        Case{64, 2048, true, Shape::FewKeys}, Case{64, 2048, false, Shape::Default},
+                        Case{64, 4096, true, Shape::Default}, Case{64, 16384, false, Shape::Default},
+                        Case{128, 1024, true, Shape::Default},  // estimate 512.03, the limit 512
+                        Case{128, 1024, false, Shape::Default}, Case{128, 4096, false, Shape::Default},
+                        Case{128, 8192, true, Shape::ManyKeys},  // estimate 4096.02
+                        Case{128, 8192, false, Shape::ManyKeys}, Case{128, 16384, true, Shape::ManyKeys}}) {
+    const double keys = c.is_causal ? causal(c.n) : none(c.n);
+    EXPECT_EQ(fwd_shape::choose(c.d, keys), c.shape)
+        << "d " << c.d << " N " << c.n << (c.is_causal ? " causal" : " no mask") << ": estimate " << keys;
+  }
+  EXPECT_EQ(fwd_shape::choose(128, 512), Shape::FewKeys);
+  EXPECT_EQ(fwd_shape::choose(64, 1536), Shape::FewKeys);
+  EXPECT_EQ(fwd_shape::choose(64, 1536.02), Shape::Default);
+  EXPECT_EQ(fwd_shape::choose(64, -1), Shape::Default);  // rows the host cannot see
+  EXPECT_EQ(fwd_shape::choose(128, -1), Shape::Default);
 }
 
 }  // namespace
