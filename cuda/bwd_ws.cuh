@@ -151,14 +151,14 @@ struct DkdvCta {
   int nqt, n_it;            // query tiles of BQ rows; visited-tile candidates (q-head of the group, tile)
 };
 
-template <int BQ, class T, class G, int KEYS = kRows>
+template <int BQ, class T, class G>
 __device__ __forceinline__ DkdvCta dkdv_cta(const BwdArgs<T, G>& a) {
   DkdvCta c;
-  const int64_t nkb = (a.nk + KEYS - 1) / KEYS, pair = blockIdx.x / nkb;
+  const int64_t nkb = (a.nk + kRows - 1) / kRows, pair = blockIdx.x / nkb;
   c.hk = pair % a.Hkv;
   c.b = pair / a.Hkv;
-  c.j0 = (blockIdx.x % nkb) * KEYS;
-  c.jend = c.j0 + (a.nk - c.j0 < KEYS ? a.nk - c.j0 : KEYS);
+  c.j0 = (blockIdx.x % nkb) * kRows;
+  c.jend = c.j0 + (a.nk - c.j0 < kRows ? a.nk - c.j0 : kRows);
   c.nqt = static_cast<int>((a.nq + BQ - 1) / BQ);
   c.n_it = static_cast<int>(a.group) * c.nqt;
   return c;
@@ -182,9 +182,7 @@ __device__ __forceinline__ void init_dkdv_bars(RingBars<S>& bars) {
 // bwd_q_tile_hull are warp-uniform and need no barrier); warp 1 hands each tile's index on with its
 // row facts, then a last stage with it = -1, so the consumers never evaluate the masks per tile.
 // KIDX: the producer bounds the CTA's keys by their global hull and stages global row intervals.
-// KEYS: the CTA's keys; ENDS: how many stages carry the end (one per consumer that takes stages
-// by turns, each waiting on its own).
-template <class T, class G, int D, int BQ, int S, bool BLOCK, bool KIDX, int KEYS = kRows, int ENDS = 1>
+template <class T, class G, int D, int BQ, int S, bool BLOCK, bool KIDX>
 __device__ __forceinline__ void dkdv_producer(const BwdArgs<T, G>& a, const DkdvCta& c, const CUtensorMap* mK,
                                               const CUtensorMap* mV, const CUtensorMap* mQ, const CUtensorMap* mdO,
                                               T* sK, T* sV, T* sQO, RowStats<BQ>* sR, RingBars<S>& bars, int warp,
@@ -192,9 +190,9 @@ __device__ __forceinline__ void dkdv_producer(const BwdArgs<T, G>& a, const Dkdv
   constexpr uint32_t kTile = BQ * D * sizeof(T);
   if (warp > 1) return;
   if (warp == 0 && lane == 0) {
-    tma::arrive_expect(&bars.once, 2 * KEYS * D * sizeof(T));
-    load_tile<KEYS, D>(sK, mK, int(c.j0), int(c.hk), int(c.b), &bars.once);
-    load_tile<KEYS, D>(sV, mV, int(c.j0), int(c.hk), int(c.b), &bars.once);
+    tma::arrive_expect(&bars.once, 2 * kRows * D * sizeof(T));
+    load_tile<kRows, D>(sK, mK, int(c.j0), int(c.hk), int(c.b), &bars.once);
+    load_tile<kRows, D>(sV, mV, int(c.j0), int(c.hk), int(c.b), &bars.once);
   }
   int kg0 = 0, kg1 = 0;  // KIDX: the global hull of the CTA's keys (positions < 2^31)
   if constexpr (KIDX) {
@@ -206,12 +204,11 @@ __device__ __forceinline__ void dkdv_producer(const BwdArgs<T, G>& a, const Dkdv
   int st = 0;
   uint32_t ph = 0;
   bool full = false;
-  int ends = 0;
   for (int it = 0;; ++it) {
     if constexpr (KIDX)
-      while (it < c.n_it && !tiles::bwd_q_tile_hull<BQ>(a, it % c.nqt, kg0, kg1, c.jend - c.j0 == KEYS, BLOCK, &full)) ++it;
+      while (it < c.n_it && !tiles::bwd_q_tile_hull<BQ>(a, it % c.nqt, kg0, kg1, c.jend - c.j0 == kRows, BLOCK, &full)) ++it;
     else
-      while (it < c.n_it && !tiles::bwd_q_tile<BQ, KEYS>(a, it % c.nqt, c.j0, c.jend, BLOCK, &full)) ++it;
+      while (it < c.n_it && !tiles::bwd_q_tile<BQ, kRows>(a, it % c.nqt, c.j0, c.jend, BLOCK, &full)) ++it;
     const bool end = it >= c.n_it;
     const int64_t h = c.hk * a.group + it / c.nqt, i0 = int64_t(it % c.nqt) * BQ;
     tma::wait(&bars.empty[st], ph ^ 1);
@@ -249,7 +246,7 @@ __device__ __forceinline__ void dkdv_producer(const BwdArgs<T, G>& a, const Dkdv
       }
       tma::arrive(&bars.full[st]);  // release: my stores above before it
     }
-    if (end && ++ends == ENDS) break;
+    if (end) break;
     if (++st == S) { st = 0; ph ^= 1; }
   }
 }
@@ -314,9 +311,9 @@ __device__ __forceinline__ void store_a_tile(T* tile, const uint32_t (&x)[BQ / 1
     }
 }
 
-// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x kBQ rows; K and V tiles of
-// ROWS keys), issued and committed, not waited for.
-template <class T, int D, int ROWS = kRows>
+// S^T = K Q^T and dP^T = V dO^T of one stage (my warpgroup's 64 keys x kBQ rows), issued and
+// committed, not waited for.
+template <class T, int D>
 __device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ / 2], uint64_t dKd0, uint64_t dVd0,
                                           const T* cQ, const T* cO) {
   const uint64_t dKd = v3::opaque(dKd0), dVd = v3::opaque(dVd0);
@@ -329,8 +326,8 @@ __device__ __forceinline__ void issue_sdp(float (&s)[kBQ / 2], float (&dp)[kBQ /
   v3::Wgmma<T>::template ss0<kBQ, 0>(dp, dVd, dOb);
 #pragma unroll
   for (int kk = 1; kk < D / 16; ++kk) {
-    v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<ROWS>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
-    v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<ROWS>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
+    v3::Wgmma<T>::template ss<kBQ, 0>(s, v3::desc_k_step<kRows>(dKd, kk), v3::desc_k_step<kBQ>(dQb, kk), 1);
+    v3::Wgmma<T>::template ss<kBQ, 0>(dp, v3::desc_k_step<kRows>(dVd, kk), v3::desc_k_step<kBQ>(dOb, kk), 1);
   }
   v3::commit();
 }

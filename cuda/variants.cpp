@@ -31,12 +31,6 @@ std::vector<VariantInfo> make_table() {
                all, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::OnRequest,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
-  t.push_back({Variant::V16, "v16", "v16_bwd.cu, bwd_ws.cuh",
-               "one-pass backward whose consumer warpgroups take a 64-key CTA's query tiles by turns "
-               "(no barrier between them per tile)",
-               {Pass::Backward}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V6, "v6", "v6_bwd.cu, bwd_ws.cuh",
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",
