@@ -456,6 +456,7 @@ TEST(CudaForwardShape, EachBenchmarkShapeTakesTheDocumentedShape) {
   const auto none = [](int64_t n) { return fwd_shape::keys_per_row(n, [n](int64_t) { return n; }); };
   EXPECT_DOUBLE_EQ(causal(1024), 512.03125);   // the true mean is 512.5
   EXPECT_DOUBLE_EQ(causal(2048), 1024.015625);  // 1024.5
+  EXPECT_DOUBLE_EQ(causal(3072), 1536.015625);  // 1536.5
   EXPECT_DOUBLE_EQ(none(2048), 2048);
   EXPECT_DOUBLE_EQ(fwd_shape::keys_per_row(1, [](int64_t r) { return r + 5; }), 5);  // one row
   struct Case {
@@ -465,6 +466,7 @@ TEST(CudaForwardShape, EachBenchmarkShapeTakesTheDocumentedShape) {
   };
   for (const Case& c : {Case{64, 1024, false, Shape::FewKeys}, Case{64, 1024, true, Shape::FewKeys},
                         Case{64, 2048, true, Shape::FewKeys}, Case{64, 2048, false, Shape::Default},
+                        Case{64, 3072, true, Shape::Default},  // estimate 1536.02
                         Case{64, 4096, true, Shape::Default}, Case{64, 16384, false, Shape::Default},
                         Case{128, 1024, true, Shape::Default},  // estimate 512.03, the limit 512
                         Case{128, 1024, false, Shape::Default}, Case{128, 4096, false, Shape::Default},
@@ -475,8 +477,8 @@ TEST(CudaForwardShape, EachBenchmarkShapeTakesTheDocumentedShape) {
         << "d " << c.d << " N " << c.n << (c.is_causal ? " causal" : " no mask") << ": estimate " << keys;
   }
   EXPECT_EQ(fwd_shape::choose(128, 512), Shape::FewKeys);
-  EXPECT_EQ(fwd_shape::choose(64, 1536), Shape::FewKeys);
-  EXPECT_EQ(fwd_shape::choose(64, 1536.02), Shape::Default);
+  EXPECT_EQ(fwd_shape::choose(64, 1344), Shape::FewKeys);
+  EXPECT_EQ(fwd_shape::choose(64, 1344.5), Shape::Default);
   EXPECT_EQ(fwd_shape::choose(64, -1), Shape::Default);  // rows the host cannot see
   EXPECT_EQ(fwd_shape::choose(128, -1), Shape::Default);
 }
