@@ -281,20 +281,18 @@ bool launch_forward(Variant v, const FwdArgs<T>& a, cudaStream_t s, const char**
 
 // v2 and v3 are deterministic by construction (two passes, no atomics); so is v4 with
 // opt.deterministic, else it runs one pass that adds dQ's partial sums atomically into fp32 scratch;
-// v5, v6, v14 and v17 always run that one pass (the table admits no deterministic call for them).
+// v5, v6 and v14 always run that one pass (the table admits no deterministic call for them).
 template <class T>
 bool launch_backward(Variant v, const BwdArgs<T, T>& a, const Options& opt, const char** why) {
   if constexpr (kTensorCore<T>) {
     switch (v) {
       case Variant::V5:
       case Variant::V6:
-      case Variant::V14:
-      case Variant::V17: {
+      case Variant::V14: {
         StreamScratch<float> dq_acc(detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d), opt.stream);
-        return v == Variant::V5    ? detail::v5_backward<T>(a, dq_acc.data(), opt.stream, why)
-               : v == Variant::V6  ? detail::v6_backward<T>(a, dq_acc.data(), opt.stream, why)
-               : v == Variant::V14 ? detail::v14_backward<T>(a, dq_acc.data(), opt.stream, why)
-                                   : detail::v17_backward<T>(a, dq_acc.data(), opt.stream, why);
+        return v == Variant::V5   ? detail::v5_backward<T>(a, dq_acc.data(), opt.stream, why)
+               : v == Variant::V6 ? detail::v6_backward<T>(a, dq_acc.data(), opt.stream, why)
+                                  : detail::v14_backward<T>(a, dq_acc.data(), opt.stream, why);
       }
       case Variant::V4: {
         StreamScratch<float> dq_acc(opt.deterministic ? 0 : detail::v4_dq_acc_floats(a.B, a.Hq, a.nq, a.d),

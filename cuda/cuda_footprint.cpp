@@ -13,7 +13,7 @@ int64_t dq_acc_bytes(const Problem& p, int64_t n_q) {
   return bytes_mul(4, bytes_prod({p.B, p.H_q, (n_q + 63) / 64 * 64, p.d}));
 }
 bool needs_dq_acc(Variant v, bool deterministic) {
-  return v == Variant::V5 || v == Variant::V6 || v == Variant::V14 || v == Variant::V17 || (v == Variant::V4 && !deterministic);
+  return v == Variant::V5 || v == Variant::V6 || v == Variant::V14 || (v == Variant::V4 && !deterministic);
 }
 
 // The rows that may run the call: v itself, or for Auto every row that supports it on some

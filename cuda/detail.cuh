@@ -146,7 +146,6 @@ template <class T> bool v5_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaS
 template <class T> bool v6_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 // v14's backward: v5 with dQ_part's bulk add issued by a store thread per consumer warpgroup.
 template <class T> bool v14_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
-template <class T> bool v17_backward(const BwdArgs<T, T>& a, float* dq_acc, cudaStream_t s, const char** why);
 
 // Largest dynamic shared memory a block may opt into on the current device.
 int max_dynamic_smem();

@@ -31,12 +31,6 @@ std::vector<VariantInfo> make_table() {
                all, tc, {64, 128}, 128, 31,
                /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/false, Determinism::OnRequest,
                /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
-  t.push_back({Variant::V17, "v17", "v17_bwd.cu, bwd_ws.cuh",
-               "v4's one-pass backward with dQ_part one tile late through a ring of dS^T slots "
-               "(the consumer warpgroups not held in step)",
-               {Pass::Backward}, tc, {64, 128}, 128, 31,
-               /*block_sparse_forward=*/false, /*deterministic_indexed_keys=*/true, Determinism::Never,
-               /*aligned_views=*/true, /*cc=*/90, "sm_90a", /*may_decline=*/true, /*auto_d=*/{}});
   t.push_back({Variant::V6, "v6", "v6_bwd.cu, bwd_ws.cuh",
                "v5 at d = 64 with the two consumer warpgroups taking turns at the tensor cores "
                "(dQ_part one tile late through a ring of dS^T slots)",

@@ -16,9 +16,9 @@
 
 namespace burstlab::cuda {
 
-// A variant's number; numbers are never reused (7 to 13, 15 and 16 were ideas measured and dropped:
+// A variant's number; numbers are never reused (7 to 13 and 15 to 17 were ideas measured and dropped:
 // cuda/README.md). Auto: the first in preference order that supports the call.
-enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4, V5 = 5, V6 = 6, V14 = 14, V17 = 17 };
+enum class Variant { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V4 = 4, V5 = 5, V6 = 6, V14 = 14 };
 
 // The entry points of cuda.hpp a variant may implement.
 enum class Pass { Forward, ForwardBlock, Backward, BackwardBlock };
@@ -81,7 +81,7 @@ std::vector<const VariantInfo*> variants_by_number();
 
 std::string to_string(Variant v);             // "auto", "v1", ...
 Variant parse_variant(const std::string& s);  // "auto", "v4" or "4"; throws Error naming "variant"
-std::string variant_names();                  // "auto, v1, v2, v3, v4, v5, v6, v14, v17"
+std::string variant_names();                  // "auto, v1, v2, v3, v4, v5, v6, v14"
 
 // The tensor-core variants' rule for one view: nullptr when it holds, else what is missing
 // ("16-byte aligned data", "unit stride along d", "strides that are multiples of 8 elements").
