@@ -28,7 +28,8 @@ double keys_per_row(int64_t nq, KeysOfRow keys_of_row) {
 // keys < 0: the host cannot see the rows (document masks, indexed positions): the default. Few
 // keys make an item's loads and epilogue weigh. d = 64's limit: the few-keys shape against the
 // default, per round, was 1.062-1.066x at causal N = 2K (1024 keys) and 0.962x at causal N = 3K
-// (1536); the line between them crosses 1 at 1345. Many keys at d = 128 pay off above 4096.
+// (1536); the line between the medians of those ratios crosses 1 at 1344. Many keys at d = 128
+// pay off above 4096.
 inline Shape choose(int64_t d, double keys) {
   if (keys < 0) return Shape::Default;
   if (keys <= (d == 64 ? 1344 : 512)) return Shape::FewKeys;
